@@ -1,0 +1,221 @@
+"""The correctness protocol of SPEC.md, with figures rather than booleans.
+
+For each of several fresh seeds: inputs are drawn in the variant's dtype, the oracle is the
+reference module in float64 on the upcast inputs, and the variant's relative L2 error is
+compared with `max(2 x the reference's own error in that precision, the precision floor)`.
+NaN/Inf, a wrong shape or dtype, or an input modified in place fail outright. SE(3)
+invariance is judged the same way: against twice the reference's own invariance error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from variants.base import IPAFunction, Variant
+from variants.problem import (
+    IPAConfig,
+    IPAInputs,
+    Precision,
+    get_precision,
+    make_inputs,
+    math_mode,
+    random_rotations,
+    validate_inputs,
+)
+from variants.reference import init_state_dict, make_module
+
+DEFAULT_SEEDS = 5
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||, in float64; inf when `out` holds NaN or Inf."""
+    out64, ref64 = out.detach().double(), ref.detach().double()
+    if out64.shape != ref64.shape or not torch.isfinite(out64).all():
+        return math.inf
+    return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-300)).item()
+
+
+def max_abs(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64 = out.detach().double()
+    if out64.shape != ref.shape or not torch.isfinite(out64).all():
+        return math.inf
+    return (out64 - ref.detach().double()).abs().max().item()
+
+
+def tolerance(reference_err: float, precision: Precision) -> float:
+    """SPEC: pass when err <= max(2 x the reference's own error, the precision's floor)."""
+    return max(2.0 * reference_err, precision.tol_floor)
+
+
+def oracle_forward(
+    state_dict: dict[str, torch.Tensor], config: IPAConfig, inputs: IPAInputs
+) -> torch.Tensor:
+    """The reference in float64 on the upcast inputs, on the inputs' device."""
+    device = inputs.node_repr.device
+    module = make_module(state_dict, config, device, torch.float64)
+    with torch.no_grad():
+        return module(*inputs.to(dtype=torch.float64).as_tuple())
+
+
+def rigid_motion(inputs: IPAInputs, seed: int, shift_angstrom: float = 50.0) -> IPAInputs:
+    """Apply one global rigid motion (R_g, t_g) to every frame: R_i -> R_i R_g,
+    t_i -> t_i R_g + t_g (computed in float64, then stored in the inputs' dtype)."""
+    g = torch.Generator().manual_seed(10_007 + seed)
+    r_g = random_rotations(1, g)[0]
+    t_g = torch.randn(3, generator=g, dtype=torch.float64)
+    t_g = shift_angstrom * t_g / t_g.norm()
+    device, dtype = inputs.node_repr.device, inputs.node_repr.dtype
+    r_g, t_g = r_g.to(device), t_g.to(device)
+    rot = inputs.rotations.double() @ r_g
+    trans = inputs.translations.double() @ r_g + t_g
+    return IPAInputs(
+        inputs.node_repr, inputs.pair_repr, trans.to(dtype), rot.to(dtype)
+    )
+
+
+@dataclass
+class CheckResult:
+    """Correctness figures of one variant on one (config, batch, length, precision)."""
+
+    variant: str
+    precision: str
+    device: str
+    batch: int
+    length: int
+    config: IPAConfig
+    seeds: int = 0
+    rel_l2: float = math.nan  # worst over seeds
+    max_abs: float = math.nan  # worst over seeds
+    reference_rel_l2: float = math.nan  # the reference's own error at the worst seed
+    tol: float = math.nan
+    err_ratio: float = math.nan  # rel_l2 / reference_rel_l2: the honest figure
+    invariance_err: float = math.nan
+    invariance_tol: float = math.nan
+    failures: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # not-supported reasons
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and not self.skipped
+
+    @property
+    def status(self) -> str:
+        return "unsupported" if self.skipped else ("pass" if self.passed else "FAIL")
+
+
+class ReferenceCache:
+    """Builds each (config, device, precision) reference once per check run."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor]):
+        self.state_dict = state_dict
+        self._built: dict[tuple, IPAFunction] = {}
+
+    def get(self, config: IPAConfig, device: str, precision: Precision) -> IPAFunction:
+        key = (config, device, precision.name)
+        if key not in self._built:
+            self._built[key] = make_module(self.state_dict, config, device, precision.dtype)
+        return self._built[key]
+
+
+def _worst_seed_figures(errors: list[tuple[float, float, float]], precision: Precision):
+    """From (err, max_abs, ref_err) per seed, the seed with the worst err / tol."""
+    return max(errors, key=lambda e: e[0] / tolerance(e[2], precision))
+
+
+def check_variant(
+    variant: Variant,
+    config: IPAConfig,
+    *,
+    batch: int,
+    length: int,
+    device: str = "cpu",
+    precision: str | Precision = "fp32",
+    seeds: int = DEFAULT_SEEDS,
+    first_seed: int = 0,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    fn: IPAFunction | None = None,
+    references: ReferenceCache | None = None,
+    origin_offset: float = 100.0,
+) -> CheckResult:
+    """Run the correctness protocol for `variant` and return its figures.
+
+    `fn` may pass an already-built callable (the harness builds once and times it too);
+    `state_dict` defaults to `init_state_dict(config)`.
+    """
+    precision = get_precision(precision)
+    result = CheckResult(variant.name, precision.name, device, batch, length, config)
+    result.skipped = variant.not_supported_reasons(config, device, precision)
+    if result.skipped:
+        return result
+    if state_dict is None:
+        state_dict = init_state_dict(config)
+    references = references or ReferenceCache(state_dict)
+    reference = references.get(config, device, precision)
+    if fn is None:
+        fn = variant.build(state_dict, config, device, precision)
+
+    per_seed = []
+    with math_mode(precision), torch.no_grad():
+        for seed in range(first_seed, first_seed + seeds):
+            inputs = make_inputs(
+                config, batch, length, dtype=precision.dtype, device=device, seed=seed,
+                origin_offset=origin_offset,
+            )
+            validate_inputs(config, *inputs.as_tuple())
+            oracle = oracle_forward(state_dict, config, inputs)
+            ref_err = rel_l2(reference(*inputs.as_tuple()), oracle)
+            pristine = inputs.clone()
+            out = fn(*inputs.as_tuple())
+            _check_output(result, out, inputs, pristine, precision, seed)
+            per_seed.append((rel_l2(out, oracle), max_abs(out, oracle), ref_err))
+            if seed == first_seed:
+                moved = rigid_motion(inputs, seed)
+                result.invariance_err = rel_l2(fn(*moved.as_tuple()), out)
+                ref_inv = rel_l2(reference(*moved.as_tuple()), reference(*inputs.as_tuple()))
+                result.invariance_tol = tolerance(ref_inv, precision)
+
+    err, worst_abs, ref_err = _worst_seed_figures(per_seed, precision)
+    result.seeds = len(per_seed)
+    result.rel_l2, result.reference_rel_l2 = err, ref_err
+    result.max_abs = max(e[1] for e in per_seed)
+    result.tol = tolerance(ref_err, precision)
+    # Undefined in fp64, where the reference is the oracle and its own error is zero.
+    result.err_ratio = err / ref_err if ref_err > 0 else math.nan
+    failing = [
+        s for s, e in enumerate(per_seed, first_seed) if not e[0] <= tolerance(e[2], precision)
+    ]
+    if failing:
+        result.failures.append(
+            f"rel_l2 {err:.3e} > tol {result.tol:.3e} (seeds {failing} of {result.seeds})"
+        )
+    if not result.invariance_err <= result.invariance_tol:
+        result.failures.append(
+            f"SE(3) invariance error {result.invariance_err:.3e} > {result.invariance_tol:.3e}"
+        )
+    return result
+
+
+def _check_output(
+    result: CheckResult,
+    out: torch.Tensor,
+    inputs: IPAInputs,
+    pristine: IPAInputs,
+    precision: Precision,
+    seed: int,
+) -> None:
+    """Record failures that no error figure shows: shape, dtype, NaN/Inf, modified inputs."""
+    expected_shape = (inputs.batch, inputs.length, result.config.node_dim)
+    if tuple(out.shape) != expected_shape:
+        result.failures.append(f"seed {seed}: output shape {tuple(out.shape)} != {expected_shape}")
+    if out.dtype != precision.dtype:
+        result.failures.append(f"seed {seed}: output dtype {out.dtype} != {precision.dtype}")
+    bad = (~torch.isfinite(out)).sum().item()
+    if bad:
+        result.failures.append(f"seed {seed}: {bad} NaN/Inf values in the output")
+    names = ("node_repr", "pair_repr", "translations", "rotations")
+    for name, now, before in zip(names, inputs.as_tuple(), pristine.as_tuple()):
+        if not torch.equal(now, before):
+            result.failures.append(f"seed {seed}: the variant modified its input {name}")

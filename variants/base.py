@@ -1,0 +1,112 @@
+"""What a variant is: capabilities as data, reasons it cannot run, and a build step.
+
+A variant is a class with class attributes describing what it supports and a `build`
+method that turns a set of weights (the SPEC state_dict) into the callable the harness
+times: `fn(node_repr, pair_repr, translations, rotations) -> out`. Subclasses extend
+`not_supported_reasons` with `super()` (the xformers pattern) and never fall back to
+another implementation.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+
+from variants.problem import IPAConfig, Precision, get_precision
+
+IPAFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+# Requirement names a variant may list in `requires`, each with the check that explains it.
+REQUIREMENTS = ("cuda", "nvcc", "triton")
+
+
+@functools.cache
+def _nvcc_path() -> str | None:
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
+        return os.path.join(cuda_home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def requirement_reason(requirement: str, device: str) -> str | None:
+    """Why `requirement` is not met on `device` here, or None when it is."""
+    if requirement == "cuda":
+        if not torch.cuda.is_available():
+            return "no CUDA device (torch.cuda.is_available() is False)"
+        return None
+    if requirement == "nvcc":
+        if _nvcc_path() is None:
+            return "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+        if torch.version.cuda is None:
+            return f"this torch ({torch.__version__}) is a CPU build without CUDA headers"
+        return None
+    if requirement == "triton":
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed"
+        if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "triton runs on CPU only under the interpreter (set TRITON_INTERPRET=1)"
+        return None
+    raise ValueError(f"requirement: expected one of {REQUIREMENTS}, got {requirement!r}")
+
+
+class Variant:
+    """Base class of every IPA implementation in the registry."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    is_baseline: ClassVar[bool] = False
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    precisions: ClassVar[tuple[str, ...]] = ("fp64", "fp32", "tf32", "fp16", "bf16")
+    supports_backward: ClassVar[bool] = False
+    requires: ClassVar[tuple[str, ...]] = ()
+    # Limits on the config, checked by the base class: name -> (min, max), inclusive.
+    limits: ClassVar[dict[str, tuple[int, int]]] = {}
+
+    def not_supported_reasons(
+        self, config: IPAConfig, device: str, precision: str | Precision
+    ) -> list[str]:
+        """Every reason this variant cannot run `config` on `device` in `precision` here.
+
+        Empty means runnable. Subclasses call `super()` and append their own.
+        """
+        precision = get_precision(precision)
+        device = torch.device(device).type
+        reasons = []
+        if device not in self.devices:
+            reasons.append(f"device {device!r} not supported (supports {list(self.devices)})")
+        if precision.name not in self.precisions:
+            reasons.append(
+                f"precision {precision.name!r} not supported (supports {list(self.precisions)})"
+            )
+        if precision.math_mode == "tf32" and device != "cuda":
+            reasons.append("tf32 is a CUDA math mode")
+        for requirement in self.requires:
+            reason = requirement_reason(requirement, device)
+            if reason:
+                reasons.append(reason)
+        sizes = {**vars(config), "head_dim": config.head_dim}
+        for key, (low, high) in self.limits.items():
+            if not low <= sizes[key] <= high:
+                reasons.append(f"{key}={sizes[key]} outside the supported range [{low}, {high}]")
+        return reasons
+
+    def build(
+        self,
+        state_dict: dict[str, torch.Tensor],
+        config: IPAConfig,
+        device: str,
+        precision: str | Precision,
+    ) -> IPAFunction:
+        """Return the callable that is timed, holding `state_dict`'s weights on `device`
+        in `precision`'s dtype. Slow one-time work (compilation, extension builds) belongs
+        here or in the first call, never in later calls."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<variant {self.name}>"
