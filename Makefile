@@ -20,10 +20,10 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 lint: setup
-	$(VENV)/bin/ruff check variants harness tests benchmarks
+	$(VENV)/bin/ruff check --output-format concise variants harness tests benchmarks
 
 test: setup lint
-	$(VENV)/bin/pytest -q -m "not gpu"
+	$(if $(HAS_GPU),,TRITON_INTERPRET=1) $(VENV)/bin/pytest -q -m "not gpu"
 
 bench: setup
 	$(VENV)/bin/ipa-bench check $(if $(HAS_GPU),--device cuda,--device cpu)

@@ -216,6 +216,6 @@ def _check_output(
     if bad:
         result.failures.append(f"seed {seed}: {bad} NaN/Inf values in the output")
     names = ("node_repr", "pair_repr", "translations", "rotations")
-    for name, now, before in zip(names, inputs.as_tuple(), pristine.as_tuple()):
+    for name, now, before in zip(names, inputs.as_tuple(), pristine.as_tuple(), strict=True):
         if not torch.equal(now, before):
             result.failures.append(f"seed {seed}: the variant modified its input {name}")
