@@ -16,7 +16,7 @@ from variants.compiled import Compiled
 from variants.cuda_fused import CudaFused
 from variants.cuda_hybrid import CudaHybrid
 from variants.reference import Reference
-from variants.triton_ipa import Triton
+from variants.triton_ipa import Triton, TritonFullFuse
 
 ENTRY_POINT_GROUP = "ipa_bench.variants"
 
@@ -25,6 +25,7 @@ BUILTIN: list[type[Variant]] = [
     Reference,
     Compiled,
     Triton,
+    TritonFullFuse,
     CudaHybrid,
     CudaFused,
 ]
