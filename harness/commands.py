@@ -8,16 +8,20 @@ import importlib
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.correctness import DEFAULT_SEEDS, CheckResult, ReferenceCache, check_variant
+from harness.model_new import ModelNewError
 from variants.base import Variant
 from variants.problem import PRECISIONS, IPAConfig, get_precision
 from variants.reference import init_state_dict
 from variants.registry import all_variants, get_variant
 
 # Modules that define `add_parser(subparsers)`, in the order `--help` lists them.
-COMMAND_MODULES = ["harness.commands"]
+COMMAND_MODULES = [
+    "harness.commands", "harness.sweep", "harness.plots", "harness.report", "harness.diagnose",
+]
 
 
 def modules():
@@ -120,11 +124,16 @@ def run_check(args: argparse.Namespace) -> int:
     results = []
     for variant in variants:
         for precision in selected_precisions(args):
-            results.append(check_variant(
-                variant, config, batch=args.batch, length=args.length, device=args.device,
-                precision=get_precision(precision), seeds=args.seeds, state_dict=state_dict,
-                references=references,
-            ))
+            try:
+                results.append(check_variant(
+                    variant, config, batch=args.batch, length=args.length, device=args.device,
+                    precision=get_precision(precision), seeds=args.seeds,
+                    state_dict=state_dict, references=references,
+                ))
+            except ModelNewError as exc:  # a --model-new file that does not build or run
+                results.append(CheckResult(
+                    variant.name, precision, args.device, args.batch, args.length, config,
+                    failures=[escape(str(exc))]))
     print_check_table(results)
     failed = [r for r in results if r.failures]
     # A variant asked for by name that cannot run is not a pass either.

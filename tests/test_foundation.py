@@ -348,3 +348,15 @@ def test_every_command_has_help(command, capsys):
         cli_main([command, "--help"])
     assert exit_info.value.code == 0
     assert "usage: ipa-bench " + command in capsys.readouterr().out
+
+
+def test_chunked_reference_equals_whole_forward(monkeypatch):
+    import harness.correctness as correctness
+
+    config = IPAConfig(node_dim=32, pair_dim=8, heads=4, query_points=2, value_points=3)
+    module = make_module(init_state_dict(config), config, "cpu", torch.float64)
+    inputs = make_inputs(config, 2, 11, dtype=torch.float64, seed=5)
+    whole = module(*inputs.as_tuple())
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 2 * 11 * 4 * 2 * 3 * 3)  # 3 rows
+    assert correctness.rows_per_chunk(config, 2, 11) == 3
+    torch.testing.assert_close(correctness.chunked_forward(module, inputs), whole)

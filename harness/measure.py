@@ -1,0 +1,179 @@
+"""Latency, peak memory and the cost model (bytes, FLOPs, floor).
+
+Timing on CUDA follows nvbench/KernelBench practice: device events around each call, the
+L2 flushed before every sample by writing a buffer twice the L2 size, warm-up until both a
+minimum count and a minimum time are reached, and noise-adaptive stopping: sample until
+the median's relative standard error is under `target_noise` (with at least `min_samples`
+samples) or the time budget is spent. On CPU the same statistics use `time.perf_counter`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from variants.problem import IPAConfig
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    min_warmup: int = 3
+    warmup_s: float = 0.05
+    min_samples: int = 10
+    max_samples: int = 500
+    budget_s: float = 1.0
+    target_noise: float = 0.01
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    n_samples: int
+    rel_noise: float  # relative standard error of the median
+
+
+def summarize(samples_ms: list[float]) -> Timing:
+    """Median, p20, p80 and the median's relative standard error (robust: from the IQR)."""
+    n = len(samples_ms)
+    median = statistics.median(samples_ms)
+    if n >= 2:
+        q = statistics.quantiles(samples_ms, n=20, method="inclusive")
+        p20, p80 = q[3], q[15]
+        q1, _, q3 = statistics.quantiles(samples_ms, n=4, method="inclusive")
+        sigma = (q3 - q1) / 1.349
+    else:
+        p20 = p80 = median
+        sigma = math.inf
+    rel_noise = 1.2533 * sigma / math.sqrt(n) / median if median > 0 else math.inf
+    return Timing(median, p20, p80, n, rel_noise)
+
+
+class L2Flusher:
+    """Writes a buffer of twice the device's L2 size, so each sample starts with a cold L2."""
+
+    def __init__(self, device: torch.device):
+        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        l2_bytes = l2_bytes or 64 * MIB
+        self.buffer = torch.empty(2 * l2_bytes // 4, dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        self.buffer.zero_()
+
+
+def _sample_until_quiet(run_once: Callable[[], float], policy: TimingPolicy) -> Timing:
+    """Warm up, then collect samples from `run_once` (returns ms) until quiet or out of time."""
+    start = time.perf_counter()
+    count = 0
+    while count < policy.min_warmup or time.perf_counter() - start < policy.warmup_s:
+        run_once()
+        count += 1
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < policy.max_samples:
+        samples.append(run_once())
+        if len(samples) >= policy.min_samples:
+            if summarize(samples).rel_noise < policy.target_noise:
+                break
+            if time.perf_counter() - start > policy.budget_s:
+                break
+    return summarize(samples)
+
+
+def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher) -> Timing:
+    """Device-event timing of `fn()` with an L2 flush before every sample."""
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def run_once() -> float:
+        flusher()
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end)
+
+    return _sample_until_quiet(run_once, policy)
+
+
+def time_cuda_graph(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher) -> Timing:
+    """Capture `fn()` in a CUDA graph and time its replays (launch overhead removed)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, policy, flusher)
+
+
+def time_cpu(fn: Callable[[], object], policy: TimingPolicy) -> Timing:
+    def run_once() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    return _sample_until_quiet(run_once, policy)
+
+
+def peak_memory_mib(fn: Callable[[], object], device: torch.device) -> float:
+    """Peak memory allocated during one call of `fn()` minus what was allocated before it
+    (inputs and weights excluded; the output is included), in MiB. CUDA only: it reads
+    PyTorch's caching allocator, so memory a kernel gets from cudaMalloc directly is missed."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return peak / MIB
+
+
+def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Device copy bandwidth in GB/s (bytes read plus bytes written), median of a few copies."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    policy = TimingPolicy(min_samples=5, max_samples=20, budget_s=0.5)
+    if device.type == "cuda":
+        timing = time_cuda(lambda: dst.copy_(src), policy, flusher=lambda: None)
+    else:
+        timing = time_cpu(lambda: dst.copy_(src), policy)
+    return 2 * nbytes / (timing.median_ms * 1e-3) / 1e9
+
+
+def min_bytes(config: IPAConfig, batch: int, length: int, element_size: int) -> int:
+    """SPEC cost model: every input read once, the output written once, plus the weights."""
+    c, b, n = config, batch, length
+    h, d, qp, vp = c.heads, c.head_dim, c.query_points, c.value_points
+    weights = (
+        2 * c.node_dim  # layer norm
+        + 3 * h * d * c.node_dim  # q, k, v
+        + 3 * h * (2 * qp + vp) * c.node_dim  # q, k, v points
+        + h * c.pair_dim + h  # pair bias, head weights
+        + (h * d + 3 * h * vp + 1) * c.node_dim  # out_proj
+    )
+    activations = b * n * c.node_dim + b * n * n * c.pair_dim + 12 * b * n + b * n * c.node_dim
+    return element_size * (activations + weights)
+
+
+def flops(config: IPAConfig, batch: int, length: int) -> int:
+    """SPEC cost model, dominant terms: pair bias, logits, aggregation, projections."""
+    c, b, n = config, batch, length
+    h, d, qp, vp = c.heads, c.head_dim, c.query_points, c.value_points
+    pair_bias = 2 * b * n * n * c.pair_dim * h
+    logits = 2 * b * h * n * n * (d + 3 * qp)
+    aggregation = 2 * b * h * n * n * (d + 3 * vp)
+    projections = 2 * b * n * c.node_dim * (3 * h * d + 3 * h * (2 * qp + vp))
+    out_proj = 2 * b * n * (h * d + 3 * h * vp) * c.node_dim
+    return pair_bias + logits + aggregation + projections + out_proj

@@ -1,0 +1,386 @@
+"""Resumable sweeps: every variant over a grid, one tidy CSV row per
+variant x config x dtype x mode, written and fsync'ed as each cell finishes.
+
+Per cell: unsupported -> a row with the reasons; otherwise build (build and first-call time
+recorded as `build_s`), the correctness protocol against the float64 oracle, timing for each
+mode, peak memory. Out of memory -> `oom` (cache freed, the sweep goes on); an exception ->
+`error` with its message; numbers outside tolerance -> `mismatch` (timing still recorded).
+A rerun into the same directory skips every cell already on disk.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import gc
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from harness.correctness import CheckResult, ReferenceCache, check_variant, rows_per_chunk
+from harness.grid import Cell, Grid
+from harness.measure import (
+    L2Flusher,
+    TimingPolicy,
+    copy_bandwidth_gbps,
+    flops,
+    min_bytes,
+    peak_memory_mib,
+    time_cpu,
+    time_cuda,
+    time_cuda_graph,
+)
+from variants.base import Variant
+from variants.problem import get_precision, make_inputs, math_mode
+from variants.reference import init_state_dict
+
+COLUMNS = [
+    "run_id", "started_at", "variant", "is_baseline", "batch", "length", "heads", "node_dim",
+    "pair_dim", "query_points", "value_points", "dtype", "math_mode", "mode", "device",
+    "device_name", "status", "reason", "build_s", "median_ms", "p20_ms", "p80_ms", "n_samples",
+    "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
+    "invariance_err", "invariance_tol", "correctness_seeds", "speedup_vs_baseline", "floor_ms",
+    "pct_of_floor", "tflops", "notes",
+]
+KEY_COLUMNS = ["variant", "batch", "length", "heads", "node_dim", "pair_dim", "query_points",
+               "value_points", "dtype", "mode", "device"]
+RESULTS_CSV = "results.csv"
+METADATA_JSON = "metadata.json"
+
+
+def cell_key(variant: str, cell: Cell, mode: str, device: str) -> tuple[str, ...]:
+    c = cell.config
+    return tuple(str(v) for v in (variant, cell.batch, cell.length, c.heads, c.node_dim,
+                                  c.pair_dim, c.query_points, c.value_points, cell.precision,
+                                  mode, device))
+
+
+class ResultsFile:
+    """Append-only CSV that survives SIGKILL: each cell's rows go out in one write + fsync;
+    on open, a torn last line (no newline) is cut off, so the file always parses."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.done: set[tuple[str, ...]] = set()
+        self.baseline_ms: dict[tuple[str, ...], float] = {}
+        if path.exists():
+            self._repair()
+            with path.open(newline="") as f:
+                for row in csv.DictReader(f):
+                    self._remember(row)
+        else:
+            with path.open("w", newline="") as f:
+                csv.writer(f, lineterminator="\n").writerow(COLUMNS)
+                f.flush()
+                os.fsync(f.fileno())
+
+    def _repair(self) -> None:
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+        header = self.path.read_text().split("\n", 1)[0]
+        if header.split(",") != COLUMNS:
+            raise ValueError(f"{self.path}: columns differ from this version's; use a new -o DIR")
+
+    def _remember(self, row: dict) -> None:
+        key = tuple(row[k] for k in KEY_COLUMNS)
+        self.done.add(key)
+        if row["is_baseline"] == "True" and row["median_ms"]:
+            self.baseline_ms[key[1:]] = float(row["median_ms"])
+
+    def append(self, rows: list[dict]) -> None:
+        """Write one cell's rows in a single write, then fsync."""
+        rows = [{c: row.get(c, "") for c in COLUMNS} for row in rows]
+        buffer = io.StringIO()
+        csv.DictWriter(buffer, COLUMNS, lineterminator="\n").writerows(rows)
+        with self.path.open("a", newline="") as f:
+            f.write(buffer.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        for row in rows:
+            self._remember({k: str(v) for k, v in row.items()})
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _short(exc: BaseException, limit: int = 400) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " | ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class Environment:
+    device: torch.device
+    device_name: str
+    bandwidth_gbps: float
+    flusher: L2Flusher | None
+
+
+def describe_environment(device: torch.device) -> tuple[Environment, dict]:
+    """Device facts for every row, and the metadata JSON for this invocation."""
+    meta: dict = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "platform": platform.platform(),
+        "command": " ".join(sys.argv), "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain")),
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name = props.name
+        meta.update(gpu_name=name, sm_count=props.multi_processor_count,
+                    l2_bytes=getattr(props, "L2_cache_size", None),
+                    memory_gib=props.total_memory / 2**30,
+                    driver=_nvidia_smi("driver_version"), clocks_at_start=_gpu_clocks())
+        flusher = L2Flusher(device)
+    else:
+        name = platform.processor() or platform.machine()
+        meta.update(cpu=name, cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
+        flusher = None
+    bandwidth = copy_bandwidth_gbps(device, nbytes=(1 << 30) if device.type == "cuda" else 1 << 27)
+    meta.update(device_name=name, copy_bandwidth_gbps=bandwidth)
+    return Environment(device, name, bandwidth, flusher), meta
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _nvidia_smi(query: str) -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True, timeout=20)
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _gpu_clocks() -> str | None:
+    return _nvidia_smi(
+        "clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active")
+
+
+class Sweep:
+    """Runs `variants` over `grid` on one device into `out_dir`, resuming what is there."""
+
+    def __init__(self, variants: list[Variant], grid: Grid, device: str, out_dir: str | Path,
+                 *, show_progress: bool = True):
+        self.variants = sorted(variants, key=lambda v: not v.is_baseline)  # baseline first
+        self.grid = grid
+        self.device = torch.device(device)
+        self.out_dir = Path(out_dir)
+        self.show_progress = show_progress
+        self.run_id = uuid.uuid4().hex[:12]
+        self.started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+    def _todo(self, results: ResultsFile) -> list[tuple[Cell, Variant]]:
+        todo = []
+        for cell in self.grid.cells:
+            modes = self.grid.modes_for(cell, self.device.type)
+            for variant in self.variants:
+                keys = [cell_key(variant.name, cell, m, self.device.type) for m in modes]
+                if not all(k in results.done for k in keys):
+                    todo.append((cell, variant))
+        return todo
+
+    def run(self) -> Path:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        results = ResultsFile(self.out_dir / RESULTS_CSV)
+        todo = self._todo(results)
+        env, meta = describe_environment(self.device)
+        meta_path = self.out_dir / METADATA_JSON
+        runs = json.loads(meta_path.read_text())["runs"] if meta_path.exists() else []
+        meta.update(run_id=self.run_id, started_at=self.started_at, grid=self.grid.source,
+                    cells_todo=len(todo), finished=False)
+        runs.append(meta)
+        self._write_meta(meta_path, runs)
+        state_dicts: dict = {}
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeRemainingColumn(), disable=not self.show_progress)
+        try:
+            with progress:
+                task = progress.add_task("sweep", total=len(todo))
+                for cell, variant in todo:
+                    progress.update(task, description=f"{variant.name} {cell.precision} "
+                                    f"B={cell.batch} N={cell.length} H={cell.config.heads}")
+                    if cell.config not in state_dicts:
+                        state_dicts.clear()
+                        state_dicts[cell.config] = init_state_dict(cell.config)
+                    rows = self._run_cell(cell, variant, state_dicts[cell.config], env, results)
+                    results.append(rows)
+                    progress.advance(task)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: finished rows are in {results.path}; rerun the same command "
+                  "to resume", file=sys.stderr)
+            raise
+        finally:
+            meta["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds")
+            meta["finished"] = True
+            if self.device.type == "cuda":
+                meta["clocks_at_end"] = _gpu_clocks()
+            self._write_meta(meta_path, runs)
+        return results.path
+
+    @staticmethod
+    def _write_meta(path: Path, runs: list[dict]) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"runs": runs}, indent=2, default=str))
+        os.replace(tmp, path)
+
+    def _row(self, cell: Cell, variant: Variant, mode: str, env: Environment, **values) -> dict:
+        c, precision = cell.config, get_precision(cell.precision)
+        row = {
+            "run_id": self.run_id, "started_at": self.started_at, "variant": variant.name,
+            "is_baseline": variant.is_baseline, "batch": cell.batch, "length": cell.length,
+            "heads": c.heads, "node_dim": c.node_dim, "pair_dim": c.pair_dim,
+            "query_points": c.query_points, "value_points": c.value_points,
+            "dtype": precision.name, "math_mode": precision.math_mode, "mode": mode,
+            "device": self.device.type, "device_name": env.device_name,
+        }
+        floor_ms = (min_bytes(c, cell.batch, cell.length, precision.dtype.itemsize)
+                    / (env.bandwidth_gbps * 1e9) * 1e3)
+        row["floor_ms"] = floor_ms
+        row.update(values)
+        return row
+
+    def _run_cell(self, cell: Cell, variant: Variant, state_dict, env: Environment,
+                  results: ResultsFile) -> list[dict]:
+        modes = self.grid.modes_for(cell, self.device.type)
+        device = self.device.type
+        reasons = variant.not_supported_reasons(cell.config, device, cell.precision)
+        if reasons:
+            return [self._row(cell, variant, m, env, status="unsupported",
+                              reason="; ".join(reasons)) for m in modes]
+        precision = get_precision(cell.precision)
+        try:
+            return self._measure(cell, variant, state_dict, env, modes, precision, results)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a row
+            status = "oom" if _is_oom(exc) else "error"
+            return [self._row(cell, variant, m, env, status=status, reason=_short(exc))
+                    for m in modes]
+        finally:
+            _free_memory()
+
+    def _measure(self, cell, variant, state_dict, env, modes, precision, results) -> list[dict]:
+        device = self.device.type
+        with math_mode(precision), torch.no_grad():
+            t0 = time.perf_counter()
+            fn = variant.build(state_dict, cell.config, device, precision)
+            inputs = make_inputs(cell.config, cell.batch, cell.length, dtype=precision.dtype,
+                                 device=device, seed=10_000)
+            args = inputs.as_tuple()
+            fn(*args)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            build_s = time.perf_counter() - t0
+
+            check = check_variant(variant, cell.config, batch=cell.batch, length=cell.length,
+                                  device=device, precision=precision, seeds=self.grid.seeds,
+                                  state_dict=state_dict, fn=fn,
+                                  references=ReferenceCache(state_dict))
+            _free_memory()
+            notes = []
+            chunk = rows_per_chunk(cell.config, cell.batch, cell.length)
+            if chunk < cell.length:
+                notes.append(f"oracle and reference error computed in chunks of {chunk} query rows")
+            peak = peak_memory_mib(lambda: fn(*args), self.device) if device == "cuda" else ""
+            if device != "cuda":
+                notes.append("peak memory not measured on CPU")
+            rows = []
+            for mode in modes:
+                rows.append(self._timed_row(cell, variant, mode, env, fn, args, check, build_s,
+                                            peak, notes, results))
+            return rows
+
+    def _timed_row(self, cell, variant, mode, env, fn, args, check: CheckResult, build_s, peak,
+                   notes, results) -> dict:
+        policy = TimingPolicy(budget_s=self.grid.budget_s)
+        if self.device.type == "cuda":
+            timer = time_cuda_graph if mode == "graph" else time_cuda
+            timing = timer(lambda: fn(*args), policy, env.flusher)
+        else:
+            timing = time_cpu(lambda: fn(*args), policy)
+        status = "ok" if check.passed else "mismatch"
+        key = cell_key(variant.name, cell, mode, self.device.type)
+        base_ms = timing.median_ms if variant.is_baseline else results.baseline_ms.get(key[1:])
+        row = self._row(
+            cell, variant, mode, env, status=status, reason="; ".join(check.failures),
+            build_s=build_s, median_ms=timing.median_ms, p20_ms=timing.p20_ms,
+            p80_ms=timing.p80_ms, n_samples=timing.n_samples, rel_noise=timing.rel_noise,
+            peak_mem_mib=peak, rel_l2=check.rel_l2, max_abs=check.max_abs,
+            reference_rel_l2=check.reference_rel_l2, tol=check.tol, err_ratio=check.err_ratio,
+            invariance_err=check.invariance_err, invariance_tol=check.invariance_tol,
+            correctness_seeds=check.seeds,
+            speedup_vs_baseline=(base_ms / timing.median_ms) if base_ms else "",
+            tflops=flops(cell.config, cell.batch, cell.length) / (timing.median_ms * 1e-3) / 1e12,
+            notes="; ".join(notes),
+        )
+        row["pct_of_floor"] = 100.0 * row["floor_ms"] / timing.median_ms
+        return row
+
+
+def run_sweep(args) -> int:
+    from harness.commands import selected_variants
+    from harness.grid import load_grid_file, preset_grid
+    from harness.plots import plot_results
+
+    grid = load_grid_file(args.grid) if args.grid else preset_grid(args.preset)
+    if args.dtype:
+        grid.cells = [c for c in grid.cells if c.precision in args.dtype]
+    if args.max_length:
+        grid.cells = [c for c in grid.cells if c.length <= args.max_length]
+    variants = selected_variants(args)
+    path = Sweep(variants, grid, args.device, args.output,
+                 show_progress=not args.no_progress).run()
+    print(f"results: {path}")
+    if not args.no_plots:
+        for png in plot_results(path, Path(args.output) / "plots"):
+            print(f"plot: {png}")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    from harness.commands import add_selection_options
+
+    p = subparsers.add_parser(
+        "sweep", help="run variants over a grid into a resumable CSV, then plot",
+        description="Run every selected variant over a grid (a preset or a TOML file): "
+        "correctness against the float64 oracle, latency, peak memory, cost model. Each "
+        "finished cell is fsync'ed to DIR/results.csv; rerunning the same command resumes.")
+    p.add_argument("--preset", default="quick", choices=("smoke", "quick", "default", "long"),
+                   help="built-in grid (default quick; smoke is the CPU/CI one)")
+    p.add_argument("--grid", metavar="FILE.toml", help="grid file (see harness/grid.py)")
+    p.add_argument("--max-length", type=int, help="drop cells with N above this")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--no-plots", action="store_true", help="skip plotting at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_selection_options(p)
+    p.set_defaults(run=run_sweep)

@@ -1,0 +1,43 @@
+"""Variants that misbehave on purpose, for the sweep's failure handling."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from variants.base import Variant
+from variants.reference import Reference
+
+
+class Raising(Variant):
+    name = "raising"
+    description = "raises on every call"
+
+    def build(self, state_dict, config, device, precision):
+        def fn(*inputs):
+            raise RuntimeError("kernel exploded\nsecond line")
+
+        return fn
+
+
+class FakeOOM(Variant):
+    name = "fake-oom"
+    description = "raises CUDA's out-of-memory error"
+
+    def build(self, state_dict, config, device, precision):
+        def fn(*inputs):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+        return fn
+
+
+class Slow(Reference):
+    """The reference, with a slow build, so a test can kill a sweep midway."""
+
+    name = "slow"
+    is_baseline = False
+
+    def build(self, *args):
+        time.sleep(0.4)
+        return super().build(*args)
