@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 CPU_TORCH ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 OUT ?= gpu-out
+export PYTHONUNBUFFERED := 1
 
 .PHONY: test bench gpu lint setup clean
 
@@ -25,13 +26,22 @@ lint: setup
 test: setup lint
 	$(if $(HAS_GPU),,TRITON_INTERPRET=1) $(VENV)/bin/pytest -q -m "not gpu"
 
+# The quick sweep on a GPU, the smoke sweep on CPU; rerunning resumes into the same folder.
+BENCH_PRESET := $(if $(HAS_GPU),quick,smoke)
+BENCH_OUT ?= out/bench-$(BENCH_PRESET)
 bench: setup
-	$(VENV)/bin/ipa-bench check $(if $(HAS_GPU),--device cuda,--device cpu)
+	$(VENV)/bin/ipa-bench sweep --preset $(BENCH_PRESET) --device $(if $(HAS_GPU),cuda,cpu) -o $(BENCH_OUT)
+	$(VENV)/bin/ipa-bench report $(BENCH_OUT)/results.csv
 
-# GPU machine: no network, nothing installed; run from the repo root.
+# GPU machine: no network, nothing installed; run from the repo root. GPU tests, then the
+# quick sweep (plots are drawn where the CSV is fetched to: $$OUT returns at most 8 files).
+GPU_PRESET ?= quick
 gpu:
 	mkdir -p $(OUT)
-	set -o pipefail; PYTHONPATH=. python3 -m pytest -q -m gpu 2>&1 | tee $(OUT)/gpu-tests.log
+	-set -o pipefail; PYTHONPATH=. python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tee $(OUT)/gpu-tests.log
+	set -o pipefail; PYTHONPATH=. python3 -m harness.cli sweep --preset $(GPU_PRESET) --device cuda \
+		-o $(OUT)/$(GPU_PRESET) --no-plots --no-progress 2>&1 | tee $(OUT)/sweep.log
+	PYTHONPATH=. python3 -m harness.cli report $(OUT)/$(GPU_PRESET)/results.csv | tee $(OUT)/report.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
