@@ -1,0 +1,148 @@
+"""Bring your own kernel: a KernelBench-style Python file that defines `ModelNew`, as a variant.
+
+The file is what a KernelBench submission is: a module defining `class ModelNew(nn.Module)`
+with the reference's constructor `(node_dim, pair_dim, num_heads, num_query_points,
+num_value_points)` and forward `(node_repr, pair_repr, translations, rotations)`, which may
+compile CUDA with `torch.utils.cpp_extension.load_inline` or define Triton kernels at import
+time. `model_new_variant(path)` wraps it as a `Variant` named `model-new:<file name>`; its
+build imports the file (once per variant, lazily), instantiates `ModelNew`, loads the
+reference's weights with the SPEC state_dict names, and moves it to the device and dtype.
+
+Everything that can go wrong inside the user's file (import, compilation, construction,
+state_dict names or shapes, moving to the device, forward) raises `ModelNewError` with the
+underlying message, e.g. the compiler output `load_inline` reports. Callers record it as an
+error / FAIL row instead of crashing: `check` does, the sweep should (`except ModelNewError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from variants.base import IPAFunction, Variant
+from variants.problem import IPAConfig, Precision, get_precision
+
+_counter = itertools.count()
+
+
+class ModelNewError(RuntimeError):
+    """A ModelNew file failed to import or compile, construct, take the weights, or run."""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ModelNewVariant(Variant):
+    """A variant built from a user's ModelNew file; capabilities are unknown until it runs."""
+
+    description = "external KernelBench-style ModelNew file"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).resolve()
+        self.name = f"model-new:{self.path.name}"
+        self._module: ModuleType | None = None
+        self._import_error: ModelNewError | None = None
+
+    def load_module(self) -> ModuleType:
+        """Import the file once (a failure is remembered, so a broken kernel is compiled
+        once per run, not once per cell) and return the module."""
+        if self._module is not None:
+            return self._module
+        if self._import_error is not None:
+            raise self._import_error
+        digest = hashlib.sha1(str(self.path).encode()).hexdigest()[:8]
+        module_name = f"ipa_bench_model_new_{self.path.stem}_{digest}_{next(_counter)}"
+        spec = importlib.util.spec_from_file_location(module_name, self.path)
+        if spec is None or spec.loader is None:
+            self._import_error = ModelNewError(f"{self.name}: not an importable Python file")
+            raise self._import_error
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        # The file may import helpers that sit beside it.
+        sys.path.insert(0, str(self.path.parent))
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            sys.modules.pop(module_name, None)
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit
+                raise
+            self._import_error = ModelNewError(
+                f"{self.name}: import failed (a compile error from load_inline shows up "
+                f"here): {_describe(exc)}")
+            raise self._import_error from exc
+        finally:
+            if str(self.path.parent) in sys.path:
+                sys.path.remove(str(self.path.parent))
+        if not isinstance(getattr(module, "ModelNew", None), type):
+            self._import_error = ModelNewError(f"{self.name}: the file defines no class ModelNew")
+            raise self._import_error
+        self._module = module
+        return module
+
+    def build(
+        self,
+        state_dict: dict[str, torch.Tensor],
+        config: IPAConfig,
+        device: str,
+        precision: str | Precision,
+    ) -> IPAFunction:
+        dtype = get_precision(precision).dtype
+        cls = self.load_module().ModelNew
+        try:
+            model = cls(*config.module_args())
+        except Exception as exc:
+            raise ModelNewError(
+                f"{self.name}: ModelNew{config.module_args()} raised {_describe(exc)}") from exc
+        check_state_dict_keys(self.name, model, state_dict)
+        try:
+            model.load_state_dict(state_dict, strict=True)
+            model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        except Exception as exc:  # shape mismatches, a device the file cannot use
+            raise ModelNewError(f"{self.name}: loading the weights failed: {_describe(exc)}") \
+                from exc
+
+        name = self.name
+
+        def forward(node_repr, pair_repr, translations, rotations):
+            try:
+                return model(node_repr, pair_repr, translations, rotations)
+            except torch.cuda.OutOfMemoryError:
+                raise  # out of memory is a figure of the cell, not a bug in the file
+            except Exception as exc:
+                raise ModelNewError(f"{name}: forward raised {_describe(exc)}") from exc
+
+        forward.module = model
+        return forward
+
+
+def check_state_dict_keys(name: str, model: torch.nn.Module, state_dict: dict) -> None:
+    """Raise ModelNewError listing missing and unexpected keys unless `model` takes exactly
+    the reference's state_dict names."""
+    own = set(model.state_dict())
+    missing = sorted(own - set(state_dict))  # torch's meaning: the model has them, we don't
+    unexpected = sorted(set(state_dict) - own)
+    if missing or unexpected:
+        raise ModelNewError(
+            f"{name}: state_dict keys differ from the reference's (SPEC 'Parameters'): "
+            f"missing keys (in ModelNew, not in the reference): {', '.join(missing) or 'none'}; "
+            f"unexpected keys (in the reference, not in ModelNew): "
+            f"{', '.join(unexpected) or 'none'}")
+
+
+def model_new_variant(path: str | Path) -> Variant:
+    """The variant `model-new:<file name>` built from the ModelNew file at `path`.
+
+    A missing file is a FileNotFoundError now (a usage error); anything wrong inside the file
+    is a ModelNewError when the variant is built.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--model-new: no such file {str(path)!r}")
+    return ModelNewVariant(path)

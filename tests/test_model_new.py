@@ -1,0 +1,150 @@
+"""`--model-new FILE`: KernelBench-style ModelNew files checked like any variant; a file that
+does not import, compile, take the weights or run is a FAIL row with the message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cli import main as cli_main
+from harness.correctness import check_variant
+from harness.model_new import ModelNewError, model_new_variant
+from variants.problem import IPAConfig, make_inputs
+from variants.reference import init_state_dict
+
+FILES = Path(__file__).parent / "model_new_files"
+CPU_CHECK = ["check", "--device", "cpu", "--variant", "reference", "--dtype", "fp32",
+             "--batch", "2", "--length", "33", "--seeds", "2"]
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """Rich folds long cells at the terminal width; a wide one keeps messages on one line."""
+    monkeypatch.setenv("COLUMNS", "2000")
+
+
+def _check(path: Path, capsys) -> tuple[int, str]:
+    code = cli_main([*CPU_CHECK, "--model-new", str(path)])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    return code, captured.out
+
+
+def test_standalone_model_new_passes_check(capsys):
+    code, out = _check(FILES / "ipa_standalone.py", capsys)
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if "model-new:ipa_standalone.py" in line)
+    assert "pass" in row
+
+
+def test_wrong_state_dict_keys_are_listed(capsys):
+    code, out = _check(FILES / "wrong_keys.py", capsys)
+    assert code == 1
+    assert "missing keys (in ModelNew, not in the reference): norm.bias, norm.weight, qkv.weight" \
+        in out
+    assert ("unexpected keys (in the reference, not in ModelNew): k_proj.weight, "
+            "layer_norm.bias, layer_norm.weight, q_proj.weight, v_proj.weight") in out
+
+
+def test_file_that_fails_to_import_is_a_fail_row(capsys):
+    code, out = _check(FILES / "broken_import.py", capsys)
+    assert code == 1
+    row = next(line for line in out.splitlines() if "model-new:broken_import.py" in line)
+    assert "FAIL: model-new:broken_import.py: import failed" in row
+    assert "ModuleNotFoundError: No module named 'ipa_fused_extension_never_built'" in row
+    # The reference beside it still ran.
+    assert any("reference" in line and "pass" in line for line in out.splitlines())
+
+
+def test_missing_file_is_a_usage_error(capsys):
+    assert cli_main([*CPU_CHECK, "--model-new", str(FILES / "nope.py")]) == 2
+    assert "--model-new: no such file" in capsys.readouterr().err
+
+
+def test_forward_error_is_a_fail_row_with_the_message(tmp_path, capsys):
+    path = tmp_path / "raises.py"
+    path.write_text((FILES / "ipa_standalone.py").read_text().replace(
+        "        B, N, _ = node_repr.shape\n",
+        "        B, N, _ = node_repr.shape\n"
+        "        raise ValueError('kernel supports N <= 16 only')\n"))
+    code, out = _check(path, capsys)
+    assert code == 1
+    assert "model-new:raises.py: forward raised ValueError: kernel supports N <= 16 only" in out
+
+
+@pytest.mark.slow
+def test_compile_error_reaches_the_user_with_the_compiler_output(capsys):
+    """load_inline at import time with C++ that does not compile (g++: ~10-30 s)."""
+    code, out = _check(FILES / "compile_error.py", capsys)
+    assert code == 1
+    row = next(line for line in out.splitlines() if "model-new:compile_error.py" in line)
+    assert "import failed" in row and "Error building extension" in row
+    assert "error: expected" in out  # the compiler's own words, on the row's later lines
+
+
+def test_variant_api(tmp_path):
+    variant = model_new_variant(FILES / "ipa_standalone.py")
+    assert variant.name == "model-new:ipa_standalone.py"
+    assert variant.not_supported_reasons(IPAConfig(), "cpu", "fp32") == []
+    config = IPAConfig(node_dim=32, pair_dim=8, heads=4, query_points=2, value_points=3)
+    state_dict = init_state_dict(config)
+    fn = variant.build(state_dict, config, "cpu", "fp64")
+    assert fn.module.training is False
+    assert fn.module.head_weights.dtype == torch.float64
+    assert torch.equal(fn.module.head_weights, state_dict["head_weights"].double())
+    out = fn(*make_inputs(config, 1, 5, dtype=torch.float64).as_tuple())
+    assert out.shape == (1, 5, 32)
+    result = check_variant(variant, config, batch=2, length=9, seeds=2, precision="fp64")
+    assert result.passed, result.failures
+
+    # Two variants of one file are separate modules; a failed import is not retried.
+    assert model_new_variant(FILES / "ipa_standalone.py").load_module() is not \
+        variant.load_module()
+    broken = model_new_variant(FILES / "broken_import.py")
+    with pytest.raises(ModelNewError) as first:
+        broken.build(state_dict, config, "cpu", "fp32")
+    with pytest.raises(ModelNewError) as second:
+        broken.build(state_dict, config, "cpu", "fp32")
+    assert first.value is second.value
+
+    no_class = tmp_path / "no_class.py"
+    no_class.write_text("X = 1\n")
+    with pytest.raises(ModelNewError, match="defines no class ModelNew"):
+        model_new_variant(no_class).build(state_dict, config, "cpu", "fp32")
+
+    bad_ctor = tmp_path / "bad_ctor.py"
+    bad_ctor.write_text("class ModelNew:\n    def __init__(self, node_dim):\n        pass\n")
+    with pytest.raises(ModelNewError, match=r"ModelNew\(32, 8, 4, 2, 3\) raised TypeError"):
+        model_new_variant(bad_ctor).build(state_dict, config, "cpu", "fp32")
+
+
+def test_wrong_shapes_are_a_model_new_error(tmp_path):
+    path = tmp_path / "wrong_shape.py"
+    path.write_text((FILES / "ipa_standalone.py").read_text().replace(
+        "self.pair_bias = nn.Linear(pair_dim, num_heads, bias=False)",
+        "self.pair_bias = nn.Linear(pair_dim + 1, num_heads, bias=False)"))
+    config = IPAConfig(node_dim=32, pair_dim=8, heads=4, query_points=2, value_points=3)
+    message = r"(?s)loading the weights failed.*size mismatch for pair_bias.weight"
+    with pytest.raises(ModelNewError, match=message):
+        model_new_variant(path).build(init_state_dict(config), config, "cpu", "fp32")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_load_inline_model_new_passes_check_and_diagnose(capsys):
+    """A ModelNew whose inverse frame is a CUDA kernel compiled by load_inline at import."""
+    path = FILES / "cuda_inverse_frame.py"
+    code = cli_main(["check", "--device", "cuda", "--variant", "reference", "--model-new",
+                     str(path), "--dtype", "fp32", "--dtype", "bf16", "--batch", "2",
+                     "--length", "97"])
+    out = capsys.readouterr().out
+    print(out)  # the row goes into the GPU log
+    assert code == 0, out
+    rows = [line for line in out.splitlines() if "model-new:cuda_inverse_frame.py" in line]
+    assert len(rows) == 2 and all("pass" in row for row in rows), out
+    code = cli_main(["diagnose", "--model-new", str(path), "--device", "cuda"])
+    out = capsys.readouterr().out
+    print(out)
+    assert code == 0, out
