@@ -139,15 +139,17 @@ def make_inputs(
     centred and then moved `origin_offset` Angstrom from the origin in a random direction
     (PDB coordinates sit 50-150 A away), standard-normal features.
 
-    Values are drawn in float64 on the CPU, then cast to `dtype` and moved to `device`;
-    upcast the result for the oracle so every path sees the same quantised values.
+    Frames are drawn in float64 on the CPU; the features (the bulk: pair_repr is
+    B x N x N x pair_dim) are drawn on `device` in float32 (float64 when `dtype` is), so
+    large inputs cost no host time. Everything is then cast to `dtype`; upcast the result
+    for the oracle so every path sees the same quantised values. Values depend on the seed
+    and on the device type (CPU and CUDA generators differ).
     """
     if batch < 1 or length < 1:
         raise IPAInputError(f"batch, length: expected >= 1, got batch={batch}, length={length}")
-    g = torch.Generator().manual_seed(seed)
+    device = torch.device(device)
     f64 = torch.float64
-    node = torch.randn(batch, length, config.node_dim, generator=g, dtype=f64)
-    pair = torch.randn(batch, length, length, config.pair_dim, generator=g, dtype=f64)
+    g = torch.Generator().manual_seed(seed)
     rotations = random_rotations(batch * length, g).view(batch, length, 3, 3)
     steps = torch.randn(batch, length, 3, generator=g, dtype=f64)
     steps = CA_STEP_ANGSTROM * steps / steps.norm(dim=-1, keepdim=True)
@@ -155,7 +157,16 @@ def make_inputs(
     chain = chain - chain.mean(dim=1, keepdim=True)
     direction = torch.randn(batch, 1, 3, generator=g, dtype=f64)
     translations = chain + origin_offset * direction / direction.norm(dim=-1, keepdim=True)
-    return IPAInputs(node, pair, translations, rotations).to(device=device, dtype=dtype)
+
+    feature_dtype = f64 if dtype == f64 else torch.float32
+    gd = torch.Generator(device=device).manual_seed(seed)
+    node = torch.randn(batch, length, config.node_dim, generator=gd, dtype=feature_dtype,
+                       device=device)
+    pair = torch.randn(batch, length, length, config.pair_dim, generator=gd,
+                       dtype=feature_dtype, device=device)
+    return IPAInputs(
+        node.to(dtype), pair.to(dtype), translations.to(device, dtype), rotations.to(device, dtype)
+    )
 
 
 def _expect_shape(name: str, tensor: torch.Tensor, expected: tuple, meaning: str) -> None:
