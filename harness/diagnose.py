@@ -117,6 +117,10 @@ def _qk_points_zero(sd: StateDict) -> StateDict:
     return _with(sd, q_pts__weight=torch.zeros_like, k_pts__weight=torch.zeros_like)
 
 
+def _v_points_zero(sd: StateDict) -> StateDict:
+    return _with(sd, v_pts__weight=torch.zeros_like)
+
+
 def _scalar_term_off(sd: StateDict) -> StateDict:
     return _with(sd, q_proj__weight=torch.zeros_like)
 
@@ -150,6 +154,8 @@ PROBES: tuple[Probe, ...] = (
           weights=_point_term_dominant),
     Probe("qk-points-at-origin", "q_pts = k_pts = 0 and t = 0: point distances 0",
           inputs=_rotations_only, weights=_qk_points_zero),
+    Probe("v-points-at-origin", "v_pts = 0 and t = 0: the inverse frame gets zeros",
+          inputs=_rotations_only, weights=_v_points_zero),
     Probe("scalar-term-off", "q_proj = 0: scalar q.k logits 0", weights=_scalar_term_off),
     Probe("pair-off", "pair_repr = 0: pair bias 0", inputs=_pair_zero),
     Probe("pair-dominant", f"pair_bias.weight x {PAIR_DOMINANT_SCALE:g}", weights=_pair_dominant),
@@ -222,6 +228,11 @@ RULES: tuple[Rule, ...] = (
          "error vanishes with the point term off",
          "point logits: query/key points, their frame transform, the squared distance "
          "or its factor softplus(w) / 2"),
+    Rule("inverse-frame", ("baseline", "rotations-only"),
+         ("identity-frames", "translations-only", "v-points-at-origin"),
+         "error needs rotations and vanishes when the inverse frame gets only zeros",
+         "the inverse frame (g - t_i) @ R_i^T: R where R^T belongs, or another residue's "
+         "frame"),
     Rule("frame-rotation", ("baseline", "rotations-only"), ("identity-frames", "translations-only"),
          "error vanishes with identity frames and with translations only, stays with "
          "rotations only",
@@ -266,23 +277,26 @@ class Verdict:
 def verdict(outcomes: dict[str, str], errors: dict[str, str] | None = None) -> Verdict:
     """The verdict for probe outcomes ("pass", "fail", or anything else for did-not-run).
 
-    `errors` maps probes that raised to their message; a raise at the baseline is reported
-    first, since every other finding is then about an exception, not arithmetic.
+    `errors` maps probes that raised to their message; a raise at the baseline is the whole
+    verdict (with the probes that did run), since the rules read arithmetic, not exceptions.
     """
     errors = errors or {}
     failed = [p for p in PROBE_NAMES if outcomes.get(p) == "fail"]
     if not failed:
         return Verdict(False, [], ["no mismatch: every probe agrees with the oracle within "
                                    "its tolerance"])
+    passed = [p for p in PROBE_NAMES if outcomes.get(p) == "pass"]
+    if "baseline" in errors:  # the rules read arithmetic, not exceptions
+        lines = [f"the variant raises at the baseline probe: {errors['baseline']}"]
+        if passed:
+            lines.append(f"it runs in: {', '.join(passed)}")
+        return Verdict(True, [], lines)
     suspects = [rule for rule in RULES if rule.matches(outcomes)]
     lines = []
-    if "baseline" in errors:
-        lines.append(f"the variant raises at the baseline probe: {errors['baseline']}")
     if suspects:
         lines.append(f"suspect: {suspects[0].sentence()}")
         lines += [f"also consistent: {rule.sentence()}" for rule in suspects[1:]]
-    elif "baseline" not in errors:
-        passed = [p for p in PROBE_NAMES if outcomes.get(p) == "pass"]
+    else:
         lines.append(
             f"mismatch in {', '.join(failed)}; no rule isolates it"
             + (f" (clean: {', '.join(passed)})" if passed else " (no probe is clean: a part "

@@ -4,13 +4,15 @@ Each is a reference module with one method overridden; `planted_variant(module_c
 wraps such a module class as a registry `Variant`. `IPAReference.forward` is one method, so
 the bugs inside it override a hook of `HookedReference`: the reference's forward split into
 the steps a kernel author writes separately (scalar logits, point weight, pair bias,
-softmax). `HookedReference` itself is exact (a test holds it to the reference).
+softmax). `HookedReference` itself is exact (a test holds it bit for bit to the reference).
 
-The bugs are the ones issue 7 lists, each a mistake a hand-written kernel makes:
+The bugs are issue 7's list plus the forward-frame twin of the first, each a mistake a
+hand-written kernel makes:
 
 | variant | mistake | what `diagnose` should name |
 |---|---|---|
-| `planted-inverse-frame` | inverse frame multiplies by R, not R^T | frame rotation |
+| `planted-inverse-frame` | inverse frame multiplies by R, not R^T | inverse frame |
+| `planted-frame-transposed` | frame transform multiplies by R^T, not R | frame rotation |
 | `planted-softplus` | point weight is head_weights, not softplus(head_weights) | point weight |
 | `planted-pair-transposed` | pair bias read at (j, i) instead of (i, j) | pair bias |
 | `planted-batch-frames` | frames read without the batch stride (every b uses b = 0) | batch |
@@ -38,6 +40,13 @@ class InverseFrameWithR(IPAReference):
     def _apply_inv_frame(self, pts, rotations, translations):
         centered = pts - translations.unsqueeze(2)
         return torch.einsum("bnpc,bncd->bnpd", centered, rotations)
+
+
+class FrameWithRT(IPAReference):
+    """Bug: the frame transform multiplies by R^T instead of R (column-vector habit)."""
+
+    def _apply_frame(self, pts, rotations, translations):
+        return torch.einsum("bnpc,bndc->bnpd", pts, rotations) + translations.unsqueeze(2)
 
 
 class HookedReference(IPAReference):
@@ -144,6 +153,7 @@ def planted_variant(module_cls: type[IPAReference], name: str) -> type[Variant]:
 
 
 InverseFrameBug = planted_variant(InverseFrameWithR, "planted-inverse-frame")
+FrameTransposedBug = planted_variant(FrameWithRT, "planted-frame-transposed")
 SoftplusBug = planted_variant(SoftplusMissing, "planted-softplus")
 PairTransposedBug = planted_variant(PairBiasTransposed, "planted-pair-transposed")
 BatchFramesBug = planted_variant(FramesWithoutBatchStride, "planted-batch-frames")
@@ -154,7 +164,8 @@ HookedExact = planted_variant(HookedReference, "planted-none")
 # Every planted bug, with the suspect `diagnose` must name first (a rule name in
 # harness.diagnose.RULES).
 PLANTED_BUGS: dict[type[Variant], str] = {
-    InverseFrameBug: "frame-rotation",
+    InverseFrameBug: "inverse-frame",
+    FrameTransposedBug: "frame-rotation",
     SoftplusBug: "point-weight",
     PairTransposedBug: "pair-bias",
     BatchFramesBug: "batch",

@@ -14,13 +14,18 @@ from harness.diagnose import (
     PROBES,
     RULES,
     OracleCache,
+    Sizes,
     diagnose,
     verdict,
 )
 from tests.planted import PLANTED_BUGS, HookedExact, HookedReference, planted_variant
-from variants.reference import Reference
+from variants.problem import IPAConfig, make_inputs
+from variants.reference import Reference, init_state_dict, make_module
 
 FILES = Path(__file__).parent / "model_new_files"
+# Smaller than the command's defaults (97 and 128) to keep the suite quick; still ragged for
+# every block size up to 32 and aligned for 64.
+SIZES = Sizes(batch=2, length=45, aligned_length=64)
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +38,26 @@ def cache():
 
 @pytest.mark.parametrize("variant_cls", [Reference, HookedExact], ids=lambda c: c.name)
 def test_correct_implementations_get_a_clean_bill(variant_cls, cache):
-    diagnosis = diagnose(variant_cls(), cache=cache)
+    diagnosis = diagnose(variant_cls(), sizes=SIZES, cache=cache)
     assert [r.status for r in diagnosis.results] == ["pass"] * len(PROBES)
     assert not diagnosis.verdict.mismatch
     assert diagnosis.verdict.lines[0].startswith("no mismatch")
 
 
+def test_hooked_reference_is_the_reference_bit_for_bit():
+    config = IPAConfig(node_dim=32, pair_dim=8, heads=4, query_points=2, value_points=3)
+    state_dict = init_state_dict(config)
+    inputs = make_inputs(config, 2, 11, seed=5).as_tuple()
+    hooked = HookedReference(*config.module_args())
+    hooked.load_state_dict(state_dict)
+    with torch.no_grad():
+        assert torch.equal(hooked(*inputs), make_module(state_dict, config, "cpu",
+                                                        torch.float32)(*inputs))
+
+
 @pytest.mark.parametrize("variant_cls", list(PLANTED_BUGS), ids=lambda c: c.name)
 def test_planted_bug_is_named(variant_cls, cache):
-    diagnosis = diagnose(variant_cls(), cache=cache)
+    diagnosis = diagnose(variant_cls(), sizes=SIZES, cache=cache)
     found = diagnosis.verdict
     assert found.mismatch
     assert found.suspects, found.lines
@@ -70,7 +86,7 @@ class RaisesOnNonContiguous(HookedReference):
 @pytest.mark.parametrize("module_cls", [ReadsRotationsAsContiguous, RaisesOnNonContiguous])
 def test_contiguity_assumption_is_named(module_cls, cache):
     variant = planted_variant(module_cls, "contiguity")()
-    diagnosis = diagnose(variant, cache=cache)
+    diagnosis = diagnose(variant, sizes=SIZES, cache=cache)
     assert diagnosis.verdict.suspects[0].name == "non-contiguous"
     failed = [r.probe.name for r in diagnosis.results if r.status != "pass"]
     assert failed == ["non-contiguous"]
@@ -83,10 +99,13 @@ def test_a_variant_that_cannot_build_is_an_error_in_every_probe(cache):
         def build(self, *args):
             raise RuntimeError("Error building extension 'ipa': nvcc fatal")
 
-    diagnosis = diagnose(Broken(), cache=cache)
+    diagnosis = diagnose(Broken(), sizes=SIZES, cache=cache)
     assert {r.status for r in diagnosis.results} == {"error"}
     assert "nvcc fatal" in diagnosis.results[0].message
-    assert diagnosis.verdict.lines[0].startswith("the variant raises at the baseline probe")
+    assert diagnosis.verdict.mismatch and not diagnosis.verdict.suspects
+    assert diagnosis.verdict.lines == [
+        "the variant raises at the baseline probe: build: RuntimeError: Error building "
+        "extension 'ipa': nvcc fatal"]
 
 
 def test_unsupported_probes_are_shown_not_judged(cache):
@@ -94,7 +113,7 @@ def test_unsupported_probes_are_shown_not_judged(cache):
         name = "no-single-head"
         limits = {"heads": (2, 64)}
 
-    diagnosis = diagnose(NoSingleHead(), cache=cache)
+    diagnosis = diagnose(NoSingleHead(), sizes=SIZES, cache=cache)
     by_name = {r.probe.name: r for r in diagnosis.results}
     assert by_name["heads-1"].status == "unsupported"
     assert "heads=1 outside" in by_name["heads-1"].message
@@ -116,6 +135,7 @@ RULE_CASES: dict[str, set[str]] = {
     "pair-bias": EVERY - {"pair-off", "single-key"},
     "scalar-term": EVERY - {"scalar-term-off", "single-key"},
     "point-term": EVERY - {"point-term-off", "qk-points-at-origin", "single-key"},
+    "inverse-frame": EVERY - {"identity-frames", "translations-only", "v-points-at-origin"},
     "frame-rotation": EVERY - {"identity-frames", "translations-only"},
     "frame-translation": EVERY - {"identity-frames", "rotations-only"},
     "frames": EVERY - {"identity-frames"},
@@ -184,7 +204,8 @@ def test_cli_diagnose_model_new_file_names_the_inverse_frame(tmp_path, capsys, m
     assert cli_main(["diagnose", "--model-new", str(path), *SMALL_SIZES]) == 1
     out = capsys.readouterr().out
     assert "diagnose model-new:my_kernel.py" in out
-    assert "suspect: error vanishes with identity frames and with translations only" in out
+    assert "suspect: error needs rotations and vanishes when the inverse frame gets only zeros" \
+        in out
 
 
 def test_cli_diagnose_correct_model_new_file_exits_zero(capsys):
