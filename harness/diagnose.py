@@ -455,9 +455,11 @@ def _figure(x: float) -> str:
 
 def print_diagnosis(diagnosis: Diagnosis, console: Console | None = None) -> None:
     console = console or Console(width=max(Console().width, 150))
-    s = diagnosis.sizes
+    s, c = diagnosis.sizes, diagnosis.config
     table = Table(title=f"diagnose {diagnosis.variant}: {diagnosis.precision} on "
-                  f"{diagnosis.device}, {diagnosis.config}, B={s.batch}, N={s.length}")
+                  f"{diagnosis.device}, B={s.batch}, N={s.length}, node_dim={c.node_dim}, "
+                  f"pair_dim={c.pair_dim}, H={c.heads}, Qp={c.query_points}, "
+                  f"Vp={c.value_points}")
     for column in ("probe", "what it changes", "B", "N", "rel_l2", "tol", "err/tol", "result"):
         table.add_column(column, overflow="fold")
     for r in diagnosis.results:
@@ -469,7 +471,7 @@ def print_diagnosis(diagnosis: Diagnosis, console: Console | None = None) -> Non
                       "-" if math.isnan(ratio) else f"{ratio:.3g}", result, style=style)
     console.print(table)
     for line in diagnosis.verdict.lines:
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
