@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import itertools
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +38,25 @@ class ModelNewError(RuntimeError):
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+_ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
+_LEADING_PATH = re.compile(r"^\S*/(?=[^/\s]+[:(])")
+
+
+def _compiler_errors_first(exc: BaseException, most: int = 5) -> str:
+    """`_describe(exc)`, led by the compiler's error lines when it holds a build log.
+
+    `load_inline` failures carry the whole ninja log (long command lines first), and rows
+    are often cut to a few hundred characters: the error lines go up front, paths trimmed.
+    """
+    text = _describe(exc)
+    lines = text.splitlines()
+    errors = [_LEADING_PATH.sub("", line.strip()) for line in lines[1:]
+              if _ERROR_LINE.search(line)]
+    if not errors:
+        return text
+    return f"{lines[0]}; first errors: {' | '.join(errors[:most])}\nfull message:\n{text}"
 
 
 class ModelNewVariant(Variant):
@@ -75,7 +95,7 @@ class ModelNewVariant(Variant):
                 raise
             self._import_error = ModelNewError(
                 f"{self.name}: import failed (a compile error from load_inline shows up "
-                f"here): {_describe(exc)}")
+                f"here): {_compiler_errors_first(exc)}")
             raise self._import_error from exc
         finally:
             if str(self.path.parent) in sys.path:

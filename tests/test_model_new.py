@@ -81,7 +81,9 @@ def test_compile_error_reaches_the_user_with_the_compiler_output(capsys):
     assert code == 1
     row = next(line for line in out.splitlines() if "model-new:compile_error.py" in line)
     assert "import failed" in row and "Error building extension" in row
-    assert "error: expected" in out  # the compiler's own words, on the row's later lines
+    # The compiler's own words lead (rows elsewhere are cut short), the full log follows.
+    assert "first errors: main.cpp:4:17: error: expected" in row
+    assert "full message:" in out and "ninja: build stopped" in out
 
 
 def test_variant_api(tmp_path):
