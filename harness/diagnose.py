@@ -272,15 +272,30 @@ class Verdict:
     mismatch: bool
     suspects: list[Rule]  # matching rules, prime suspect first
     lines: list[str]  # the plain-language verdict
+    ran: bool = True  # False when the baseline probe could not run here
+
+    @property
+    def exit_status(self) -> int:
+        """0: checked and clean; 1: a mismatch, or nothing checked (as `check` does for a
+        requested variant that cannot run)."""
+        return 1 if self.mismatch or not self.ran else 0
 
 
-def verdict(outcomes: dict[str, str], errors: dict[str, str] | None = None) -> Verdict:
+def verdict(
+    outcomes: dict[str, str],
+    errors: dict[str, str] | None = None,
+    unsupported: dict[str, str] | None = None,
+) -> Verdict:
     """The verdict for probe outcomes ("pass", "fail", or anything else for did-not-run).
 
     `errors` maps probes that raised to their message; a raise at the baseline is the whole
     verdict (with the probes that did run), since the rules read arithmetic, not exceptions.
+    `unsupported` maps probes the variant cannot run to its reasons.
     """
-    errors = errors or {}
+    errors, unsupported = errors or {}, unsupported or {}
+    if "baseline" in unsupported:
+        return Verdict(False, [], [f"nothing checked: the variant cannot run the baseline "
+                                   f"probe here: {unsupported['baseline']}"], ran=False)
     failed = [p for p in PROBE_NAMES if outcomes.get(p) == "fail"]
     if not failed:
         return Verdict(False, [], ["no mismatch: every probe agrees with the oracle within "
@@ -335,8 +350,10 @@ class Diagnosis:
 
     @property
     def verdict(self) -> Verdict:
+        by_status = {status: {r.probe.name: r.message for r in self.results
+                              if r.status == status} for status in ("error", "unsupported")}
         return verdict({r.probe.name: r.outcome for r in self.results},
-                       {r.probe.name: r.message for r in self.results if r.status == "error"})
+                       by_status["error"], by_status["unsupported"])
 
 
 class OracleCache:
@@ -352,7 +369,8 @@ class OracleCache:
         return self._entries[key]
 
 
-def _one_line(exc: BaseException) -> str:
+def _message(exc: BaseException) -> str:
+    """The exception as the table shows it (a compiler log can be long: cut at 2000)."""
     text = f"{type(exc).__name__}: {exc}".strip()
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
@@ -408,7 +426,7 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
             built[build_key] = exc
     fn = built[build_key]
     if isinstance(fn, Exception):
-        result.status, result.message = "error", f"build: {_one_line(fn)}"
+        result.status, result.message = "error", f"build: {_message(fn)}"
         return result
 
     def make_entry(seed):
@@ -431,7 +449,7 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
         try:
             out = fn(*inputs.as_tuple())
         except Exception as exc:  # recorded as this probe's error row, never dropped
-            result.status, result.message = "error", f"forward: {_one_line(exc)}"
+            result.status, result.message = "error", f"forward: {_message(exc)}"
             return result
         err, tol = rel_l2(out, oracle), tolerance(ref_err, precision)
         ratio = err / tol if math.isfinite(err) else math.inf
@@ -490,7 +508,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
                          precision=args.dtype, sizes=sizes, seeds=args.seeds,
                          weights_seed=args.weights_seed)
     print_diagnosis(diagnosis)
-    return 1 if diagnosis.verdict.mismatch else 0
+    return diagnosis.verdict.exit_status
 
 
 def add_parser(subparsers) -> None:
@@ -499,7 +517,8 @@ def add_parser(subparsers) -> None:
         description="Run probes that switch one part of the function off or isolate it "
         "(identity frames, no point term, no pair bias, one key, B = 1, aligned N, one head, "
         "one point, non-contiguous inputs) through the oracle comparison, and name the "
-        "suspect part. Exit status 1 when a mismatch is found.")
+        "suspect part. Exit status 1 when a mismatch is found or the variant cannot run "
+        "here.")
     p.add_argument("variant", nargs="?", metavar="VARIANT", help="a registered variant")
     p.add_argument("--model-new", metavar="FILE",
                    help="a KernelBench-style Python file defining ModelNew (instead of VARIANT)")

@@ -120,6 +120,19 @@ def test_unsupported_probes_are_shown_not_judged(cache):
     assert not diagnosis.verdict.mismatch
 
 
+def test_a_variant_that_cannot_run_here_is_not_a_clean_bill(cache):
+    class CudaOnly(Reference):
+        name = "cuda-only"
+        devices = ("cuda",)
+
+    diagnosis = diagnose(CudaOnly(), sizes=SIZES, cache=cache)
+    assert {r.status for r in diagnosis.results} == {"unsupported"}
+    found = diagnosis.verdict
+    assert not found.mismatch and not found.ran and found.exit_status == 1
+    assert found.lines == ["nothing checked: the variant cannot run the baseline probe here: "
+                           "device 'cpu' not supported (supports ['cuda'])"]
+
+
 # ---- the rules, one case each ---------------------------------------------------------------
 
 # For each rule: the probes that fail in a bug of that kind (the others pass). Several come
