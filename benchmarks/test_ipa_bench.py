@@ -1,0 +1,157 @@
+"""pytest-benchmark suite: every registered variant over a small grid, generated from the registry.
+
+    pytest benchmarks --benchmark-only --benchmark-json out.json
+
+Cases (one device per run, `--ipa-device`, default cuda if present): on CPU a single tiny
+shape in fp32 (torch.compile recompiles per shape, ~25 s each on a small machine); on CUDA
+N = 256 and 1024 at the default AlphaFold2 config in fp32 and bf16. Each case is a
+pytest-benchmark group, so the default `--benchmark-group-by=group` table puts the variants of
+one config side by side. A variant that cannot run a case is skipped with its own
+`not_supported_reasons`; Triton variants are skipped on CPU, where they run under the
+interpreter and a timing means nothing (tests/test_variants.py checks them there).
+
+Before timing, each case runs the correctness protocol (one seed, `harness.correctness`):
+the first call (compilation, autotuning) happens there, untimed, and the figures go into
+`extra_info` with the config, dtype and (CUDA) peak memory. A variant outside its tolerance
+is still timed, then the test fails. `ipa-bench sweep` is the publishing path; this suite
+is for quick side-by-side tables and `--benchmark-compare` between commits.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from harness.correctness import check_variant
+from harness.measure import peak_memory_mib
+from variants.problem import IPAConfig, get_precision, make_inputs, math_mode
+from variants.reference import init_state_dict
+from variants.registry import all_variants
+
+VARIANTS = all_variants()
+TIMING_SEED = 10_000  # the sweep's timing inputs; correctness uses seeds 0, 1, ...
+
+
+@dataclass(frozen=True)
+class Case:
+    device: str
+    batch: int
+    length: int
+    config: IPAConfig
+    precision: str
+    rounds: int
+    warmup_rounds: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.device}-{self.precision}-B{self.batch}-N{self.length}"
+
+    @property
+    def group(self) -> str:
+        c = self.config
+        return (f"{self.device} {self.precision} B={self.batch} N={self.length} H={c.heads} "
+                f"Qp={c.query_points} Vp={c.value_points} node={c.node_dim} pair={c.pair_dim}")
+
+
+TINY = IPAConfig(node_dim=64, pair_dim=16, heads=4, query_points=4, value_points=8)
+CASES = {
+    "cpu": [Case("cpu", 1, 32, TINY, "fp32", rounds=30, warmup_rounds=3)],
+    "cuda": [Case("cuda", 1, n, IPAConfig(), p, rounds=50, warmup_rounds=5)
+             for p in ("fp32", "bf16") for n in (256, 1024)],
+}
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames:
+        device = metafunc.config.getoption("--ipa-device") or (
+            "cuda" if torch.cuda.is_available() else "cpu")
+        cases = CASES[device]
+        metafunc.parametrize("case", cases, ids=[c.id for c in cases])
+    if "variant_name" in metafunc.fixturenames:
+        metafunc.parametrize("variant_name", list(VARIANTS))
+
+
+def test_forward(benchmark, timed, case: Case, variant_name: str):
+    variant = VARIANTS[variant_name]
+    config, device = case.config, case.device
+    precision = get_precision(case.precision)
+    reasons = variant.not_supported_reasons(config, device, precision)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    if device == "cpu" and "triton" in variant.requires:
+        pytest.skip("Triton on CPU runs under the interpreter (TRITON_INTERPRET=1): a timing "
+                    "would mean nothing; tests/test_variants.py checks its correctness")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+
+    benchmark.group = case.group
+    state_dict = init_state_dict(config)
+    with math_mode(precision), torch.no_grad():
+        fn = variant.build(state_dict, config, device, precision)
+        check = check_variant(variant, config, batch=case.batch, length=case.length,
+                              device=device, precision=precision, seeds=1,
+                              state_dict=state_dict, fn=fn)
+        args = make_inputs(config, case.batch, case.length, dtype=precision.dtype,
+                           device=device, seed=TIMING_SEED).as_tuple()
+        benchmark.extra_info.update(
+            variant=variant.name, is_baseline=variant.is_baseline, device=device,
+            device_name=(torch.cuda.get_device_name() if device == "cuda"
+                         else platform.processor() or platform.machine()),
+            dtype=precision.name, math_mode=precision.math_mode, batch=case.batch,
+            length=case.length, **vars(config),
+            rel_l2=check.rel_l2, max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2,
+            tol=check.tol, err_ratio=check.err_ratio, correctness_seeds=check.seeds,
+            correctness="pass" if check.passed else "FAIL: " + "; ".join(check.failures),
+            peak_mem_mib=(peak_memory_mib(lambda: fn(*args), torch.device(device))
+                          if device == "cuda" else None),
+        )
+        timed(lambda: fn(*args), device, rounds=case.rounds, warmup_rounds=case.warmup_rounds)
+    assert check.passed, f"{variant.name} {case.group}: {'; '.join(check.failures)}"
+
+
+def test_flush_precedes_every_timed_call(benchmark, timed):
+    """The timing helper's contract, checkable on any device: one flush before every call."""
+    benchmark.group = "harness self-check"
+    events: list[str] = []
+    timed(lambda: events.append("call"), "cpu", rounds=5, warmup_rounds=1,
+          flush=lambda: events.append("flush"))
+    assert events and events == ["flush", "call"] * (len(events) // 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_timing_waits_for_the_device(benchmark, timed):
+    """A kernel that spins for a known time (`torch.cuda._sleep`, measured with device
+    events) must be timed at no less than that time; launching it without a synchronisation
+    returns far sooner, so the test would catch a timer that forgot to wait."""
+    if benchmark.disabled:
+        pytest.skip("timing is disabled (--benchmark-disable)")
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def device_ms(cycles: int) -> float:
+        begin.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end)
+
+    device_ms(1000)  # warm up the events and the sleep kernel
+    cycles = int(1_000_000 * 20.0 / device_ms(1_000_000))  # about 20 ms
+    known_ms = min(device_ms(cycles) for _ in range(3))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(cycles)
+    launch_ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    assert launch_ms < 0.5 * known_ms, "the launch alone waited: this test has no teeth here"
+
+    benchmark.group = "harness self-check"
+    benchmark.extra_info.update(known_ms=known_ms, launch_ms=launch_ms)
+    timed(lambda: torch.cuda._sleep(cycles), "cuda", rounds=5, warmup_rounds=1)
+    # 5 % slack for the SM clock moving between the calibration and the rounds.
+    assert benchmark.stats["min"] * 1e3 >= 0.95 * known_ms, (
+        f"timed {benchmark.stats['min'] * 1e3:.3f} ms for a {known_ms:.3f} ms kernel")
