@@ -1,14 +1,136 @@
-"""Placeholder for the `cuda-fused` variant (issue #5): registered so that it shows up in
-`ipa-bench list` with the reason it cannot run, never as working."""
+"""cuda-fused: flash-style IPA in one CUDA kernel that reads pair_repr once and writes no N x N
+tensor.
+
+Idea: FlashAttention's tiling and online softmax (Dao et al. 2022) applied to IPA, with the
+pair-bias projection pulled into the kernel so that the (B, N, N, pair_dim) input, the only
+O(N^2) tensor, streams through once. A CTA owns a few queries of one batch element for all
+heads (one warp per head); per key tile each warp first turns 8 (query, key) rows of pair_repr,
+staged in shared memory by cp.async two tiles ahead, into H biases, then scores its queries
+against the tile (scalar q.k, the softplus-weighted squared point distance computed directly,
+the bias), updates an fp32 online softmax and accumulates [v | value points] in one pass.
+`variants/csrc/ipa_fused.cu` documents the layout; `docs/perf-notes.md` the measurements.
+
+Differences from the reference: LayerNorm, projections and frame transforms run in PyTorch in
+float32 (bf16 inputs are upcast; only pair_repr is read in bf16, by the kernel, with fp32
+accumulation); the softmax runs in base 2 with log2(e) folded into q, the point weight and the
+pair-bias weight; summation orders differ. Extra memory is O(N): the (B, N, H, d + 3 Vp) output
+and, when the key range is split across CTAs to fill the GPU at small N, partials of that order.
+
+Caveats: forward only; float32 (IEEE) and bfloat16; heads <= 16, head_dim 8..128, Qp and Vp
+1..16, pair_dim a multiple of 8 up to 128. Two kernel classes: `small` (even heads <= 12,
+head_dim <= 32, d + 3 Vp <= 80, e.g. the AlphaFold2 default) and `generic` (the rest; slower:
+4 queries per CTA, key/value rows read through L1). The first call of a process builds or loads
+the extension (`variants.cuda_ext`).
+"""
 
 from __future__ import annotations
 
-from variants.base import Variant
+import torch
+
+from variants.base import IPAFunction, Variant
+from variants.cuda_ext import (
+    LOG2E,
+    Weights,
+    Widths,
+    check_call_inputs,
+    finish,
+    load_extension,
+    project,
+)
+from variants.problem import IPAConfig, Precision, get_precision
+
+SMALL, GENERIC = 0, 1  # kernel classes, as in variants/csrc/ipa_kernels.h
+LANES = {SMALL: 2, GENERIC: 8}  # lanes per query row
+
+
+def kernel_class(config: IPAConfig) -> int:
+    """The kernel class that runs `config` (mirrors the limits checked in ipa_binding.cpp)."""
+    small = Widths.for_lanes(config, LANES[SMALL])
+    if (
+        config.heads % 2 == 0
+        and config.heads <= 12
+        and small.dqp <= 32
+        and small.pqp <= 48
+        and small.wv <= 80
+    ):
+        return SMALL
+    return GENERIC
+
+
+def fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pair_repr: torch.Tensor,
+    pair_weight: torch.Tensor,
+    point_weight: torch.Tensor,
+    *,
+    klass: int,
+    dqp: int,
+    dv: int,
+    out: torch.Tensor | None = None,
+    splits: int = 0,
+    workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel alone: softmax-weighted [v | value points] per (batch, query, head).
+
+    q, k: (B, H, N, wq) float32 rows [q * log2(e)/sqrt(d) (resp. k), zero pad to dqp | points
+    (global frame), zero pad]; v: (B, H, N, wv) float32 rows [v | value points | zero pad];
+    pair_repr: (B, N, N, C) float32 or bfloat16, contiguous; pair_weight: (H, C) float32
+    pair_bias.weight * log2(e); point_weight: (H,) float32 -softplus(w)/2 * log2(e).
+    Returns out: (B, N, H, dv) float32, every element written (pass `out` to reuse or poison a
+    buffer). splits: key-range splits (0 = chosen from the GPU's size); workspace: optional
+    float32 buffer for the split partials (allocated when absent or too small).
+    """
+    b, h, n, _ = q.shape
+    if out is None:
+        out = torch.empty(b, n, h, dv, device=q.device, dtype=torch.float32)
+    load_extension().fused_forward(
+        q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace
+    )
+    return out
 
 
 class CudaFused(Variant):
     name = "cuda-fused"
-    description = "not implemented yet (issue #5)"
+    description = "flash-style CUDA kernel: pair bias, point distances, online softmax fused"
+    devices = ("cuda",)
+    precisions = ("fp32", "bf16")
+    requires = ("cuda", "nvcc")
+    limits = {
+        "query_points": (1, 16),
+        "value_points": (1, 16),
+        "head_dim": (8, 128),
+        "heads": (1, 16),
+        "pair_dim": (8, 128),
+    }
 
     def not_supported_reasons(self, config, device, precision):
-        return ["not implemented yet (issue #5)"]
+        reasons = super().not_supported_reasons(config, device, precision)
+        if config.pair_dim % 8:
+            reasons.append(f"pair_dim={config.pair_dim} is not a multiple of 8 (16-byte rows)")
+        return reasons
+
+    def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
+        precision = get_precision(precision)
+        dtype = precision.dtype
+        load_extension()  # the build time is paid here, never in a timed call
+        weights = Weights(state_dict, config, device)
+        klass = kernel_class(config)
+        widths = Widths.for_lanes(config, LANES[klass])
+        q_scale = LOG2E / config.head_dim**0.5
+        pair_weight = (weights.pair_bias * LOG2E).contiguous()
+        point_weight = (weights.point_weight * LOG2E).contiguous()
+        device = weights.device
+
+        def forward(node_repr, pair_repr, translations, rotations):
+            check_call_inputs(config, device, dtype, node_repr, pair_repr, translations, rotations)
+            ops = project(weights, node_repr, translations, rotations, widths=widths,
+                          q_scale=q_scale)
+            attended = fused_attention(
+                ops.q, ops.k, ops.v, pair_repr, pair_weight, point_weight,
+                klass=klass, dqp=widths.dqp, dv=widths.dv,
+            )
+            return finish(weights, attended, ops, dtype)
+
+        return forward

@@ -1,0 +1,405 @@
+"""Tests of the CUDA variants (cuda-hybrid, cuda-fused; issue 5).
+
+On CPU (CI): every kernel source in variants/csrc/ compiles with nvcc alone (no torch headers)
+for sm_90, and the ptxas report shows no register spills in the shipped instances; the variants
+explain why they cannot run; the Python-side checks reject bad inputs before any launch.
+On the GPU (`-m gpu`): the correctness protocol (float64 oracle, SE(3) invariance) up to
+N = 2048 in fp32 and bf16 with ragged N, both kernel classes, split-K against one split,
+poisoned outputs fully overwritten, and compute-sanitizer memcheck / racecheck clean.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.correctness import ReferenceCache, check_variant, oracle_forward
+from variants.cuda_ext import Weights, Widths, check_call_inputs, finish, project
+from variants.cuda_fused import GENERIC, LANES, SMALL, CudaFused, fused_attention, kernel_class
+from variants.cuda_hybrid import CudaHybrid, attention_probabilities
+from variants.problem import IPAConfig, IPAInputError, make_inputs
+from variants.reference import init_state_dict
+
+REPO = Path(__file__).resolve().parents[1]
+CSRC = REPO / "variants" / "csrc"
+KERNEL_SOURCES = sorted(CSRC.glob("*.cu"))
+
+
+def _nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+NVCC = _nvcc()
+HAS_GPU = torch.cuda.is_available() and torch.version.cuda is not None and NVCC is not None
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device, CUDA torch and nvcc")
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: compile every kernel source and read the ptxas report
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PtxasEntry:
+    function: str
+    registers: int = -1
+    stack_bytes: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+
+def parse_ptxas(report: str) -> dict[str, PtxasEntry]:
+    """Per-function registers and spills from `nvcc -Xptxas -v` output."""
+    entries: dict[str, PtxasEntry] = {}
+    current = None
+    for line in report.splitlines():
+        if m := re.search(r"Function properties for (\S+)", line):
+            current = entries.setdefault(m.group(1), PtxasEntry(m.group(1)))
+        elif m := re.search(r"Compiling entry function '([^']+)'", line):
+            current = entries.setdefault(m.group(1), PtxasEntry(m.group(1)))
+        elif current is not None and (
+            m := re.search(
+                r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
+            )
+        ):
+            current.stack_bytes, current.spill_stores, current.spill_loads = map(int, m.groups())
+        elif current is not None and (m := re.search(r"Used (\d+) registers", line)):
+            current.registers = int(m.group(1))
+    return entries
+
+
+def test_parse_ptxas_reads_spills():
+    report = textwrap.dedent(
+        """\
+        ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'
+        ptxas info    : Function properties for _Z3fooPf
+            8 bytes stack frame, 12 bytes spill stores, 20 bytes spill loads
+        ptxas info    : Used 128 registers, used 1 barriers, 8 bytes cumulative stack size
+        """
+    )
+    (entry,) = parse_ptxas(report).values()
+    assert (entry.registers, entry.spill_stores, entry.spill_loads) == (128, 12, 20)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+@pytest.mark.parametrize("source", KERNEL_SOURCES, ids=lambda p: p.name)
+def test_kernel_compiles_for_sm90_without_spills(source: Path, tmp_path: Path):
+    # No torch include paths: the kernels must stand alone (the binding .cpp is separate).
+    cmd = [
+        NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", "-I", str(CSRC),
+        "-c", str(source), "-o", str(tmp_path / (source.stem + ".o")),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+    entries = parse_ptxas(proc.stderr)
+    kernels = [e for e in entries.values() if e.registers >= 0]
+    assert kernels, f"no ptxas report for {source.name}:\n{proc.stderr}"
+    spilling = [
+        f"{e.function}: {e.registers} registers, {e.spill_stores} B spill stores, "
+        f"{e.spill_loads} B spill loads"
+        for e in entries.values()
+        if e.spill_stores or e.spill_loads
+    ]
+    assert not spilling, "register spills:\n" + "\n".join(spilling)
+
+
+def test_kernel_sources_do_not_include_torch():
+    for path in KERNEL_SOURCES + sorted(CSRC.glob("*.cuh")) + sorted(CSRC.glob("*.h")):
+        text = path.read_text()
+        assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", text), path.name
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: capabilities, reasons, dispatch and input checks (no extension build)
+# ---------------------------------------------------------------------------------------------
+
+VARIANTS = [CudaHybrid(), CudaFused()]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_cpu_is_not_supported_with_a_reason(variant):
+    reasons = variant.not_supported_reasons(IPAConfig(), "cpu", "fp32")
+    assert any("device 'cpu' not supported" in r for r in reasons)
+    if not torch.cuda.is_available():
+        cuda_reasons = variant.not_supported_reasons(IPAConfig(), "cuda", "fp32")
+        assert any("no CUDA device" in r for r in cuda_reasons)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_unsupported_precision_and_sizes_have_reasons(variant):
+    assert any("fp16" in r for r in variant.not_supported_reasons(IPAConfig(), "cuda", "fp16"))
+    too_many_points = IPAConfig(query_points=17)
+    assert any("query_points" in r for r in variant.not_supported_reasons(too_many_points,
+                                                                          "cuda", "fp32"))
+
+
+def test_fused_limits():
+    fused = CudaFused()
+    assert any("heads=24" in r for r in fused.not_supported_reasons(
+        IPAConfig(heads=24), "cuda", "fp32"))
+    assert any("pair_dim=132" in r for r in fused.not_supported_reasons(
+        IPAConfig(pair_dim=132), "cuda", "fp32"))
+    assert any("multiple of 8" in r for r in fused.not_supported_reasons(
+        IPAConfig(pair_dim=100), "cuda", "fp32"))
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        (IPAConfig(), SMALL),
+        (IPAConfig(query_points=16, value_points=16), SMALL),
+        (IPAConfig(node_dim=64, heads=8), SMALL),
+        (IPAConfig(heads=16), GENERIC),  # more heads than the small class's 12 warps
+        (IPAConfig(heads=4), GENERIC),  # head_dim 96
+        (IPAConfig(heads=3), GENERIC),  # odd heads, head_dim 128
+        (IPAConfig(node_dim=120, heads=5), GENERIC),
+    ],
+    ids=str,
+)
+def test_kernel_class(config, expected):
+    assert kernel_class(config) == expected
+    widths = Widths.for_lanes(config, LANES[expected])
+    assert widths.dqp % (4 * LANES[expected]) == 0 and widths.wv >= widths.dv
+
+
+def test_call_checks_reject_bad_inputs_before_launch():
+    config = IPAConfig(node_dim=32, pair_dim=8, heads=2, query_points=1, value_points=1)
+    inputs = make_inputs(config, 1, 5)
+    args = inputs.as_tuple()
+    with pytest.raises(IPAInputError, match="expected device cuda"):
+        check_call_inputs(config, torch.device("cuda"), torch.float32, *args)
+    cpu = torch.device("cpu")
+    check_call_inputs(config, cpu, torch.float32, *args)  # the same inputs on their own device
+    with pytest.raises(IPAInputError, match="node_repr: expected dtype"):
+        check_call_inputs(config, cpu, torch.bfloat16, *args)
+    with pytest.raises(IPAInputError, match="pair_repr: expected shape"):
+        check_call_inputs(config, cpu, torch.float32, args[0], args[1][:, :4], *args[2:])
+    strided = args[1].transpose(1, 2)
+    with pytest.raises(IPAInputError, match="pair_repr: expected a contiguous tensor"):
+        check_call_inputs(config, cpu, torch.float32, args[0], strided, *args[2:])
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+
+_BUILT: dict[tuple, object] = {}
+_REFERENCES: dict[IPAConfig, ReferenceCache] = {}
+
+
+def _built(variant, config: IPAConfig, precision: str):
+    key = (variant.name, config, precision)
+    if key not in _BUILT:
+        _BUILT[key] = variant.build(init_state_dict(config), config, "cuda", precision)
+    return _BUILT[key]
+
+
+def _check(variant, config: IPAConfig, precision: str, length: int, batch: int, seeds: int):
+    state_dict = init_state_dict(config)
+    references = _REFERENCES.setdefault(config, ReferenceCache(state_dict))
+    result = check_variant(
+        variant, config, batch=batch, length=length, device="cuda", precision=precision,
+        seeds=seeds, state_dict=state_dict, fn=_built(variant, config, precision),
+        references=references,
+    )
+    assert not result.skipped, result.skipped
+    assert result.passed, (
+        f"{variant.name} {precision} N={length}: {result.failures} "
+        f"(rel_l2 {result.rel_l2:.3e}, reference {result.reference_rel_l2:.3e}, "
+        f"max_abs {result.max_abs:.3e}, invariance {result.invariance_err:.3e})"
+    )
+    return result
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("length", [1, 97, 130, 1000, 2048])
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_correctness_default_config(variant, length, precision):
+    batch = 2 if length <= 130 else 1
+    _check(variant, IPAConfig(), precision, length, batch, seeds=5 if length <= 1000 else 3)
+
+
+ODD_CONFIGS = [
+    IPAConfig(heads=16),  # generic class, head_dim 24
+    IPAConfig(heads=4),  # generic, head_dim 96
+    IPAConfig(heads=3),  # generic, odd heads, head_dim 128
+    IPAConfig(query_points=16, value_points=16),  # small class at its widest
+    IPAConfig(query_points=1, value_points=1),
+    IPAConfig(node_dim=64, heads=8, pair_dim=32),  # head_dim 8
+    IPAConfig(node_dim=64, heads=2, pair_dim=72),  # one key per tile; pair_dim not 2^k
+    IPAConfig(node_dim=120, heads=5, pair_dim=8),  # generic, one z chunk per pair in bf16
+]
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("config", ODD_CONFIGS, ids=str)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_correctness_other_configs(variant, config, precision):
+    _check(variant, config, precision, length=97, batch=2, seeds=2)
+
+
+def _fused_operands(config: IPAConfig, length: int, batch: int, dtype: torch.dtype, seed: int = 0):
+    weights = Weights(init_state_dict(config), config, "cuda")
+    klass = kernel_class(config)
+    widths = Widths.for_lanes(config, LANES[klass])
+    inputs = make_inputs(config, batch, length, dtype=dtype, device="cuda", seed=seed)
+    ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
+                  widths=widths, q_scale=1.4426950408889634 / config.head_dim**0.5)
+    pair_weight = (weights.pair_bias * 1.4426950408889634).contiguous()
+    point_weight = (weights.point_weight * 1.4426950408889634).contiguous()
+    return ops, inputs.pair_repr, pair_weight, point_weight, klass, widths
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("config", [IPAConfig(), IPAConfig(heads=16)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_split_k_matches_one_split_and_overwrites_poison(config, dtype):
+    ops, pair, wb, pw, klass, widths = _fused_operands(config, 130, 2, dtype)
+    kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
+    one = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=1, **kw)
+    for splits in (1, 3, 0):
+        out = torch.full_like(one, float("nan"))
+        workspace = torch.full((1 << 22,), float("nan"), device="cuda")
+        fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=splits, out=out,
+                        workspace=workspace, **kw)
+        assert torch.isfinite(out).all(), f"splits={splits}: unwritten (NaN) outputs"
+        err = ((out - one).norm() / one.norm()).item()
+        assert err < 1e-6, f"splits={splits} differs from one split by {err:.2e}"
+    again = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=1, **kw)
+    assert torch.equal(again, one), "cuda-fused is not deterministic at a fixed split"
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_hybrid_probabilities_overwrite_poison(dtype):
+    config = IPAConfig()
+    weights = Weights(init_state_dict(config), config, "cuda")
+    widths = Widths.for_lanes(config, 1)
+    inputs = make_inputs(config, 2, 97, dtype=dtype, device="cuda")
+    ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
+                  widths=widths, q_scale=1.0 / config.head_dim**0.5)
+    bias = torch.nn.functional.linear(inputs.pair_repr, weights.pair_bias.to(dtype))
+    bias = bias.permute(0, 3, 1, 2).contiguous()
+    probs = torch.full((2, config.heads, 97, 97), float("nan"), device="cuda")
+    attention_probabilities(ops.q, ops.k, bias, weights.point_weight, dqp=widths.dqp, out=probs)
+    assert torch.isfinite(probs).all()
+    assert torch.allclose(probs.sum(-1), torch.ones(()), atol=1e-5)
+
+
+SANITIZER_SCRIPT = """
+import torch
+from variants.cuda_fused import CudaFused, fused_attention
+from variants.cuda_hybrid import CudaHybrid
+from variants.problem import IPAConfig, make_inputs
+from variants.reference import init_state_dict
+import tests.test_cuda as t
+
+for config in (IPAConfig(), IPAConfig(heads=16)):
+    for length in (16, 37):  # small, ragged (tails in both the query and the key tiles)
+        for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+            inputs = make_inputs(config, 2, length, dtype=dtype, device="cuda")
+            for variant in (CudaHybrid(), CudaFused()):
+                fn = variant.build(init_state_dict(config), config, "cuda", name)
+                fn(*inputs.as_tuple())
+            ops, pair, wb, pw, klass, w = t._fused_operands(config, length, 2, dtype)
+            fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, klass=klass, dqp=w.dqp,
+                            dv=w.dv, splits=3)
+torch.cuda.synchronize()
+print("sanitizer script done")
+"""
+
+
+def _sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if base and (Path(base) / "bin" / "compute-sanitizer").exists():
+            return str(Path(base) / "bin" / "compute-sanitizer")
+    return None
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_compute_sanitizer_clean(tool, tmp_path):
+    sanitizer = _sanitizer()
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer not found")
+    from variants.cuda_ext import load_extension
+
+    load_extension()  # build outside the sanitizer
+    script = tmp_path / "sanitize.py"
+    script.write_text(SANITIZER_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", "--kernel-name", "kns=ipa_",
+           sys.executable, str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0 and "kernel-name" in output and "sanitizer script done" not in output:
+        cmd = [c for c in cmd if c not in ("--kernel-name", "kns=ipa_")]  # older filter syntax
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO,
+                              env=env)
+        output = proc.stdout + proc.stderr
+    summary = [line for line in output.splitlines() if "SUMMARY" in line]
+    print(f"compute-sanitizer --tool {tool}: rc={proc.returncode}; " + "; ".join(summary))
+    assert proc.returncode == 0 and "sanitizer script done" in output, output[-6000:]
+    assert not re.search(r"ERROR SUMMARY: [1-9]", output), output[-6000:]
+    assert not re.search(r"RACECHECK SUMMARY: [1-9]", output), output[-6000:]
+
+
+def _attend_operands(ops, pair_repr, pair_weight, point_weight, widths, log2_units: bool):
+    """What the kernels compute, in float64 PyTorch: softmax-weighted [v | value points]
+    (B, N, H, dv) from the prepared operands (distance computed directly)."""
+    q, k, v = ops.q.double(), ops.k.double(), ops.v.double()
+    d = widths.dqp
+    logits = q[..., :d] @ k[..., :d].transpose(-1, -2)
+    dist = ((q[..., d:].unsqueeze(3) - k[..., d:].unsqueeze(2)) ** 2).sum(-1)
+    logits = logits + point_weight.double().view(1, -1, 1, 1) * dist
+    logits = logits + (pair_repr.double() @ pair_weight.double().T).permute(0, 3, 1, 2)
+    if log2_units:
+        logits = logits * math.log(2.0)
+    return (torch.softmax(logits, -1) @ v).permute(0, 2, 1, 3)[..., : widths.dv]
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 8])
+@pytest.mark.parametrize(
+    "config", [IPAConfig(), IPAConfig(node_dim=120, heads=5, pair_dim=8, value_points=3)], ids=str
+)
+def test_operands_and_finish_reproduce_the_reference_on_cpu(config, lanes):
+    """The PyTorch plumbing around the kernels (padding, scales, frames, output projection),
+    checked on CPU by standing in for the kernel with the same math in float64."""
+    state_dict = init_state_dict(config)
+    weights = Weights(state_dict, config, "cpu")
+    inputs = make_inputs(config, 2, 11, seed=4)
+    widths = Widths.for_lanes(config, lanes)
+    log2 = lanes > 1  # the fused kernel's units; the hybrid's are natural
+    scale = (1.4426950408889634 if log2 else 1.0) / config.head_dim**0.5
+    ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
+                  widths=widths, q_scale=scale)
+    factor = 1.4426950408889634 if log2 else 1.0
+    attended = _attend_operands(ops, inputs.pair_repr, weights.pair_bias * factor,
+                                weights.point_weight * factor, widths, log2)
+    out = finish(weights, attended.float(), ops, torch.float32)
+    oracle = oracle_forward(state_dict, config, inputs)
+    err = ((out.double() - oracle).norm() / oracle.norm()).item()
+    assert err < 2e-5, err

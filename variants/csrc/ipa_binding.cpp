@@ -1,0 +1,187 @@
+// Thin torch binding of the IPA kernels: argument checks with readable messages, output and
+// workspace allocation, the current stream. The kernels live in ipa_fused.cu / ipa_hybrid.cu and
+// compile without torch headers.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "ipa_kernels.h"
+
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "(";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + ")";
+}
+
+void check_tensor(const char* fn, const char* name, const at::Tensor& t, at::ScalarType dtype,
+                  const std::vector<int64_t>& shape, const at::Device& device) {
+  TORCH_CHECK(t.is_cuda(), fn, ": argument '", name, "': expected a CUDA tensor, got device ",
+              t.device());
+  TORCH_CHECK(t.device() == device, fn, ": argument '", name, "': expected device ", device,
+              " (as the first argument), got ", t.device());
+  TORCH_CHECK(t.scalar_type() == dtype, fn, ": argument '", name, "': expected dtype ",
+              c10::toString(dtype), ", got ", c10::toString(t.scalar_type()));
+  bool same = t.dim() == static_cast<int64_t>(shape.size());
+  for (size_t d = 0; same && d < shape.size(); ++d) same = t.size(d) == shape[d];
+  std::string want = "(";
+  for (size_t d = 0; d < shape.size(); ++d) want += (d ? ", " : "") + std::to_string(shape[d]);
+  want += ")";
+  TORCH_CHECK(same, fn, ": argument '", name, "': expected shape ", want, ", got ", shape_of(t));
+  TORCH_CHECK(t.is_contiguous(), fn, ": argument '", name,
+              "': expected a contiguous tensor, got strides ", t.strides());
+}
+
+void check_cuda(const char* fn, cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, fn, ": CUDA error: ", cudaGetErrorString(err));
+}
+
+// q, k (B, H, N, wq) float32; v (B, H, N, wv) float32; z (B, N, N, C) float32 or bfloat16;
+// wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
+// workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
+// splits: key-range splits, 0 = automatic. Returns the plan for the record:
+// [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
+std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
+                                   at::Tensor out, int64_t klass, int64_t dqp, int64_t dv,
+                                   int64_t splits, c10::optional<at::Tensor> workspace) {
+  const char* fn = "ipa fused_forward";
+  TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
+              shape_of(q));
+  TORCH_CHECK(z.dim() == 4, fn, ": argument 'z': expected 4 dims (B, N, N, C), got shape ",
+              shape_of(z));
+  TORCH_CHECK(v.dim() == 4, fn, ": argument 'v': expected 4 dims (B, H, N, wv), got shape ",
+              shape_of(v));
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), wq = q.size(3);
+  const int64_t wv = v.size(3), C = z.size(3);
+  const at::Device dev = q.device();
+  TORCH_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
+  check_tensor(fn, "q", q, at::kFloat, {B, H, N, wq}, dev);
+  check_tensor(fn, "k", k, at::kFloat, {B, H, N, wq}, dev);
+  check_tensor(fn, "v", v, at::kFloat, {B, H, N, wv}, dev);
+  TORCH_CHECK(z.scalar_type() == at::kFloat || z.scalar_type() == at::kBFloat16, fn,
+              ": argument 'z': expected dtype float32 or bfloat16, got ",
+              c10::toString(z.scalar_type()));
+  check_tensor(fn, "z", z, z.scalar_type(), {B, N, N, C}, dev);
+  check_tensor(fn, "wb", wb, at::kFloat, {H, C}, dev);
+  check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
+  check_tensor(fn, "out", out, at::kFloat, {B, N, H, dv}, dev);
+  TORCH_CHECK(klass == ipa::kFusedSmall || klass == ipa::kFusedGeneric, fn,
+              ": argument 'klass': expected 0 (small) or 1 (generic), got ", klass);
+  const ipa::FusedClassLimits lim = ipa::fused_class_limits(static_cast<int>(klass));
+  const int64_t width = 4 * lim.lanes_per_row;
+  TORCH_CHECK(H >= 1 && H <= lim.max_heads && (!lim.even_heads || H % 2 == 0), fn,
+              ": argument 'q': expected heads (dim 1) in [1, ", lim.max_heads, "]",
+              lim.even_heads ? " and even" : "", " for kernel class ", klass, ", got ", H);
+  TORCH_CHECK(C >= 8 && C <= ipa::kMaxPairDim && C % 8 == 0, fn,
+              ": argument 'z': expected pair_dim (dim 3) a multiple of 8 in [8, ",
+              ipa::kMaxPairDim, "], got ", C);
+  TORCH_CHECK(dqp > 0 && dqp % width == 0 && dqp <= lim.max_dqp && dqp < wq, fn,
+              ": argument 'dqp': expected a multiple of ", width, " in [", width, ", ",
+              lim.max_dqp, "] and below wq=", wq, ", got ", dqp);
+  TORCH_CHECK((wq - dqp) % width == 0 && wq - dqp <= lim.max_pqp, fn,
+              ": argument 'q': expected point width wq - dqp a multiple of ", width, " <= ",
+              lim.max_pqp, ", got ", wq - dqp);
+  TORCH_CHECK(wv % width == 0 && wv <= lim.max_wv && dv >= 1 && dv <= wv, fn,
+              ": argument 'v': expected width (dim 3) a multiple of ", width, " <= ", lim.max_wv,
+              " and >= dv=", dv, ", got ", wv);
+  TORCH_CHECK(splits >= 0, fn, ": argument 'splits': expected >= 0 (0 = automatic), got ", splits);
+  TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
+
+  const c10::cuda::CUDAGuard guard(dev);
+  ipa::FusedPlan plan{};
+  const bool bf16 = z.scalar_type() == at::kBFloat16;
+  cudaError_t err = ipa::fused_plan(static_cast<int>(klass), bf16, static_cast<int>(B),
+                                    static_cast<int>(N), static_cast<int>(H), static_cast<int>(C),
+                                    static_cast<int>(wq), static_cast<int>(wv),
+                                    static_cast<int>(splits), &plan);
+  check_cuda(fn, err);
+  at::Tensor ws;
+  if (plan.workspace_floats > 0) {
+    if (workspace.has_value() && workspace->defined() &&
+        workspace->numel() >= static_cast<int64_t>(plan.workspace_floats)) {
+      TORCH_CHECK(workspace->is_cuda() && workspace->device() == dev &&
+                      workspace->scalar_type() == at::kFloat && workspace->is_contiguous(),
+                  fn, ": argument 'workspace': expected a contiguous float32 tensor on ", dev);
+      ws = *workspace;
+    } else {
+      ws = at::empty({static_cast<int64_t>(plan.workspace_floats)}, q.options());
+    }
+  }
+  ipa::FusedArgs args{};
+  args.q = q.data_ptr<float>();
+  args.k = k.data_ptr<float>();
+  args.v = v.data_ptr<float>();
+  args.z = z.data_ptr();
+  args.wb = wb.data_ptr<float>();
+  args.pw = pw.data_ptr<float>();
+  args.out = out.data_ptr<float>();
+  args.part = ws.defined() ? ws.data_ptr<float>() : nullptr;
+  args.B = static_cast<int>(B);
+  args.N = static_cast<int>(N);
+  args.H = static_cast<int>(H);
+  args.C = static_cast<int>(C);
+  args.wq = static_cast<int>(wq);
+  args.dqp = static_cast<int>(dqp);
+  args.wv = static_cast<int>(wv);
+  args.dv = static_cast<int>(dv);
+  check_cuda(fn, ipa::fused_launch(args, plan, c10::cuda::getCurrentCUDAStream().stream()));
+  return {plan.splits, plan.key_tile, static_cast<int64_t>(plan.smem_bytes), plan.blocks_per_sm,
+          static_cast<int64_t>(plan.workspace_floats)};
+}
+
+// q, k (B, H, N, wq) float32; bias (B, H, N, N) float32 or bfloat16; pw (H,) float32;
+// probs (B, H, N, N) float32, fully overwritten.
+void hybrid_probs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias,
+                  const at::Tensor& pw, at::Tensor probs, int64_t dqp) {
+  const char* fn = "ipa hybrid_probs";
+  TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
+              shape_of(q));
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), wq = q.size(3);
+  const at::Device dev = q.device();
+  TORCH_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
+  check_tensor(fn, "q", q, at::kFloat, {B, H, N, wq}, dev);
+  check_tensor(fn, "k", k, at::kFloat, {B, H, N, wq}, dev);
+  TORCH_CHECK(bias.scalar_type() == at::kFloat || bias.scalar_type() == at::kBFloat16, fn,
+              ": argument 'bias': expected dtype float32 or bfloat16, got ",
+              c10::toString(bias.scalar_type()));
+  check_tensor(fn, "bias", bias, bias.scalar_type(), {B, H, N, N}, dev);
+  check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
+  check_tensor(fn, "probs", probs, at::kFloat, {B, H, N, N}, dev);
+  TORCH_CHECK(wq % 4 == 0 && wq <= 1024, fn,
+              ": argument 'q': expected width (dim 3) a multiple of 4 <= 1024, got ", wq);
+  TORCH_CHECK(dqp % 4 == 0 && dqp >= 0 && dqp <= wq, fn,
+              ": argument 'dqp': expected a multiple of 4 in [0, wq=", wq, "], got ", dqp);
+  TORCH_CHECK(H <= 65535 && B <= 65535, fn, ": expected H, B <= 65535, got H=", H, ", B=", B);
+  const c10::cuda::CUDAGuard guard(dev);
+  ipa::HybridArgs args{};
+  args.q = q.data_ptr<float>();
+  args.k = k.data_ptr<float>();
+  args.bias = bias.data_ptr();
+  args.pw = pw.data_ptr<float>();
+  args.probs = probs.data_ptr<float>();
+  args.B = static_cast<int>(B);
+  args.N = static_cast<int>(N);
+  args.H = static_cast<int>(H);
+  args.wq = static_cast<int>(wq);
+  args.dqp = static_cast<int>(dqp);
+  check_cuda(fn, ipa::hybrid_launch(args, bias.scalar_type() == at::kBFloat16,
+                                    c10::cuda::getCurrentCUDAStream().stream()));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "IPA CUDA kernels (ipa-bench): cuda-fused and cuda-hybrid";
+  m.def("fused_forward", &fused_forward, "flash-style fused IPA attention (see ipa_kernels.h)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"),
+        py::arg("out"), py::arg("klass"), py::arg("dqp"), py::arg("dv"), py::arg("splits") = 0,
+        py::arg("workspace") = py::none());
+  m.def("hybrid_probs", &hybrid_probs, "IPA attention probabilities (see ipa_kernels.h)",
+        py::arg("q"), py::arg("k"), py::arg("bias"), py::arg("pw"), py::arg("probs"),
+        py::arg("dqp"));
+}

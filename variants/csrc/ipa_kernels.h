@@ -1,0 +1,92 @@
+// Host-side interface of the IPA kernels: plain structs and launchers, no torch types, so that
+// the .cu files compile with nvcc alone and the torch binding (ipa_binding.cpp) stays thin.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+namespace ipa {
+
+// ---------------------------------------------------------------------------------------------
+// cuda-fused: flash-style IPA attention with the pair-bias projection fused in.
+//
+// Operand layouts (all float32, contiguous, prepared by variants/cuda_ext.py):
+//   q    (B, H, N, wq)  row = [q * log2(e)/sqrt(d), zero pad to dqp | query points (global), pad]
+//   k    (B, H, N, wq)  row = [k, pad to dqp | key points (global), pad];  wq = dqp + pqp
+//   v    (B, H, N, wv)  row = [v (d) | value points (global, 3*Vp) | zero pad]
+//   z    (B, N, N, C)   pair_repr, float32 or bfloat16 (read once, never copied)
+//   wb   (H, C)         pair_bias.weight * log2(e)
+//   pw   (H,)           -softplus(head_weights) / 2 * log2(e)
+//   out  (B, N, H, dv)  softmax-weighted [v | value points], dv = d + 3*Vp, every element written
+//   part (workspace)    split-K partials, used when splits > 1
+// ---------------------------------------------------------------------------------------------
+
+enum FusedClass : int {
+  kFusedSmall = 0,    // 2 lanes per row, 16 queries per CTA: d <= 32, Qp <= 16, d+3Vp <= 80, even H <= 12
+  kFusedGeneric = 1,  // 8 lanes per row, 4 queries per CTA: d <= 128, Qp, Vp <= 16, H <= 16
+};
+
+// Per-class limits, checked by the binding (and mirrored in variants/cuda_fused.py).
+struct FusedClassLimits {
+  int lanes_per_row;  // T; padded widths are multiples of 4*T floats
+  int max_heads;
+  bool even_heads;
+  int max_dqp, max_pqp, max_wv;
+};
+FusedClassLimits fused_class_limits(int klass);
+
+constexpr int kMaxPairDim = 128;
+
+struct FusedArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  const void* z;
+  const float* wb;
+  const float* pw;
+  float* out;
+  float* part;  // workspace: splits*B*H*N*(wv + 2) floats when splits > 1, else unused
+  int B, N, H, C;
+  int wq, dqp, wv, dv;
+  int splits, tiles_per_split;
+};
+
+struct FusedPlan {
+  int klass;
+  bool z_bf16;
+  int key_tile;         // keys per tile (8*H / queries-per-CTA)
+  int queries_per_cta;
+  int splits;           // key-range splits (split-K), >= 1
+  int tiles_per_split;  // key tiles per split
+  size_t smem_bytes;
+  size_t workspace_floats;  // 0 when splits == 1
+  int blocks_per_sm;
+};
+
+// Choose the key tile, split-K factor (0 = automatic) and shared memory for one call.
+// Returns cudaErrorInvalidValue when the shapes do not fit the class.
+cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int wq, int wv,
+                       int forced_splits, FusedPlan* plan);
+
+// Launch the fused kernel (and the split-K combine when plan.splits > 1) on `stream`.
+cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// cuda-hybrid: attention probabilities only.
+//   q, k  (B, H, N, wq)  as above but scaled by 1/sqrt(d) (natural-log units)
+//   bias  (B, H, N, N)   pair bias, float32 or bfloat16
+//   pw    (H,)           -softplus(head_weights) / 2
+//   probs (B, H, N, N)   float32 softmax over keys, every element written
+// ---------------------------------------------------------------------------------------------
+struct HybridArgs {
+  const float* q;
+  const float* k;
+  const void* bias;
+  const float* pw;
+  float* probs;
+  int B, N, H, wq, dqp;
+};
+
+cudaError_t hybrid_launch(const HybridArgs& args, bool bias_bf16, cudaStream_t stream);
+
+}  // namespace ipa

@@ -1,0 +1,232 @@
+"""GPU session driver for the CUDA variants' notes (docs/perf-notes.md): environment, build time,
+kernel-level diagnostics against a float64 recomputation from the same operands, and timings.
+
+Run from the repository root on the GPU machine:
+    PYTHONPATH=. python3 variants/csrc/measure.py env diag time [--compile] [--out DIR]
+`time` measures B=1, default config, N in --lengths, fp32 and bf16, with CUDA events around
+each call (median of --reps after --warmup calls, L2 flushed before each sample) and the extra
+peak memory over the inputs. `ncu-target` runs cuda-fused once at N=4096 fp32 for ncu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from variants.cuda_ext import LOG2E, Weights, Widths, build_seconds, load_extension, project
+from variants.cuda_fused import LANES, CudaFused, kernel_class
+from variants.cuda_hybrid import CudaHybrid, attention_probabilities
+from variants.problem import IPAConfig, make_inputs, math_mode
+from variants.reference import Reference, init_state_dict
+
+OUT = os.environ.get("OUT", "gpu-out")
+
+
+def env_report() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": props.name,
+        "sms": props.multi_processor_count,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nvcc": nvcc.strip().splitlines()[-1] if nvcc else None,
+        "python": platform.python_version(),
+    }
+    t0 = time.perf_counter()
+    load_extension()
+    info["extension_load_s"] = round(time.perf_counter() - t0, 2)
+    info["extension_build_s"] = build_seconds()
+    return info
+
+
+def _reference_attended(ops, pair, pair_weight, point_weight, widths, log2_units: bool):
+    """float64 recomputation of softmax-weighted [v | points] (B, N, H, dv) from the operands."""
+    q, k, v = ops.q.double(), ops.k.double(), ops.v.double()
+    d = widths.dqp
+    s = q[..., :d] @ k[..., :d].transpose(-1, -2)
+    qp, kp = q[..., d:], k[..., d:]
+    dist = ((qp.unsqueeze(3) - kp.unsqueeze(2)) ** 2).sum(-1)
+    bias = (pair.double() @ pair_weight.double().T).permute(0, 3, 1, 2)
+    logits = s + point_weight.double().view(1, -1, 1, 1) * dist + bias
+    if log2_units:
+        logits = logits * math.log(2.0)
+    p = torch.softmax(logits, dim=-1)
+    return (p @ v).permute(0, 2, 1, 3)[..., : widths.dv], p
+
+
+def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
+    """Kernel-only errors per (config, N, dtype, splits), with the worst head / feature."""
+    rows = []
+    configs = configs or [IPAConfig(), IPAConfig(heads=16), IPAConfig(heads=3),
+                          IPAConfig(query_points=16, value_points=16)]
+    for config in configs:
+        weights = Weights(init_state_dict(config), config, "cuda")
+        klass = kernel_class(config)
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in lengths:
+                inputs = make_inputs(config, 2, n, dtype=dtype, device="cuda", seed=1)
+                widths = Widths.for_lanes(config, LANES[klass])
+                ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
+                              widths=widths, q_scale=LOG2E / config.head_dim**0.5)
+                wb = (weights.pair_bias * LOG2E).contiguous()
+                pw = (weights.point_weight * LOG2E).contiguous()
+                ref, _ = _reference_attended(ops, inputs.pair_repr, wb, pw, widths, True)
+                for splits in (1, 0):
+                    out = torch.full((2, n, config.heads, widths.dv), float("nan"), device="cuda")
+                    plan = load_extension().fused_forward(
+                        ops.q, ops.k, ops.v, inputs.pair_repr, wb, pw, out, klass, widths.dqp,
+                        widths.dv, splits, None)
+                    err = (out.double() - ref).abs()
+                    finite = bool(torch.isfinite(out).all())
+                    rel = ((out.double() - ref).norm() / ref.norm()).item() if finite else math.inf
+                    per_head = err.amax(dim=(0, 1, 3)) if finite else None
+                    per_feat = err.amax(dim=(0, 1, 2)) if finite else None
+                    row = {
+                        "kernel": "fused", "config": str(config), "N": n, "dtype": str(dtype),
+                        "klass": klass, "plan": list(plan), "finite": finite, "rel_l2": rel,
+                        "max_abs": err.max().item() if finite else math.inf,
+                        "worst_head": int(per_head.argmax()) if finite else None,
+                        "worst_feature": int(per_feat.argmax()) if finite else None,
+                        "nan_count": int((~torch.isfinite(out)).sum()),
+                    }
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                # hybrid probabilities from its own (natural-unit) operands
+                hw = Widths.for_lanes(config, 1)
+                hops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
+                               widths=hw, q_scale=1.0 / config.head_dim**0.5)
+                bias = torch.nn.functional.linear(inputs.pair_repr, weights.pair_bias.to(dtype))
+                bias = bias.permute(0, 3, 1, 2).contiguous()
+                probs = torch.full((2, config.heads, n, n), float("nan"), device="cuda")
+                attention_probabilities(hops.q, hops.k, bias, weights.point_weight, dqp=hw.dqp,
+                                        out=probs)
+                _, pref = _reference_attended(hops, inputs.pair_repr, weights.pair_bias,
+                                              weights.point_weight, hw, False)
+                finite = bool(torch.isfinite(probs).all())
+                row = {"kernel": "hybrid", "config": str(config), "N": n, "dtype": str(dtype),
+                       "finite": finite,
+                       "max_abs": (probs.double() - pref).abs().max().item() if finite else None}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def _time(fn, args, warmup: int, reps: int, flush: torch.Tensor) -> list[float]:
+    for _ in range(warmup):
+        fn(*args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def timings(lengths, precisions, variants, warmup, reps) -> list[dict]:
+    config = IPAConfig()
+    state_dict = init_state_dict(config)
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # > the 50 MB L2
+    rows = []
+    for precision in precisions:
+        for n in lengths:
+            with math_mode(precision), torch.no_grad():
+                inputs = make_inputs(config, 1, n, dtype=getattr(torch, {
+                    "fp32": "float32", "bf16": "bfloat16"}[precision]), device="cuda", seed=3)
+                args = inputs.as_tuple()
+                for name, variant in variants:
+                    t0 = time.perf_counter()
+                    fn = variant.build(state_dict, config, "cuda", precision)
+                    fn(*args)
+                    torch.cuda.synchronize()
+                    first_s = time.perf_counter() - t0
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                    fn(*args)
+                    torch.cuda.synchronize()
+                    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                    times = _time(fn, args, warmup, reps, flush)
+                    row = {"variant": name, "precision": precision, "N": n, "B": 1,
+                           "median_ms": statistics.median(times), "min_ms": min(times),
+                           "max_ms": max(times), "reps": reps,
+                           "extra_peak_mib": round(peak, 1), "first_call_s": round(first_s, 2)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    del fn
+                    torch.cuda.empty_cache()
+    return rows
+
+
+class _Compiled(Reference):
+    name = "torch-compile"
+
+    def build(self, state_dict, config, device, precision):
+        return torch.compile(super().build(state_dict, config, device, precision), dynamic=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("steps", nargs="+", choices=["env", "diag", "time", "ncu-target"])
+    parser.add_argument("--lengths", default="1024,4096")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--only", default="", help="comma-separated variant names to time")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", default=OUT)
+    opts = parser.parse_args()
+    os.makedirs(opts.out, exist_ok=True)
+    results = {}
+    if "env" in opts.steps:
+        results["env"] = env_report()
+        print(json.dumps(results["env"]), flush=True)
+    if "diag" in opts.steps:
+        results["diag"] = diag()
+    if "time" in opts.steps:
+        variants = [("reference", Reference()), ("cuda-hybrid", CudaHybrid()),
+                    ("cuda-fused", CudaFused())]
+        if opts.compile:
+            variants.insert(1, ("torch-compile", _Compiled()))
+        if opts.only:
+            keep = opts.only.split(",")
+            variants = [v for v in variants if v[0] in keep]
+        lengths = [int(x) for x in opts.lengths.split(",")]
+        results["time"] = timings(lengths, ["fp32", "bf16"], variants, opts.warmup, opts.reps)
+        with open(os.path.join(opts.out, "timings.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(results["time"][0]))
+            writer.writeheader()
+            writer.writerows(results["time"])
+        print("\nvariant          prec  N      median_ms  extra_peak_mib")
+        for r in results["time"]:
+            print(f"{r['variant']:<16} {r['precision']:<5} {r['N']:<6} {r['median_ms']:9.3f}  "
+                  f"{r['extra_peak_mib']:10.1f}")
+    if "ncu-target" in opts.steps:
+        config = IPAConfig()
+        fn = CudaFused().build(init_state_dict(config), config, "cuda", "fp32")
+        inputs = make_inputs(config, 1, 4096, device="cuda", seed=3)
+        with math_mode("fp32"), torch.no_grad():
+            fn(*inputs.as_tuple())
+            torch.cuda.synchronize()
+    with open(os.path.join(opts.out, f"measure-{'-'.join(opts.steps)}.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Shared plumbing of the two CUDA variants (`cuda-hybrid`, `cuda-fused`): the lazily built
+extension and the PyTorch side of the computation around the kernels.
+
+Not a variant. The extension is `variants/csrc/` (kernels in `ipa_fused.cu` / `ipa_hybrid.cu`,
+which compile with nvcc alone, plus the thin torch binding `ipa_binding.cpp`). It is compiled on
+first use with `torch.utils.cpp_extension.load` for the running GPU's architecture only (sm_90 on
+an H200) into `variants/csrc/build/<arch>-torch<version>-cuda<version>-<digest of csrc>/`, so a
+later process, or a later call in this one, never pays the build again; editing any file in
+`csrc/` picks a fresh directory. `build_seconds()` says what the first load cost here.
+
+Around the kernels, in PyTorch and always in float32 (bf16 inputs are upcast once, so the only
+bf16 tensor a kernel reads is `pair_repr`, the one too large to copy): LayerNorm, one fused
+projection GEMM for q, k, v and the three point sets, the local -> global frame transform, and
+after the kernel the global -> local transform of the aggregated points and the output
+projection. These steps are O(N) and a few percent of the time at large N.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from variants.problem import IPAConfig, IPAInputError, validate_inputs
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("ipa_binding.cpp", "ipa_fused.cu", "ipa_hybrid.cu")
+LOG2E = 1.0 / math.log(2.0)
+
+_lock = threading.Lock()
+_extension = None
+_build_seconds: float | None = None
+
+
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def build_directory() -> Path:
+    """Where the extension for the current GPU, torch and csrc contents is cached."""
+    major, minor = torch.cuda.get_device_capability()
+    torch_version = torch.__version__.split("+")[0]
+    tag = f"sm{major}{minor}-torch{torch_version}-cuda{torch.version.cuda}-{_sources_digest()}"
+    return CSRC / "build" / tag
+
+
+def load_extension():
+    """Build (first call) or load the extension for the current GPU; thread-safe, cached."""
+    global _extension, _build_seconds
+    with _lock:
+        if _extension is not None:
+            return _extension
+        from torch.utils.cpp_extension import load
+
+        major, minor = torch.cuda.get_device_capability()
+        directory = build_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"  # this GPU's architecture only
+        start = time.perf_counter()
+        try:
+            _extension = load(
+                name=f"ipa_cuda_sm{major}{minor}",
+                sources=[str(CSRC / s) for s in SOURCES],
+                extra_include_paths=[str(CSRC)],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3", "-lineinfo"],
+                build_directory=str(directory),
+                verbose=False,
+            )
+        finally:
+            if saved is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = saved
+        _build_seconds = time.perf_counter() - start
+        return _extension
+
+
+def build_seconds() -> float | None:
+    """Seconds the first `load_extension()` of this process took (compile or cache load)."""
+    return _build_seconds
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Widths:
+    """Padded row widths of the kernel operands (floats); pads are zero."""
+
+    dqp: int  # scalar q/k part, >= head_dim
+    pqp: int  # point part, >= 3 * query_points
+    wv: int  # value row [v | value points], >= dv
+    dv: int  # head_dim + 3 * value_points: what the kernels write per (row, head)
+
+    @property
+    def wq(self) -> int:
+        return self.dqp + self.pqp
+
+    @staticmethod
+    def for_lanes(config: IPAConfig, lanes: int) -> Widths:
+        """Widths for kernels that split a row over `lanes` lanes in 16-byte chunks."""
+        m = 4 * lanes
+        d = config.head_dim
+        dv = d + 3 * config.value_points
+        return Widths(round_up(d, m), round_up(3 * config.query_points, m), round_up(dv, m), dv)
+
+
+class Weights:
+    """The state_dict in float32 on one device, in the forms the CUDA variants use."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor], config: IPAConfig, device):
+        def get(key: str) -> torch.Tensor:
+            return state_dict[key].detach().to(device=device, dtype=torch.float32).contiguous()
+
+        self.config = config
+        self.device = torch.device(device)
+        self.ln_weight, self.ln_bias = get("layer_norm.weight"), get("layer_norm.bias")
+        names = ("q_proj", "k_proj", "v_proj", "q_pts", "k_pts", "v_pts")
+        self.projection = torch.cat([get(f"{n}.weight") for n in names]).contiguous()
+        h, d = config.heads, config.head_dim
+        qp3, vp3 = 3 * config.query_points, 3 * config.value_points
+        self.split_sizes = [h * d, h * d, h * d, h * qp3, h * qp3, h * vp3]
+        self.pair_bias = get("pair_bias.weight")  # (H, pair_dim), natural units
+        self.point_weight = -F.softplus(get("head_weights")) / 2.0  # (H,), natural units
+        self.out_weight, self.out_bias = get("out_proj.weight"), get("out_proj.bias")
+
+
+def check_call_inputs(
+    config: IPAConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    node_repr: torch.Tensor,
+    pair_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+) -> None:
+    """Shapes, dtype and device of one call (rotations are not read back: no host sync);
+    pair_repr must be contiguous because the kernels read it in place."""
+    validate_inputs(
+        config, node_repr, pair_repr, translations, rotations,
+        dtypes=(dtype,), device=device, check_rotations=False,
+    )
+    if not pair_repr.is_contiguous():
+        raise IPAInputError(
+            f"pair_repr: expected a contiguous tensor, got strides {pair_repr.stride()} for "
+            f"shape {tuple(pair_repr.shape)} (call .contiguous(); the kernels never copy it)"
+        )
+
+
+@dataclass
+class Operands:
+    """Kernel operands of one call (float32, contiguous) and the frames to go back with."""
+
+    q: torch.Tensor  # (B, H, N, wq): [q * q_scale, pad | query points (global), pad]
+    k: torch.Tensor  # (B, H, N, wq): [k, pad | key points (global), pad]
+    v: torch.Tensor  # (B, H, N, wv): [v | value points (global) | pad]
+    rotations: torch.Tensor  # (B, N, 3, 3) float32
+    translations: torch.Tensor  # (B, N, 3) float32
+    widths: Widths
+
+
+def project(
+    weights: Weights,
+    node_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+    *,
+    widths: Widths,
+    q_scale: float,
+) -> Operands:
+    """LayerNorm, one projection GEMM, local -> global points, padded (B, H, N, *) rows."""
+    cfg = weights.config
+    b, n, _ = node_repr.shape
+    h, d = cfg.heads, cfg.head_dim
+    x = F.layer_norm(node_repr.float(), (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+    q, k, v, q_pts, k_pts, v_pts = F.linear(x, weights.projection).split(weights.split_sizes, -1)
+    rot, trans = rotations.float(), translations.float()
+
+    def to_global(points: torch.Tensor, count: int) -> torch.Tensor:  # p @ R + t, per head
+        local = points.reshape(b, n, h * count, 3)
+        world = torch.einsum("bnpc,bncd->bnpd", local, rot) + trans.unsqueeze(2)
+        return world.reshape(b, n, h, 3 * count)
+
+    def rows(parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:  # -> (B, H, N, width)
+        padded = [F.pad(t, (0, width - t.shape[-1])) for t, width in parts]
+        return torch.cat(padded, dim=-1).permute(0, 2, 1, 3).contiguous()
+
+    qp_w, kp_w = to_global(q_pts, cfg.query_points), to_global(k_pts, cfg.query_points)
+    vp_w = to_global(v_pts, cfg.value_points)
+    q = q.reshape(b, n, h, d) * q_scale
+    k, v = k.reshape(b, n, h, d), v.reshape(b, n, h, d)
+    return Operands(
+        q=rows([(q, widths.dqp), (qp_w, widths.pqp)]),
+        k=rows([(k, widths.dqp), (kp_w, widths.pqp)]),
+        v=rows([(torch.cat([v, vp_w], dim=-1), widths.wv)]),
+        rotations=rot,
+        translations=trans,
+        widths=widths,
+    )
+
+
+def finish(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype):
+    """attended (B, N, H, >= dv) float32 [o_s | o_p (global)] -> out (B, N, node_dim) in dtype:
+    points back to each residue's local frame, (g - t) @ R^T, then the output projection."""
+    cfg = weights.config
+    b, n = attended.shape[:2]
+    h, d, vp = cfg.heads, cfg.head_dim, cfg.value_points
+    o_s = attended[..., :d].reshape(b, n, h * d)
+    o_p = attended[..., d : d + 3 * vp].reshape(b, n, h * vp, 3)
+    centred = o_p - ops.translations.unsqueeze(2)
+    local = torch.einsum("bnpc,bndc->bnpd", centred, ops.rotations).reshape(b, n, h * vp * 3)
+    out = F.linear(torch.cat([o_s, local], dim=-1), weights.out_weight, weights.out_bias)
+    return out.to(dtype)
