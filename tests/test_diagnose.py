@@ -28,6 +28,15 @@ FILES = Path(__file__).parent / "model_new_files"
 SIZES = Sizes(batch=2, length=45, aligned_length=64)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These tensors are small: intra-op threads only add contention on a shared CI box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def cache():
     """Oracles shared by every diagnosis in this module (they do not depend on the variant)."""

@@ -19,6 +19,15 @@ CPU_CHECK = ["check", "--device", "cpu", "--variant", "reference", "--dtype", "f
              "--batch", "2", "--length", "33", "--seeds", "2"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These tensors are small: intra-op threads only add contention on a shared CI box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch):
     """Rich folds long cells at the terminal width; a wide one keeps messages on one line."""
