@@ -21,6 +21,7 @@ from variants.registry import all_variants, get_variant
 # Modules that define `add_parser(subparsers)`, in the order `--help` lists them.
 COMMAND_MODULES = [
     "harness.commands", "harness.sweep", "harness.plots", "harness.report", "harness.diagnose",
+    "harness.compare",
 ]
 
 

@@ -1,0 +1,180 @@
+"""`ipa-bench compare`: planted regressions are flagged, noise is not, unmatched cells listed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cli import main as cli_main
+from harness.compare import compare, load, parse_threshold
+from harness.sweep import COLUMNS
+
+SMOKE_CSV = Path(__file__).parent / "data" / "smoke-cpu" / "results.csv"
+
+
+def _row(variant="reference", length=256, median=10.0, spread=0.01, status="ok", peak=100.0,
+         rel_l2=1e-6, reason="", mode="eager") -> dict:
+    """One COLUMNS row; `spread` puts p20 and p80 that far (relative) below and above."""
+    row = dict.fromkeys(COLUMNS, "")
+    row.update(
+        run_id="r", started_at="2026-12-02T00:00:00+00:00", variant=variant,
+        is_baseline=variant == "reference", batch=1, length=length, heads=12, node_dim=384,
+        pair_dim=128, query_points=4, value_points=8, dtype="fp32", math_mode="ieee",
+        mode=mode, device="cuda", device_name="NVIDIA H200", status=status, reason=reason,
+    )
+    if status in ("ok", "mismatch"):
+        row.update(median_ms=median, p20_ms=median * (1 - spread), p80_ms=median * (1 + spread),
+                   n_samples=50, rel_noise=spread / 5, peak_mem_mib=peak, rel_l2=rel_l2, tol=2e-5)
+    return row
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(path, index=False)
+    return str(path)
+
+
+def _run(tmp_path, old_rows, new_rows, *extra) -> int:
+    old = _write(tmp_path / "old.csv", old_rows)
+    new = _write(tmp_path / "new.csv", new_rows)
+    return cli_main(["compare", old, new, "--markdown", *extra])
+
+
+def _table_lines_with(text: str, needle: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| ") and needle in line]
+
+
+def test_planted_20_percent_slowdown_is_flagged(tmp_path, capsys):
+    old = [_row("reference", n) for n in (256, 1024)] + [_row("triton", n, 2.0) for n in (256,)]
+    new = [_row("reference", 256), _row("reference", 1024, 12.0), _row("triton", 256, 2.0)]
+    assert _run(tmp_path, old, new, "--threshold", "5%") == 1
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    # Worst first: the slowed cell heads the table.
+    assert "| reference |" in table[1] and " N1024 " in table[1]
+    assert "1.200x" in table[1] and "SLOWER" in table[1]
+    assert len(_table_lines_with(out, "SLOWER")) == 1
+    assert "REGRESSION: 1 cell(s)" in out
+
+
+def test_difference_inside_the_noise_is_ignored(tmp_path, capsys):
+    # 10 % slower median, but each run's p20-p80 spread is +-15 %: the bands overlap.
+    old = [_row("reference", 256, 10.0, spread=0.15)]
+    new = [_row("reference", 256, 11.0, spread=0.15)]
+    assert _run(tmp_path, old, new, "--threshold", "5%") == 0
+    out = capsys.readouterr().out
+    assert "SLOWER" not in out and "no regression" in out and "| same |" in out
+
+
+def test_significant_change_below_the_threshold_is_ignored(tmp_path, capsys):
+    old = [_row("reference", 256, 10.0, spread=0.001)]
+    new = [_row("reference", 256, 10.3, spread=0.001)]
+    assert _run(tmp_path, old, new, "--threshold", "5%") == 0
+    assert _run(tmp_path, old, new, "--threshold", "0.02") == 1
+    capsys.readouterr()
+
+
+def test_pass_to_fail_is_flagged_first(tmp_path, capsys):
+    old = [_row("triton", 256, 2.0), _row("reference", 256, 10.0)]
+    new = [_row("triton", 256, 2.0, status="mismatch", rel_l2=1e-2,
+                reason="rel_l2 1.000e-02 > tol 2.000e-05 (seeds [0] of 3)"),
+           _row("reference", 256, 10.0)]
+    assert _run(tmp_path, old, new) == 1
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    assert "| triton |" in table[1] and "PASS->FAIL" in table[1]
+    assert "ok -> mismatch: rel_l2 1.000e-02 > tol" in table[1]
+    assert "1.00e-02 (1e+04x)" in table[1]
+
+
+def test_an_error_or_oom_after_a_pass_is_a_failure_and_a_fix_is_not(tmp_path, capsys):
+    old = [_row("a", 256), _row("b", 256), _row("c", 256, status="error", reason="boom")]
+    new = [_row("a", 256, status="oom", reason="OutOfMemoryError"), _row("b", 256),
+           _row("c", 256)]
+    result = compare(load(_write(tmp_path / "o.csv", old), "OLD"),
+                     load(_write(tmp_path / "n.csv", new), "NEW"))
+    verdicts = dict(zip(result.cells["variant"], result.cells["verdict"], strict=True))
+    assert verdicts == {"a": "PASS->FAIL", "b": "same", "c": "fixed"}
+    assert list(result.failed["variant"]) == ["a"]
+
+
+def test_memory_growth_is_flagged_and_tiny_growth_is_not(tmp_path, capsys):
+    old = [_row("reference", 256, peak=100.0), _row("reference", 16, peak=0.1)]
+    new = [_row("reference", 256, peak=150.0), _row("reference", 16, peak=0.5)]
+    assert _run(tmp_path, old, new) == 1
+    out = capsys.readouterr().out
+    (line,) = _table_lines_with(out, "MORE MEMORY")
+    assert " N256 " in line and "1.500x" in line
+    assert " N16 " in _table_lines_with(out, "| same |")[0]
+
+
+def test_faster_and_smaller_cells_are_reported_not_failed(tmp_path, capsys):
+    old = [_row("reference", 256, 10.0, peak=100.0)]
+    new = [_row("reference", 256, 5.0, peak=40.0)]
+    assert _run(tmp_path, old, new) == 0
+    assert "faster, less memory" in capsys.readouterr().out
+
+
+def test_unmatched_cells_are_reported_not_crashed_on(tmp_path, capsys):
+    old = [_row("reference", 256), _row("reference", 4096), _row("old-variant", 256)]
+    new = [_row("reference", 256), _row("new-variant", 256), _row("reference", 256, mode="graph")]
+    assert _run(tmp_path, old, new) == 0
+    out = capsys.readouterr().out
+    assert "2 cell(s) only in OLD" in out and "3 cell(s)" not in out
+    assert "  old-variant fp32 eager cuda B1 N256" in out and " N4096 " in out
+    assert "2 cell(s) only in NEW" in out and "  new-variant fp32" in out
+    assert "  reference fp32 graph cuda B1 N256" in out
+    assert "1 matched cell(s)" in out
+
+
+def test_nothing_matched_and_different_devices(tmp_path, capsys):
+    old = [_row("reference", 256)]
+    new = [dict(_row("reference", 512), device_name="NVIDIA A100")]
+    assert _run(tmp_path, old, new) == 0
+    out = capsys.readouterr().out
+    assert "No matched cells." in out and "the devices differ" in out
+
+
+def test_real_sweep_csv_against_itself_is_clean(capsys):
+    """The committed CPU smoke sweep (empty peak memory, unsupported rows) parses and
+    compares to itself without a regression; the rich table path runs too."""
+    assert cli_main(["compare", str(SMOKE_CSV), str(SMOKE_CSV)]) == 0
+    out = capsys.readouterr().out
+    assert "no regression" in out and "still unsupported" in out
+
+
+def test_slowdown_in_a_real_sweep_csv(tmp_path, capsys):
+    df = pd.read_csv(SMOKE_CSV)
+    slow = df.copy()
+    target = (slow["variant"] == "reference") & (slow["length"] == slow["length"].max())
+    # Shift the whole distribution past the old p80 (CPU samples are noisy: a bare 20 %
+    # would rightly stay inside the noise there).
+    for column in ("median_ms", "p20_ms", "p80_ms"):
+        slow.loc[target, column] += 1.5 * df.loc[target, "p80_ms"]
+    new = tmp_path / "new.csv"
+    slow.to_csv(new, index=False)
+    assert cli_main(["compare", str(SMOKE_CSV), str(new), "--markdown"]) == 1
+    (line,) = _table_lines_with(capsys.readouterr().out, "SLOWER")
+    assert "| reference |" in line
+
+
+@pytest.mark.parametrize("text, value", [("5%", 0.05), ("0.05", 0.05), ("12.5%", 0.125)])
+def test_threshold_parsing(text, value):
+    assert parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text, fragment", [("5", "did you mean 5%"), ("fast", "percentage"),
+                                            ("-5%", "positive"), ("0", "positive")])
+def test_threshold_errors_are_clear(text, fragment):
+    with pytest.raises(argparse.ArgumentTypeError, match=fragment):
+        parse_threshold(text)
+
+
+def test_bad_inputs_are_usage_errors(tmp_path, capsys):
+    assert cli_main(["compare", str(tmp_path / "missing.csv"), str(SMOKE_CSV)]) == 2
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    assert cli_main(["compare", str(tmp_path / "other.csv"), str(SMOKE_CSV)]) == 2
+    err = capsys.readouterr().err
+    assert "OLD.csv: no such file" in err and "missing columns" in err
