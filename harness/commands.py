@@ -16,7 +16,7 @@ from harness.model_new import ModelNewError
 from variants.base import Variant
 from variants.problem import PRECISIONS, IPAConfig, get_precision
 from variants.reference import init_state_dict
-from variants.registry import all_variants, get_variant
+from variants.registry import all_variants, baseline, get_variant
 
 # Modules that define `add_parser(subparsers)`, in the order `--help` lists them.
 COMMAND_MODULES = [
@@ -61,10 +61,16 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
                         "default fp32, plus bf16 on cuda)")
 
 
-def selected_variants(args: argparse.Namespace) -> list[Variant]:
-    """The variants named by --variant (all registered ones if none) and --model-new files."""
-    chosen = [get_variant(n) for n in args.variant] if args.variant else list(
-        all_variants().values())
+def selected_variants(args: argparse.Namespace, *, with_baseline: bool = False) -> list[Variant]:
+    """The variants named by --variant plus the --model-new files; every registered variant
+    when neither is given. Files given alone run alone, or beside the baseline when
+    `with_baseline` (sweeps need it for speedups)."""
+    if args.variant:
+        chosen = [get_variant(n) for n in args.variant]
+    elif args.model_new:
+        chosen = [baseline()] if with_baseline else []
+    else:
+        chosen = list(all_variants().values())
     if args.model_new:
         from harness.model_new import model_new_variant
 
@@ -113,7 +119,7 @@ def print_check_table(results: list[CheckResult], console: Console | None = None
                        f"{r.max_abs:.3e}", f"{r.invariance_err:.2e} ({r.invariance_tol:.1e})"]
             verdict = "pass" if r.passed else "FAIL: " + "; ".join(r.failures)
         table.add_row(r.variant, r.precision, r.device, str(r.batch), str(r.length),
-                      *figures, verdict)
+                      *figures, escape(verdict))
     (console or Console(width=max(Console().width, 160))).print(table)
 
 
@@ -134,7 +140,7 @@ def run_check(args: argparse.Namespace) -> int:
             except ModelNewError as exc:  # a --model-new file that does not build or run
                 results.append(CheckResult(
                     variant.name, precision, args.device, args.batch, args.length, config,
-                    failures=[escape(str(exc))]))
+                    failures=[str(exc)]))
     print_check_table(results)
     failed = [r for r in results if r.failures]
     # A variant asked for by name that cannot run is not a pass either.

@@ -357,7 +357,7 @@ def run_sweep(args) -> int:
         grid.cells = [c for c in grid.cells if c.precision in args.dtype]
     if args.max_length:
         grid.cells = [c for c in grid.cells if c.length <= args.max_length]
-    variants = selected_variants(args)
+    variants = selected_variants(args, with_baseline=True)
     path = Sweep(variants, grid, args.device, args.output,
                  show_progress=not args.no_progress).run()
     print(f"results: {path}")
