@@ -398,7 +398,8 @@ def _kernels(interpret: bool) -> SimpleNamespace:
             )
 
     kernels = SimpleNamespace(
-        pair_bias=_pair_bias_kernel, attn=_ipa_attn_kernel, fullfuse=_ipa_fullfuse_kernel,
+        pair_bias=_pair_bias_kernel, attn=_ipa_attn_kernel, attn_fp32=_ipa_attn_kernel,
+        fullfuse=_ipa_fullfuse_kernel, fullfuse_fp32=_ipa_fullfuse_kernel,
         fixed={}, interpret=interpret,
     )
     if interpret:
@@ -411,6 +412,9 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         }
         return kernels
 
+    # Config lists from compiling for sm_90 and reading register/stack use (cuobjdump):
+    # only configs without large spills. fp32 IEEE dots run on CUDA cores (FMA), whose
+    # Triton lowering holds whole operand slices in registers, hence the smaller tiles.
     cfg = triton.Config
     kernels.pair_bias = triton.autotune(
         configs=[
@@ -422,26 +426,41 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         ],
         key=["ROWS_KEY", "C", "H_PAD", "DOT_PRECISION"],
     )(_pair_bias_kernel)
+    attn_key = ["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_PRECISION"]
+    kernels.attn_fp32 = triton.autotune(
+        configs=[
+            cfg({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in [
+                (64, 16, 8, 2), (32, 16, 8, 2), (32, 16, 4, 2), (32, 32, 8, 2),
+                (16, 32, 4, 2), (64, 16, 8, 3),
+            ]
+        ],
+        key=attn_key,
+    )(_ipa_attn_kernel)
     kernels.attn = triton.autotune(
         configs=[
             cfg({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
             for m, n, w, s in [
-                (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 3), (128, 64, 8, 2),
-                (32, 64, 4, 2), (128, 32, 8, 3), (64, 64, 4, 3), (32, 32, 4, 2),
+                (128, 32, 8, 2), (64, 32, 8, 2), (32, 32, 8, 2), (128, 16, 8, 2),
+                (64, 16, 4, 2), (128, 32, 8, 3),
             ]
         ],
-        key=["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION"],
+        key=attn_key,
     )(_ipa_attn_kernel)
+    fuse_key = ["N_KEY", "C", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "WRITE_LSE"]
+    kernels.fullfuse_fp32 = triton.autotune(
+        configs=[
+            cfg({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_C": c}, num_warps=8, num_stages=1)
+            for c in (16, 32)
+        ],
+        key=fuse_key,
+    )(_ipa_fullfuse_kernel)
     kernels.fullfuse = triton.autotune(
         configs=[
-            cfg({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_C": c}, num_warps=w, num_stages=s)
-            for m, n, c, w, s in [
-                (16, 32, 32, 4, 2), (16, 32, 32, 8, 2), (16, 64, 32, 8, 2),
-                (32, 32, 32, 8, 2), (16, 16, 64, 4, 2), (32, 64, 16, 8, 2),
-                (16, 32, 64, 8, 1), (32, 32, 64, 8, 1),
-            ]
+            cfg({"BLOCK_M": m, "BLOCK_N": 16, "BLOCK_C": c}, num_warps=8, num_stages=1)
+            for m, c in ((16, 64), (16, 128), (32, 32))
         ],
-        key=["N_KEY", "C", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "WRITE_LSE"],
+        key=fuse_key,
     )(_ipa_fullfuse_kernel)
     return kernels
 
@@ -482,9 +501,17 @@ def _check_heads_view(name, t, shape, device):
 
 
 def _dot_precisions(dtype: torch.dtype, math_mode: str) -> tuple[str, str]:
-    """(scalar/bias dot precision, value-point dot precision) for the kernels."""
+    """(scalar/bias dot precision, value-point dot precision) for the kernels.
+
+    math_mode "tf32x3" (fp32 only) is an experiment, not a registered precision: three TF32
+    tensor-core products that recover about fp32 accuracy.
+    """
+    _require(math_mode in ("ieee", "tf32", "tf32x3"),
+             f"math_mode: expected 'ieee', 'tf32' or 'tf32x3', got {math_mode!r}")
     if dtype == torch.float32 and math_mode == "ieee":
         return "ieee", "ieee"
+    if dtype == torch.float32 and math_mode == "tf32x3":
+        return "tf32x3", "tf32x3"
     # tf32, bf16, fp16: scalar dots on tensor cores; value points (fp32, centred) in TF32.
     return ("tf32" if dtype == torch.float32 else "ieee"), "tf32"
 
@@ -580,7 +607,8 @@ def ipa_attention(
         _check_tensor("bias", bias, (b, h, n, n), dtype=dtype, device=dev, contiguous=True)
         out_p = torch.empty(b, n, h, vp3, dtype=torch.float32, device=dev)
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)
-        kernels.attn[grid](
+        kernel = kernels.attn_fp32 if dtype == torch.float32 else kernels.attn
+        kernel[grid](
             q, k, v, q_pts, k_pts, v_pts, centred_t, bias, head_scale, out_s, out_p,
             n, sm_scale_log2,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1),
@@ -608,7 +636,8 @@ def ipa_attention(
         os_buf = torch.empty(split, b, n, h, d, dtype=torch.float32, device=dev)
         lse = torch.empty(split, b, n, h, dtype=torch.float32, device=dev)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), split, b)
-    kernels.fullfuse[grid](
+    kernel = kernels.fullfuse_fp32 if dtype == torch.float32 else kernels.fullfuse
+    kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, pair_repr, pair_weight, head_scale,
         os_buf, out_p, lse, n, c, split_len, sm_scale_log2,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
