@@ -235,7 +235,10 @@ def test_matches_oracle_gpu(name, case, precision):
 # ---- the numbers for docs/perf-notes.md (run as a script on the GPU machine) ----------------
 
 
-def _bench_main(lengths: list[int]) -> None:  # pragma: no cover - GPU only
+def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
+    """Sections, each skipped once `--budget` seconds have passed: correctness, latency and
+    peak memory of the variants, a per-kernel breakdown of `triton`, experiments."""
+    import argparse
     import time
 
     import triton
@@ -245,57 +248,155 @@ def _bench_main(lengths: list[int]) -> None:  # pragma: no cover - GPU only
     from variants.problem import math_mode
     from variants.reference import Reference
 
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096])
+    parser.add_argument("--sections", nargs="*", default=["check", "time", "breakdown"])
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--baselines", nargs="*", default=["reference", "torch-compile"])
+    parser.add_argument("--check-lengths", type=int, nargs="*", default=[97, 130, 33, 1000, 2048])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=1e9)
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run under the interpreter")
+    opts = parser.parse_args(argv)
+    start = time.time()
+
+    def left() -> bool:
+        return time.time() - start < opts.budget
+
     config = IPAConfig()
-    dev = torch.device("cuda")
-    print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
-          f"triton {triton.__version__}, {time.strftime('%Y-%m-%d')}")
+    dev = torch.device(opts.device)
+    cuda = dev.type == "cuda"
+    dtypes = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}
+    print(f"# {torch.cuda.get_device_name(dev) if cuda else 'cpu'}, torch {torch.__version__}, "
+          f"triton {triton.__version__}, {time.strftime('%Y-%m-%d')}", flush=True)
     sd = init_state_dict(config)
-    print("## correctness (3 seeds; rel_l2 worst seed; err/ref; invariance)")
-    for name in VARIANTS:
+
+    if "check" in opts.sections:
+        print("## correctness: worst seed rel_l2, the reference's, err/ref, max_abs, invariance")
+        cases = [c for c in GPU_CASES if c[1] in opts.check_lengths]
         for precision in ("fp32", "bf16", "tf32"):
-            for case in GPU_CASES[1:]:
-                if precision == "tf32" and case[1] != 1000:
-                    continue
-                t0 = time.time()
-                r = check_variant(VARIANTS[name], case[2], batch=case[0], length=case[1],
-                                  device="cuda", precision=precision, seeds=3,
-                                  state_dict=init_state_dict(case[2], seed=7 + case[1]))
-                print(f"{name:16s} {precision} {_case_id(case):32s} {r.status:5s} "
-                      f"rel_l2 {r.rel_l2:.2e} ref {r.reference_rel_l2:.2e} "
-                      f"err/ref {r.err_ratio:.2f} max_abs {r.max_abs:.1e} "
-                      f"inv {r.invariance_err:.1e} ({time.time() - t0:.0f}s) {r.failures}",
-                      flush=True)
-    print("## latency (median ms, do_bench with L2 flush) / extra peak MiB, B=1 default config")
-    for precision in ("fp32", "bf16"):
-        for n in lengths:
-            inputs = make_inputs(config, 1, n, dtype=torch.float32, device=dev, seed=1)
-            inputs = inputs.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[precision])
-            args = inputs.as_tuple()
-            rows = [("triton", Triton(), {}), ("triton-fullfuse", TritonFullFuse(), {}),
-                    ("reference", Reference(), {})]
-            if precision == "fp32":
-                rows.append(("torch-compile", Compiled(), {}))
-            for label, variant, _ in rows:
-                if label == "reference" and n > 4096:
-                    continue
-                with math_mode(precision), torch.no_grad():
+            for name in opts.variants:
+                for case in cases:
+                    if not left() or (precision == "tf32" and case[1] != 1000):
+                        continue
                     t0 = time.time()
-                    fn = variant.build(sd, config, "cuda", precision)
-                    fn(*args)
-                    torch.cuda.synchronize()
-                    first = time.time() - t0
-                    torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated()
-                    fn(*args)
-                    torch.cuda.synchronize()
-                    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-                    ms = do_bench(lambda fn=fn, args=args: fn(*args), warmup=50, rep=300,
-                                  return_mode="median")
-                print(f"{label:16s} {precision} N={n:5d} {ms:8.3f} ms  {peak:8.0f} MiB "
-                      f"(first call {first:.1f}s)", flush=True)
-                del fn
-                torch.cuda.empty_cache()
+                    r = check_variant(
+                        VARIANTS[name], case[2], batch=case[0], length=case[1], device=dev.type,
+                        precision=precision, seeds=opts.seeds,
+                        state_dict=init_state_dict(case[2], seed=7 + case[1]),
+                    )
+                    print(f"{name:16s} {precision} {_case_id(case):30s} {r.status:5s} "
+                          f"rel_l2 {r.rel_l2:.2e} ref {r.reference_rel_l2:.2e} "
+                          f"err/ref {r.err_ratio:.2f} max_abs {r.max_abs:.1e} "
+                          f"inv {r.invariance_err:.1e} ({time.time() - t0:.0f}s) {r.failures}",
+                          flush=True)
+
+    def timed(fn, args):
+        if not cuda:
+            t0 = time.perf_counter()
+            fn(*args)
+            return (time.perf_counter() - t0) * 1e3, float("nan")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(*args)
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        ms = do_bench(lambda: fn(*args), warmup=25, rep=200, return_mode="median")
+        return ms, peak
+
+    builders = {"reference": Reference(), "torch-compile": Compiled(), **VARIANTS}
+    if "time" in opts.sections:
+        print("## latency: median ms (do_bench, L2 flushed), extra peak MiB; B=1, default config")
+        for precision in ("fp32", "bf16"):
+            for n in opts.lengths:
+                args = make_inputs(config, 1, n, dtype=dtypes[precision], device=dev,
+                                   seed=1).as_tuple()
+                for label in opts.variants + opts.baselines:
+                    if not left() or (label == "torch-compile" and precision != "fp32"):
+                        continue
+                    with math_mode(precision), torch.no_grad():
+                        t0 = time.time()
+                        fn = builders[label].build(sd, config, dev.type, precision)
+                        fn(*args)
+                        if cuda:
+                            torch.cuda.synchronize()
+                        first = time.time() - t0
+                        ms, peak = timed(fn, args)
+                    print(f"{label:16s} {precision} N={n:5d} {ms:8.3f} ms {peak:8.0f} MiB "
+                          f"(build+first call {first:.1f}s)", flush=True)
+                    del fn
+                    if cuda:
+                        torch.cuda.empty_cache()
+
+    if "breakdown" in opts.sections:
+        print("## triton breakdown: pair-bias kernel, cuBLAS bias for comparison, attention kernel")
+        from variants import triton_ipa as T
+        for precision in ("fp32", "bf16"):
+            for n in opts.lengths:
+                if not left():
+                    continue
+                dtype = dtypes[precision]
+                w = TritonIPAWeights.from_state_dict(sd, config, dev, dtype)
+                args = make_inputs(config, 1, n, dtype=dtype, device=dev, seed=1).as_tuple()
+                with math_mode(precision), torch.no_grad():
+                    ms_all, ms_bias, ms_cublas, ms_attn, ms_proj = _breakdown(w, args, timed)
+                print(f"{precision} N={n:5d}: total {ms_all:.3f}  pair_bias {ms_bias:.3f} "
+                      f"(cuBLAS {ms_cublas:.3f})  attention {ms_attn:.3f}  qkv GEMM {ms_proj:.3f}"
+                      f"  rest {ms_all - ms_bias - ms_attn:.3f} ms", flush=True)
+                for k in ("pair_bias", "attn", "attn_fp32", "fullfuse", "fullfuse_fp32"):
+                    kern = getattr(T._kernels(T._interpreting()), k)
+                    for key, best in getattr(kern, "cache", {}).items():
+                        print(f"   {k} {key[:3]}... best {best}")
+
+    if "tf32x3" in opts.sections:
+        print("## experiment: fp32 inputs, every dot as 3xTF32 (math_mode='tf32x3')")
+        w = TritonIPAWeights.from_state_dict(sd, config, dev, torch.float32)
+        for n in opts.lengths:
+            if not left():
+                continue
+            inputs = make_inputs(config, 1, n, dtype=torch.float32, device=dev, seed=1)
+            args = inputs.as_tuple()
+            with math_mode("fp32"), torch.no_grad():
+                for fuse in (False, True):
+                    fn = lambda *a, fuse=fuse: triton_ipa(w, *a, fuse_pair_bias=fuse,
+                                                          math_mode="tf32x3")
+                    ms, peak = timed(fn, args)
+                    err = rel_l2(fn(*args), oracle_forward(sd, config, inputs)) if n <= 2048 \
+                        else float("nan")
+                    print(f"tf32x3 fuse={fuse} N={n:5d} {ms:8.3f} ms {peak:6.0f} MiB "
+                          f"rel_l2 {err:.2e}", flush=True)
+    print(f"# done in {time.time() - start:.0f}s")
+
+
+def _breakdown(w, args, timed):  # pragma: no cover - GPU only
+    """Median ms of: the whole `triton` forward, its pair-bias kernel, the same bias by
+    cuBLAS, its attention kernel (on random q/k/v/points of the right sizes), the qkv GEMM."""
+    import torch.nn.functional as F
+
+    cfg = w.config
+    _, n, _ = args[0].shape
+    dev, dtype = args[0].device, args[0].dtype
+    z = args[1]
+    ms_all, _ = timed(lambda *a: triton_ipa(w, *a), args)
+    ms_bias, _ = timed(lambda z: pair_bias(z, w.w_pair), (z,))
+    ms_cublas, _ = timed(
+        lambda z: torch.matmul(w.w_pair, z.view(1, n * n, -1).transpose(1, 2)), (z,)
+    )
+    bias = pair_bias(z, w.w_pair)
+    h, d = cfg.heads, cfg.head_dim
+    q = torch.randn(1, n, h, d, device=dev, dtype=dtype)
+    pts = torch.randn(1, h, 3 * cfg.query_points, n, device=dev) * 10
+    vpts = torch.randn(1, h, n, 3 * cfg.value_points, device=dev) * 10
+    t = torch.randn(1, n, 3, device=dev) * 10
+    out_s = torch.empty_like(q)
+    ms_attn, _ = timed(
+        lambda: ipa_attention(q, q, q, pts, pts, vpts, t, w.head_scale, out_s, bias=bias), ()
+    )
+    x = F.layer_norm(args[0], (cfg.node_dim,), w.ln_weight, w.ln_bias)
+    ms_proj, _ = timed(lambda x: F.linear(x, w.w_in), (x,))
+    return ms_all, ms_bias, ms_cublas, ms_attn, ms_proj
 
 
 if __name__ == "__main__":  # pragma: no cover
-    _bench_main([int(a) for a in sys.argv[1:]] or [1024, 4096])
+    _bench_main(sys.argv[1:])

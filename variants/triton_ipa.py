@@ -88,7 +88,9 @@ def _kernels(interpret: bool) -> SimpleNamespace:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # Sizes that vary per call are not specialised on (divisibility by 16), so that one
+    # compile per config serves every N: compiles, not launches, dominate short runs.
+    @triton.jit(do_not_specialize=["ROWS", "NN", "ROWS_KEY"])
     def _pair_bias_kernel(
         Z,  # (B*N*N, C) pair_repr rows
         WB,  # (H, C) pair_bias.weight
@@ -130,7 +132,7 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         out = OUT + (b * H)[:, None] * NN + offs_h[None, :] * NN + rem[:, None]
         tl.store(out, acc.to(OUT.dtype.element_ty), mask=r_ok[:, None] & h_ok[None, :])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "N_KEY"])
     def _ipa_attn_kernel(
         Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
         QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
@@ -244,7 +246,7 @@ def _kernels(interpret: bool) -> SimpleNamespace:
             acc_p, mask=m_ok[:, None] & e_ok[None, :],
         )
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "split_len", "N_KEY"])
     def _ipa_fullfuse_kernel(
         Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
         QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
@@ -451,14 +453,14 @@ def _kernels(interpret: bool) -> SimpleNamespace:
     kernels.fullfuse_fp32 = triton.autotune(
         configs=[
             cfg({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_C": c}, num_warps=8, num_stages=1)
-            for c in (16, 32)
+            for c in (32,)
         ],
         key=fuse_key,
     )(_ipa_fullfuse_kernel)
     kernels.fullfuse = triton.autotune(
         configs=[
             cfg({"BLOCK_M": m, "BLOCK_N": 16, "BLOCK_C": c}, num_warps=8, num_stages=1)
-            for m, c in ((16, 64), (16, 128), (32, 32))
+            for m, c in ((16, 64),)
         ],
         key=fuse_key,
     )(_ipa_fullfuse_kernel)
