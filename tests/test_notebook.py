@@ -1,5 +1,6 @@
-"""notebooks/analysis.ipynb is stored without outputs and runs top to bottom (nbclient) on the
-committed CPU smoke CSV plus a synthetic CUDA-like CSV with known memory scaling."""
+"""Reading results: notebooks/analysis.ipynb is stored without outputs and runs top to bottom
+(nbclient) on the committed CPU smoke CSV plus a synthetic CUDA-like CSV with known memory
+scaling; results/README.md documents every CSV column."""
 
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ def _synthetic_gpu_csv(path: Path) -> Path:
     path.parent.mkdir(parents=True)
     frame.to_csv(path, index=False)
     return path
+
+
+def test_every_csv_column_is_documented():
+    from harness.sweep import COLUMNS
+
+    text = (REPO / "results" / "README.md").read_text()
+    assert [c for c in COLUMNS if f"| `{c}`" not in text and f", `{c}`" not in text] == []
 
 
 def test_notebook_is_stored_without_outputs():
