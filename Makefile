@@ -25,6 +25,9 @@ lint: setup
 
 test: setup lint
 	$(if $(HAS_GPU),,TRITON_INTERPRET=1) $(VENV)/bin/pytest -q -m "not gpu"
+	mkdir -p out
+	$(if $(HAS_GPU),,TRITON_INTERPRET=1) $(VENV)/bin/pytest benchmarks --benchmark-only -q \
+		-p no:cacheprovider --benchmark-json out/benchmarks.json
 
 # The quick sweep on a GPU, the smoke sweep on CPU; rerunning resumes into the same folder.
 BENCH_PRESET := $(if $(HAS_GPU),quick,smoke)
@@ -39,6 +42,8 @@ GPU_PRESET ?= quick
 gpu:
 	mkdir -p $(OUT)
 	-set -o pipefail; PYTHONPATH=. python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tee $(OUT)/gpu-tests.log
+	-set -o pipefail; PYTHONPATH=. python3 -m pytest benchmarks --benchmark-only -p no:cacheprovider \
+		--benchmark-json $(OUT)/benchmarks.json 2>&1 | tee $(OUT)/benchmarks.log
 	set -o pipefail; PYTHONPATH=. python3 -m harness.cli sweep --preset $(GPU_PRESET) --device cuda \
 		-o $(OUT)/$(GPU_PRESET) --no-plots --no-progress 2>&1 | tee $(OUT)/sweep.log
 	PYTHONPATH=. python3 -m harness.cli report $(OUT)/$(GPU_PRESET)/results.csv | tee $(OUT)/report.md

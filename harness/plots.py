@@ -43,13 +43,13 @@ def length_slice(df: pd.DataFrame) -> pd.DataFrame:
     return df[mask]
 
 
-def _shape_label(df: pd.DataFrame) -> str:
+def shape_label(df: pd.DataFrame) -> str:
     r = df.iloc[0]
     return (f"B={r.batch} H={r.heads} Qp={r.query_points} Vp={r.value_points} "
             f"node={r.node_dim} pair={r.pair_dim}")
 
 
-def _plot_metric(ax, df: pd.DataFrame, column: str, log_y: bool) -> None:
+def plot_metric(ax, df: pd.DataFrame, column: str, log_y: bool) -> None:
     for i, (variant, rows) in enumerate(df.groupby("variant", sort=False)):
         color = f"C{i}"
         for mode, style in (("eager", "-"), ("graph", "--")):
@@ -77,7 +77,7 @@ def _plot_metric(ax, df: pd.DataFrame, column: str, log_y: bool) -> None:
 
 
 def _title(df: pd.DataFrame, what: str, dtype: str) -> str:
-    return f"{what}: {df['device_name'].iloc[0]}, {dtype}\n{_shape_label(df)}"
+    return f"{what}: {df['device_name'].iloc[0]}, {dtype}\n{shape_label(df)}"
 
 
 def plot_results(csv_path: str | Path, out_dir: str | Path) -> list[Path]:
@@ -92,7 +92,7 @@ def plot_results(csv_path: str | Path, out_dir: str | Path) -> list[Path]:
             fig, ax = plt.subplots(figsize=(7, 4.5))
             data = nslice if name == "latency" else nslice[nslice["mode"] == "eager"]
             if data[column].notna().any() or data["status"].isin(NO_NUMBER).any():
-                _plot_metric(ax, data, column, log_y)
+                plot_metric(ax, data, column, log_y)
             if data[column].isna().all():
                 ax.text(0.5, 0.5, f"no {column} recorded (e.g. memory is not measured on CPU)",
                         transform=ax.transAxes, ha="center")

@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from harness.plots import NO_NUMBER, _shape_label, length_slice, load_results
+from harness.plots import NO_NUMBER, length_slice, load_results, shape_label
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -45,7 +45,7 @@ def report(df: pd.DataFrame) -> str:
     for dtype, ddf in df[df["mode"] == "eager"].groupby("dtype", sort=False):
         nslice = length_slice(ddf)
         variants = list(dict.fromkeys(nslice["variant"]))
-        parts += ["", f"## {dtype}, eager: {_shape_label(nslice)}", ""]
+        parts += ["", f"## {dtype}, eager: {shape_label(nslice)}", ""]
         best_rows = []
         for length, rows in nslice.groupby("length"):
             ok = rows[rows["status"] == "ok"].dropna(subset=["median_ms"])

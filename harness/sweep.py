@@ -224,6 +224,7 @@ class Sweep:
         state_dicts: dict = {}
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeRemainingColumn(), disable=not self.show_progress)
+        finished = False
         try:
             with progress:
                 task = progress.add_task("sweep", total=len(todo))
@@ -236,6 +237,7 @@ class Sweep:
                     rows = self._run_cell(cell, variant, state_dicts[cell.config], env, results)
                     results.append(rows)
                     progress.advance(task)
+            finished = True
         except KeyboardInterrupt:
             print(f"\ninterrupted: finished rows are in {results.path}; rerun the same command "
                   "to resume", file=sys.stderr)
@@ -243,7 +245,7 @@ class Sweep:
         finally:
             meta["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds")
-            meta["finished"] = True
+            meta["finished"] = finished  # False after a crash or Ctrl-C: rerun to resume
             if self.device.type == "cuda":
                 meta["clocks_at_end"] = _gpu_clocks()
             self._write_meta(meta_path, runs)
