@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from variants.base import IPAFunction, Variant
 from variants.problem import (
@@ -55,37 +54,6 @@ def tolerance(reference_err: float, precision: Precision) -> float:
 CHUNK_ELEMENTS = 2**30
 
 
-def query_rows_forward(
-    module: IPAReference, inputs: IPAInputs, rows: slice
-) -> torch.Tensor:
-    """The reference's output for query rows `rows` only: the same operations as
-    `IPAReference.forward`, with the query side sliced, so memory is rows x N, not N x N."""
-    node, pair, trans, rot = inputs.as_tuple()
-    B, N, _ = node.shape
-    h, d = module.num_heads, module.head_dim
-    Qp, Vp = module.num_query_points, module.num_value_points
-    x = module.layer_norm(node)
-    xq, rq, tq = x[:, rows], rot[:, rows], trans[:, rows]
-    M = xq.shape[1]
-    q = module.q_proj(xq).view(B, M, h, d)
-    k = module.k_proj(x).view(B, N, h, d)
-    v = module.v_proj(x).view(B, N, h, d)
-    q_pts = module._apply_frame(module.q_pts(xq).view(B, M, h * Qp, 3), rq, tq)
-    k_pts = module._apply_frame(module.k_pts(x).view(B, N, h * Qp, 3), rot, trans)
-    v_pts = module._apply_frame(module.v_pts(x).view(B, N, h * Vp, 3), rot, trans)
-    q_pts, k_pts = q_pts.view(B, M, h, Qp, 3), k_pts.view(B, N, h, Qp, 3)
-    v_pts = v_pts.view(B, N, h, Vp, 3)
-    attn_scalar = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(d)
-    pt_dist = ((q_pts.unsqueeze(2) - k_pts.unsqueeze(1)) ** 2).sum(dim=(-1, -2))
-    pt_attn = -(F.softplus(module.head_weights).view(1, 1, 1, h) * pt_dist) / 2.0
-    pair_bias = module.pair_bias(pair[:, rows]).permute(0, 3, 1, 2)
-    attn = F.softmax(attn_scalar + pt_attn.permute(0, 3, 1, 2) + pair_bias, dim=-1)
-    out_scalar = torch.einsum("bhij,bjhd->bihd", attn, v).reshape(B, M, h * d)
-    out_pts = torch.einsum("bhij,bjhpc->bihpc", attn, v_pts).reshape(B, M, h * Vp, 3)
-    out_pts = module._apply_inv_frame(out_pts, rq, tq).reshape(B, M, -1)
-    return module.out_proj(torch.cat([out_scalar, out_pts], dim=-1))
-
-
 def rows_per_chunk(config: IPAConfig, batch: int, length: int) -> int:
     """Query rows per chunk so the reference's biggest tensor stays under CHUNK_ELEMENTS."""
     per_row = batch * length * config.heads * config.query_points * 3
@@ -102,7 +70,7 @@ def chunked_forward(module: IPAReference, inputs: IPAInputs) -> torch.Tensor:
     if chunk >= inputs.length:
         return module(*inputs.as_tuple())
     return torch.cat(
-        [query_rows_forward(module, inputs, slice(i, i + chunk))
+        [module(*inputs.as_tuple(), query_rows=slice(i, i + chunk))
          for i in range(0, inputs.length, chunk)],
         dim=1,
     )

@@ -56,36 +56,41 @@ class IPAReference(nn.Module):
         centered = pts - translations.unsqueeze(2)
         return torch.einsum("bnpc,bndc->bnpd", centered, rotations)
 
-    def forward(self, node_repr, pair_repr, translations, rotations):
+    def forward(self, node_repr, pair_repr, translations, rotations, query_rows=None):
+        """`query_rows` (a slice, default all) computes only those query rows' outputs in
+        rows x N memory; the harness uses it to evaluate the oracle in chunks at large N."""
         B, N, _ = node_repr.shape
         h, d = self.num_heads, self.head_dim
         Qp, Vp = self.num_query_points, self.num_value_points
+        rows = slice(None) if query_rows is None else query_rows
 
         x = self.layer_norm(node_repr)
-        q = self.q_proj(x).view(B, N, h, d)
+        x_q, rot_q, trans_q = x[:, rows], rotations[:, rows], translations[:, rows]
+        M = x_q.shape[1]
+        q = self.q_proj(x_q).view(B, M, h, d)
         k = self.k_proj(x).view(B, N, h, d)
         v = self.v_proj(x).view(B, N, h, d)
 
-        q_pts = self._apply_frame(self.q_pts(x).view(B, N, h * Qp, 3), rotations, translations)
+        q_pts = self._apply_frame(self.q_pts(x_q).view(B, M, h * Qp, 3), rot_q, trans_q)
         k_pts = self._apply_frame(self.k_pts(x).view(B, N, h * Qp, 3), rotations, translations)
         v_pts = self._apply_frame(self.v_pts(x).view(B, N, h * Vp, 3), rotations, translations)
-        q_pts = q_pts.view(B, N, h, Qp, 3)
+        q_pts = q_pts.view(B, M, h, Qp, 3)
         k_pts = k_pts.view(B, N, h, Qp, 3)
         v_pts = v_pts.view(B, N, h, Vp, 3)
 
         attn_scalar = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(d)
-        # (B, N, N, h, Qp, 3): the tensor that dominates this module's memory.
+        # (B, M, N, h, Qp, 3): the tensor that dominates this module's memory.
         pt_dist = ((q_pts.unsqueeze(2) - k_pts.unsqueeze(1)) ** 2).sum(dim=(-1, -2))
         w = F.softplus(self.head_weights)
         pt_attn = -(w.view(1, 1, 1, h) * pt_dist) / 2.0
-        pair_bias = self.pair_bias(pair_repr).permute(0, 3, 1, 2)
+        pair_bias = self.pair_bias(pair_repr[:, rows]).permute(0, 3, 1, 2)
 
         attn = attn_scalar + pt_attn.permute(0, 3, 1, 2) + pair_bias
         attn = F.softmax(attn, dim=-1)
 
-        out_scalar = torch.einsum("bhij,bjhd->bihd", attn, v).reshape(B, N, h * d)
-        out_pts = torch.einsum("bhij,bjhpc->bihpc", attn, v_pts).reshape(B, N, h * Vp, 3)
-        out_pts = self._apply_inv_frame(out_pts, rotations, translations).reshape(B, N, -1)
+        out_scalar = torch.einsum("bhij,bjhd->bihd", attn, v).reshape(B, M, h * d)
+        out_pts = torch.einsum("bhij,bjhpc->bihpc", attn, v_pts).reshape(B, M, h * Vp, 3)
+        out_pts = self._apply_inv_frame(out_pts, rot_q, trans_q).reshape(B, M, -1)
         return self.out_proj(torch.cat([out_scalar, out_pts], dim=-1))
 
 
