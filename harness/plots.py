@@ -52,12 +52,12 @@ def shape_label(df: pd.DataFrame) -> str:
 def plot_metric(ax, df: pd.DataFrame, column: str, log_y: bool) -> None:
     for i, (variant, rows) in enumerate(df.groupby("variant", sort=False)):
         color = f"C{i}"
-        for mode, style in (("eager", "-"), ("graph", "--")):
+        for mode, style, marker in (("eager", "-", "o"), ("graph", "--", "s")):
             mrows = rows[rows["mode"] == mode].sort_values("length")
             good = mrows[mrows["status"] == "ok"].dropna(subset=[column])
             label = variant if mode == "eager" else f"{variant} (graph)"
             if not good.empty:
-                ax.plot(good["length"], good[column], style, marker="o", color=color,
+                ax.plot(good["length"], good[column], style, marker=marker, color=color,
                         label=label)
             bad = mrows[mrows["status"] == "mismatch"].dropna(subset=[column])
             if not bad.empty:

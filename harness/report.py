@@ -24,13 +24,15 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 def _fmt(value, spec: str = ".3g") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if abs(value) >= 1000:  # no scientific notation for large latencies and memory
+        return f"{value:.0f}"
     return format(value, spec)
 
 
 def _cell(rows: pd.DataFrame, variant: str, column: str, spec: str) -> str:
     match = rows[rows["variant"] == variant]
     if match.empty:
-        return ""
+        return "not run"
     r = match.iloc[0]
     if r["status"] in NO_NUMBER:
         return r["status"]
