@@ -12,10 +12,10 @@ stage() {  # stage SECONDS LOG CMD...
   echo "=== $* (limit ${limit}s)"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$log" | tail -n "${TAIL:-25}"
 }
-TAIL=60 stage 150 diag.log python3 variants/csrc/measure.py env diag --out "$OUT"
-TAIL=16 stage 80 time.log python3 variants/csrc/measure.py time --reps 10 --out "$OUT"
-stage 110 pytest.log python3 -m pytest -q -m gpu tests/test_cuda.py -k "not sanitizer and not other_configs"
-stage 100 sanitizer.log python3 -m pytest -q -s -m gpu tests/test_cuda.py -k sanitizer
-stage 50 pytest-other.log python3 -m pytest -q -m gpu tests/test_cuda.py -k other_configs
+TAIL=60 stage "${LIM_DIAG:-150}" diag.log python3 variants/csrc/measure.py env diag --out "$OUT"
+TAIL=16 stage "${LIM_TIME:-80}" time.log python3 variants/csrc/measure.py time --reps 10 --out "$OUT"
+stage "${LIM_TEST:-110}" pytest.log python3 -m pytest -q -m gpu tests/test_cuda.py -k "not sanitizer and not other_configs"
+stage "${LIM_SAN:-100}" sanitizer.log python3 -m pytest -q -s -m gpu tests/test_cuda.py -k sanitizer
+stage "${LIM_OTHER:-50}" pytest-other.log python3 -m pytest -q -m gpu tests/test_cuda.py -k other_configs
 TAIL=10 stage "${COMPILE_LIMIT:-90}" compile.log python3 variants/csrc/measure.py time --compile --only torch-compile --reps 10 --out /tmp/compile-timings
 exit 0
