@@ -151,10 +151,12 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         D: tl.constexpr,
         D_PAD: tl.constexpr,
         P3: tl.constexpr,
+        P3_PAD: tl.constexpr,
         VP3: tl.constexpr,
         VP3_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         PTS_PRECISION: tl.constexpr,
+        POINTS_DOT: tl.constexpr,
         CAST_F32: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -185,6 +187,18 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         kp_base = KP + bh * P3 * N
         vp_base = VP + bh * N * VP3
         bias_rows = BIAS + bh * N * N + offs_m[:, None].to(tl.int64) * N
+        if POINTS_DOT:
+            # Points relative to this block's first frame origin, so that the expanded
+            # |q'|^2 + |k'|^2 - 2 q'.k' (one 3xTF32 dot) does not cancel at 100 A offsets.
+            offs_c = tl.arange(0, P3_PAD)
+            c_ok = offs_c < P3
+            centre_c = tl.load(TC + (b * N + i0) * 3 + offs_c % 3)
+            q_pts = tl.load(
+                qp_base + offs_c[None, :] * N + offs_m[:, None],
+                mask=m_ok[:, None] & c_ok[None, :], other=0.0,
+            )
+            q_pts = tl.where(c_ok[None, :], q_pts - centre_c[None, :], 0.0)
+            q_norm = tl.sum(q_pts * q_pts, 1)
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -201,13 +215,23 @@ def _kernels(interpret: bool) -> SimpleNamespace:
             if CAST_F32:
                 kt = kt.to(tl.float32)
             s = tl.dot(q, kt, input_precision=DOT_PRECISION) * sm_scale_log2
-            # point term: squared distances computed directly (no expanded form)
-            dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for c in tl.static_range(P3):
-                qc = tl.load(qp_base + c * N + offs_m, mask=m_ok, other=0.0)
-                kc = tl.load(kp_base + c * N + offs_n, mask=n_ok, other=0.0)
-                diff = qc[:, None] - kc[None, :]
-                dist += diff * diff
+            if POINTS_DOT:
+                k_pts = tl.load(
+                    kp_base + offs_c[:, None] * N + offs_n[None, :],
+                    mask=c_ok[:, None] & n_ok[None, :], other=0.0,
+                )
+                k_pts = tl.where(c_ok[:, None], k_pts - centre_c[:, None], 0.0)
+                cross = tl.dot(q_pts, k_pts, input_precision="tf32x3")
+                dist = q_norm[:, None] + tl.sum(k_pts * k_pts, 0)[None, :] - 2.0 * cross
+                dist = tl.maximum(dist, 0.0)
+            else:
+                # squared distances computed directly (IEEE fp32 mode)
+                dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for c in tl.static_range(P3):
+                    qc = tl.load(qp_base + c * N + offs_m, mask=m_ok, other=0.0)
+                    kc = tl.load(kp_base + c * N + offs_n, mask=n_ok, other=0.0)
+                    diff = qc[:, None] - kc[None, :]
+                    dist += diff * diff
             bias = tl.load(
                 bias_rows + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0.0
             ).to(tl.float32)
@@ -428,7 +452,8 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         ],
         key=["ROWS_KEY", "C", "H_PAD", "DOT_PRECISION"],
     )(_pair_bias_kernel)
-    attn_key = ["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_PRECISION"]
+    attn_key = ["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_PRECISION",
+                "POINTS_DOT"]
     kernels.attn_fp32 = triton.autotune(
         configs=[
             cfg({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
@@ -439,12 +464,12 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         ],
         key=attn_key,
     )(_ipa_attn_kernel)
-    kernels.attn = triton.autotune(
+    kernels.attn = triton.autotune(  # distances as a dot: bf16/fp16, tf32
         configs=[
-            cfg({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n, w, s in [
-                (128, 32, 8, 2), (64, 32, 8, 2), (32, 32, 8, 2), (128, 16, 8, 2),
-                (64, 16, 4, 2), (128, 32, 8, 3),
+            cfg({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+            for m, n, w, st in [
+                (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2),
+                (64, 64, 8, 2), (128, 32, 8, 3),
             ]
         ],
         key=attn_key,
@@ -502,24 +527,37 @@ def _check_heads_view(name, t, shape, device):
     )
 
 
-def _dot_precisions(dtype: torch.dtype, math_mode: str) -> tuple[str, str]:
-    """(scalar/bias dot precision, value-point dot precision) for the kernels.
+@dataclass(frozen=True)
+class _Modes:
+    """How each dot of the kernels runs for one (dtype, math mode)."""
 
-    math_mode "tf32x3" (fp32 only) is an experiment, not a registered precision: three TF32
-    tensor-core products that recover about fp32 accuracy.
+    dot: str  # q.k, p.v and the pair bias
+    points: str  # p.v_pts (fp32 operands)
+    points_dot: bool  # distances as a centred 3xTF32 dot (else computed directly)
+    cublas_bias: bool  # the (B, H, N, N) bias by cuBLAS rather than the Triton GEMM
+
+
+def _modes(dtype: torch.dtype, math_mode: str) -> _Modes:
+    """fp32 "ieee": IEEE dots everywhere, distances computed directly; the bias GEMM by cuBLAS
+    (measured faster than Triton's FMA dot for it). fp32 "tf32": TF32 tensor cores, distances
+    as a centred 3xTF32 dot. bf16/fp16: tensor cores, value points in TF32, distances as a
+    centred 3xTF32 dot. "tf32x3" (fp32 only) is an experiment, not a registered precision:
+    every dot as three TF32 products (about fp32 accuracy), distances computed directly.
     """
     _require(math_mode in ("ieee", "tf32", "tf32x3"),
              f"math_mode: expected 'ieee', 'tf32' or 'tf32x3', got {math_mode!r}")
-    if dtype == torch.float32 and math_mode == "ieee":
-        return "ieee", "ieee"
-    if dtype == torch.float32 and math_mode == "tf32x3":
-        return "tf32x3", "tf32x3"
-    # tf32, bf16, fp16: scalar dots on tensor cores; value points (fp32, centred) in TF32.
-    return ("tf32" if dtype == torch.float32 else "ieee"), "tf32"
+    if dtype == torch.float32:
+        if math_mode == "ieee":
+            return _Modes("ieee", "ieee", False, True)
+        if math_mode == "tf32x3":
+            return _Modes("tf32x3", "tf32x3", False, False)
+        return _Modes("tf32", "tf32", True, True)
+    _require(math_mode == "ieee", f"math_mode: {math_mode!r} applies to fp32 inputs only")
+    return _Modes("ieee", "tf32", True, False)
 
 
 def pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, math_mode: str = "ieee"):
-    """bias[b, h, i, j] = sum_c pair_repr[b, i, j, c] * weight[h, c].
+    """bias[b, h, i, j] = sum_c pair_repr[b, i, j, c] * weight[h, c], by the Triton GEMM.
 
     pair_repr (B, N, N, C), weight (H, C) -> (B, H, N, N) in pair_repr's dtype (fp32 accumulation).
     """
@@ -532,18 +570,37 @@ def pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, math_mode: str =
     _check_tensor("weight", weight, (h, c), dtype=pair_repr.dtype, device=pair_repr.device,
                   contiguous=True)
     _require(1 <= h <= HEADS_PAD, f"weight: expected 1..{HEADS_PAD} heads, got {h}")
+    return _launch_pair_bias(pair_repr, weight, _modes(pair_repr.dtype, math_mode).dot)
+
+
+def _launch_pair_bias(pair_repr, weight, precision):
     kernels = _kernels(_interpreting())
+    b, n, _, c = pair_repr.shape
+    h = weight.shape[0]
     out = torch.empty(b, h, n, n, dtype=pair_repr.dtype, device=pair_repr.device)
     rows = b * n * n
-    prec, _ = _dot_precisions(pair_repr.dtype, math_mode)
     grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]),)
     kernels.pair_bias[grid](
         pair_repr, weight, out, rows, n * n, c, _pow2(rows, 1 << 16),
-        H=h, H_PAD=HEADS_PAD, DOT_PRECISION=prec,
+        H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision,
         CAST_F32=kernels.interpret and pair_repr.dtype != torch.float32,
         **kernels.fixed.get("pair_bias", {}),
     )
     return out
+
+
+def _cublas_pair_bias(pair_repr, weight, tf32: bool):
+    """The same bias by cuBLAS: W (H, C) @ z^T, written straight in (B, H, N, N) order.
+    TF32 is set for the call and restored (fp32 'ieee' must not inherit a global TF32 switch)."""
+    b, n, _, c = pair_repr.shape
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_tf32
+    matmul.allow_tf32 = tf32
+    try:
+        out = torch.matmul(weight, pair_repr.view(b, n * n, c).transpose(1, 2))
+    finally:
+        matmul.allow_tf32 = saved
+    return out.view(b, -1, n, n)
 
 
 def _check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, head_scale, out_s):
@@ -571,7 +628,6 @@ def _check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, head_scale, o
                   contiguous=True)
     _require(1 <= h <= HEADS_PAD, f"q: expected 1..{HEADS_PAD} heads, got {h}")
     _require(8 <= d <= 128, f"q: expected head_dim in [8, 128], got {d}")
-    return b, n, h, d, p3, vp3
 
 
 def ipa_attention(
@@ -592,42 +648,56 @@ def ipa_attention(
     split        fully fused form only: number of key ranges (None: chosen from the grid)
     returns      (B, N, H, 3*Vp) fp32: sum_j a_ij v_pts_j, global (centred) frame
     """
-    b, n, h, d, p3, vp3 = _check_attention_args(
-        q, k, v, q_pts, k_pts, v_pts, centred_t, head_scale, out_s
-    )
+    _check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, head_scale, out_s)
     _require((bias is None) != (pair_repr is None), "bias, pair_repr: expected exactly one")
-    kernels = _kernels(_interpreting())
+    b, n, h, _ = q.shape
     dev, dtype = q.device, q.dtype
-    dot_prec, pts_prec = _dot_precisions(dtype, math_mode)
-    cast = kernels.interpret and dtype != torch.float32
-    common = dict(
-        D=d, D_PAD=_pow2(d), P3=p3, VP3=vp3, VP3_PAD=_pow2(vp3),
-        DOT_PRECISION=dot_prec, PTS_PRECISION=pts_prec, CAST_F32=cast,
-    )
-    sm_scale_log2 = LOG2E / math.sqrt(d)
+    modes = _modes(dtype, math_mode)
     if bias is not None:
         _check_tensor("bias", bias, (b, h, n, n), dtype=dtype, device=dev, contiguous=True)
-        out_p = torch.empty(b, n, h, vp3, dtype=torch.float32, device=dev)
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)
-        kernel = kernels.attn_fp32 if dtype == torch.float32 else kernels.attn
-        kernel[grid](
-            q, k, v, q_pts, k_pts, v_pts, centred_t, bias, head_scale, out_s, out_p,
-            n, sm_scale_log2,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            v.stride(0), v.stride(1), out_s.stride(0), out_s.stride(1),
-            _pow2(n, 64), H=h, **common, **kernels.fixed.get("attn", {}),
-        )
-        return out_p
-
+        return _launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, head_scale, out_s,
+                                 bias, modes)
     _require(
         pair_repr.dim() == 4, f"pair_repr: expected 4 dims (B, N, N, C), got {pair_repr.dim()}"
     )
     c = pair_repr.shape[3]
     _check_tensor("pair_repr", pair_repr, (b, n, n, c), dtype=dtype, device=dev, contiguous=True)
     _check_tensor("pair_weight", pair_weight, (h, c), dtype=dtype, device=dev, contiguous=True)
+    _require(split is None or (isinstance(split, int) and split >= 1),
+             f"split: expected None or an int >= 1, got {split!r}")
+    return _launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, head_scale, out_s,
+                            pair_repr, pair_weight, modes, split)
+
+
+def _launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, head_scale, out_s, bias, modes):
+    kernels = _kernels(_interpreting())
+    b, n, h, d = q.shape
+    p3, vp3 = q_pts.shape[2], v_pts.shape[3]
+    out_p = torch.empty(b, n, h, vp3, dtype=torch.float32, device=q.device)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)
+    kernel = kernels.attn if modes.points_dot else kernels.attn_fp32
+    kernel[grid](
+        q, k, v, q_pts, k_pts, v_pts, centred_t, bias, head_scale, out_s, out_p,
+        n, LOG2E / math.sqrt(d),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1), out_s.stride(0), out_s.stride(1),
+        _pow2(n, 64), H=h, D=d, D_PAD=_pow2(d), P3=p3, P3_PAD=_pow2(p3), VP3=vp3,
+        VP3_PAD=_pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
+        POINTS_DOT=modes.points_dot,
+        CAST_F32=kernels.interpret and q.dtype != torch.float32,
+        **kernels.fixed.get("attn", {}),
+    )
+    return out_p
+
+
+def _launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, head_scale, out_s,
+                     pair_repr, pair_weight, modes, split):
+    kernels = _kernels(_interpreting())
+    b, n, h, d = q.shape
+    p3, vp3, c = q_pts.shape[2], v_pts.shape[3], pair_repr.shape[3]
+    dev = q.device
     if split is None:
         split = _default_split(b, n, dev)
-    _require(isinstance(split, int) and split >= 1, f"split: expected an int >= 1, got {split!r}")
     # Each split covers a multiple of 64 keys (every BLOCK_N divides it) and none is empty.
     split_len = 64 * triton.cdiv(triton.cdiv(n, split), 64)
     split = triton.cdiv(n, split_len)
@@ -638,14 +708,16 @@ def ipa_attention(
         os_buf = torch.empty(split, b, n, h, d, dtype=torch.float32, device=dev)
         lse = torch.empty(split, b, n, h, dtype=torch.float32, device=dev)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), split, b)
-    kernel = kernels.fullfuse_fp32 if dtype == torch.float32 else kernels.fullfuse
+    kernel = kernels.fullfuse_fp32 if q.dtype == torch.float32 else kernels.fullfuse
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, pair_repr, pair_weight, head_scale,
-        os_buf, out_p, lse, n, c, split_len, sm_scale_log2,
+        os_buf, out_p, lse, n, c, split_len, LOG2E / math.sqrt(d),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         os_buf.stride(0), os_buf.stride(1), os_buf.stride(2),
-        _pow2(n, 64), H=h, H_PAD=HEADS_PAD, C_PAD=_pow2(c), WRITE_LSE=split > 1,
-        **common, **kernels.fixed.get("fullfuse", {}),
+        _pow2(n, 64), H=h, H_PAD=HEADS_PAD, D=d, D_PAD=_pow2(d), P3=p3, VP3=vp3,
+        VP3_PAD=_pow2(vp3), C_PAD=_pow2(c), DOT_PRECISION=modes.dot,
+        PTS_PRECISION=modes.points, CAST_F32=kernels.interpret and q.dtype != torch.float32,
+        WRITE_LSE=split > 1, **kernels.fixed.get("fullfuse", {}),
     )
     if split == 1:
         return out_p[0]
@@ -729,6 +801,9 @@ def triton_ipa(
         cfg, node_repr, pair_repr, translations, rotations,
         dtypes=(weights.w_in.dtype,), device=weights.w_in.device, check_rotations=False,
     )
+    _require(split is None or (isinstance(split, int) and split >= 1),
+             f"split: expected None or an int >= 1, got {split!r}")
+    modes = _modes(node_repr.dtype, math_mode)
     bsz, n, _ = node_repr.shape
     h, d, qp, vp = cfg.heads, cfg.head_dim, cfg.query_points, cfg.value_points
     hd = h * d
@@ -750,16 +825,19 @@ def triton_ipa(
     cat = torch.empty(bsz, n, hd + 3 * h * vp, dtype=dtype, device=node_repr.device)
     out_s = cat[..., :hd].view(bsz, n, h, d)
     z = pair_repr.contiguous()
+    # The launchers' argument checks are skipped here: every tensor below is built above.
     if fuse_pair_bias:
-        out_p = ipa_attention(
+        out_p = _launch_fullfuse(
             q, k, v, q_pts, k_pts, v_pts, centred_t, weights.head_scale, out_s,
-            pair_repr=z, pair_weight=weights.w_pair, math_mode=math_mode, split=split,
+            z, weights.w_pair, modes, split,
         )
     else:
-        bias = pair_bias(z, weights.w_pair, math_mode=math_mode)
-        out_p = ipa_attention(
-            q, k, v, q_pts, k_pts, v_pts, centred_t, weights.head_scale, out_s,
-            bias=bias, math_mode=math_mode,
+        if modes.cublas_bias and z.is_cuda:
+            bias = _cublas_pair_bias(z, weights.w_pair, tf32=modes.dot == "tf32")
+        else:
+            bias = _launch_pair_bias(z, weights.w_pair, modes.dot)
+        out_p = _launch_attention(
+            q, k, v, q_pts, k_pts, v_pts, centred_t, weights.head_scale, out_s, bias, modes
         )
         del bias
     local = _inverse_frames(out_p.view(bsz, n, h * vp, 3), rot, centred_t)
