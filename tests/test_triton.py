@@ -201,6 +201,13 @@ def test_launchers_check_their_arguments():
                       scale, q.clone(), bias=torch.zeros(b, h, n, n))
 
 
+def test_unknown_math_mode_is_rejected(small_fn):
+    weights = TritonIPAWeights.from_state_dict(init_state_dict(SMALL), SMALL, "cpu",
+                                               torch.float32)
+    with pytest.raises(IPAInputError, match="math_mode"):
+        triton_ipa(weights, *make_inputs(SMALL, 1, 5).as_tuple(), math_mode="tf32x3")
+
+
 def test_declared_limits_become_reasons():
     v = Triton()
     assert any("heads" in r for r in v.not_supported_reasons(
@@ -232,12 +239,20 @@ def test_matches_oracle_gpu(name, case, precision):
     _check(name, case, "cuda", precision, seeds=3)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[4]], ids=_case_id)
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_tf32_matches_oracle_gpu(name, case):
+    _check(name, case, "cuda", "tf32", seeds=3)
+
+
 # ---- the numbers for docs/perf-notes.md (run as a script on the GPU machine) ----------------
 
 
 def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     """Sections, each skipped once `--budget` seconds have passed: correctness, latency and
-    peak memory of the variants, a per-kernel breakdown of `triton`, experiments."""
+    peak memory of the variants, a per-kernel breakdown of `triton`."""
     import argparse
     import time
 
@@ -255,6 +270,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     parser.add_argument("--baselines", nargs="*", default=["reference", "torch-compile"])
     parser.add_argument("--check-lengths", type=int, nargs="*", default=[97, 130, 33, 1000, 2048])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--precisions", nargs="*", default=["fp32", "bf16", "tf32"])
     parser.add_argument("--budget", type=float, default=1e9)
     parser.add_argument("--device", default="cuda", help="cpu: a dry run under the interpreter")
     opts = parser.parse_args(argv)
@@ -274,10 +290,10 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     if "check" in opts.sections:
         print("## correctness: worst seed rel_l2, the reference's, err/ref, max_abs, invariance")
         cases = [c for c in GPU_CASES if c[1] in opts.check_lengths]
-        for precision in ("fp32", "bf16", "tf32"):
+        for precision in opts.precisions:
             for name in opts.variants:
                 for case in cases:
-                    if not left() or (precision == "tf32" and case[1] != 1000):
+                    if not left():
                         continue
                     t0 = time.time()
                     r = check_variant(
@@ -308,7 +324,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     builders = {"reference": Reference(), "torch-compile": Compiled(), **VARIANTS}
     if "time" in opts.sections:
         print("## latency: median ms (do_bench, L2 flushed), extra peak MiB; B=1, default config")
-        for precision in ("fp32", "bf16"):
+        for precision in opts.precisions:
             for n in opts.lengths:
                 args = make_inputs(config, 1, n, dtype=dtypes[precision], device=dev,
                                    seed=1).as_tuple()
@@ -332,7 +348,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     if "breakdown" in opts.sections:
         print("## triton breakdown: pair-bias kernel, cuBLAS bias for comparison, attention kernel")
         from variants import triton_ipa as T
-        for precision in ("fp32", "bf16"):
+        for precision in opts.precisions:
             for n in opts.lengths:
                 if not left():
                     continue
@@ -349,23 +365,6 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                     for key, best in getattr(kern, "cache", {}).items():
                         print(f"   {k} {key[:3]}... best {best}")
 
-    if "tf32x3" in opts.sections:
-        print("## experiment: fp32 inputs, every dot as 3xTF32 (math_mode='tf32x3')")
-        w = TritonIPAWeights.from_state_dict(sd, config, dev, torch.float32)
-        for n in opts.lengths:
-            if not left():
-                continue
-            inputs = make_inputs(config, 1, n, dtype=torch.float32, device=dev, seed=1)
-            args = inputs.as_tuple()
-            with math_mode("fp32"), torch.no_grad():
-                for fuse in (False,):
-                    fn = lambda *a, fuse=fuse: triton_ipa(w, *a, fuse_pair_bias=fuse,
-                                                          math_mode="tf32x3")
-                    ms, peak = timed(fn, args)
-                    err = rel_l2(fn(*args), oracle_forward(sd, config, inputs)) if n <= 2048 \
-                        else float("nan")
-                    print(f"tf32x3 fuse={fuse} N={n:5d} {ms:8.3f} ms {peak:6.0f} MiB "
-                          f"rel_l2 {err:.2e}", flush=True)
     print(f"# done in {time.time() - start:.0f}s")
 
 

@@ -541,16 +541,15 @@ def _modes(dtype: torch.dtype, math_mode: str) -> _Modes:
     """fp32 "ieee": IEEE dots everywhere, distances computed directly; the bias GEMM by cuBLAS
     (measured faster than Triton's FMA dot for it). fp32 "tf32": TF32 tensor cores, distances
     as a centred 3xTF32 dot. bf16/fp16: tensor cores, value points in TF32, distances as a
-    centred 3xTF32 dot. "tf32x3" (fp32 only) is an experiment, not a registered precision:
-    every dot as three TF32 products (about fp32 accuracy), distances computed directly.
+    centred 3xTF32 dot. (Every dot as 3xTF32 in fp32 was tried: on triton 3.6 / H200 the
+    per-head kernel with q.k and p.v in 3xTF32 hit an illegal memory access while
+    autotuning, so that mode is not offered; see docs/perf-notes.md.)
     """
-    _require(math_mode in ("ieee", "tf32", "tf32x3"),
-             f"math_mode: expected 'ieee', 'tf32' or 'tf32x3', got {math_mode!r}")
+    _require(math_mode in ("ieee", "tf32"),
+             f"math_mode: expected 'ieee' or 'tf32', got {math_mode!r}")
     if dtype == torch.float32:
         if math_mode == "ieee":
             return _Modes("ieee", "ieee", False, True)
-        if math_mode == "tf32x3":
-            return _Modes("tf32x3", "tf32x3", False, False)
         return _Modes("tf32", "tf32", True, True)
     _require(math_mode == "ieee", f"math_mode: {math_mode!r} applies to fp32 inputs only")
     return _Modes("ieee", "tf32", True, False)
@@ -794,7 +793,7 @@ def triton_ipa(
     node_repr (B, N, node_dim), pair_repr (B, N, N, pair_dim), translations (B, N, 3),
     rotations (B, N, 3, 3), all in `weights`' dtype and device -> (B, N, node_dim) in that dtype.
     `fuse_pair_bias` selects the fully fused kernel (`triton-fullfuse`); `math_mode` is
-    "ieee" or "tf32" (fp32 inputs only); `split` is passed to `ipa_attention`.
+    "ieee" or "tf32" (tf32: fp32 inputs only); `split` is passed to the fully fused launcher.
     """
     cfg = weights.config
     validate_inputs(
