@@ -9,24 +9,34 @@ softmax, base-2 exponentials) and never writes the (B, H, N, N) logits or attent
 
 Two registered variants, differing only in where the pair bias z . W_b comes from:
 
-* `triton`: a small Triton GEMM kernel (`_pair_bias_kernel`) reads `pair_repr` once and
-  writes the bias as a (B, H, N, N) tensor (input dtype); the attention kernel, one program
-  per (query block, batch, head), streams its head's rows. Extra memory is one N x N x H
-  tensor (768 MiB at N = 4096 in fp32), the rest is O(N). Simple, and each kernel tunes on
-  its own.
+* `triton`: one GEMM reads `pair_repr` once and writes the bias as a (B, H, N, N) tensor
+  (input dtype): a small Triton kernel (`_pair_bias_kernel`) for bf16/fp16, cuBLAS for
+  fp32/tf32 (IEEE fp32 in Triton means CUDA-core FMA dots, measured 1.4x slower than
+  cuBLAS there). The attention kernel, one program per (query block, batch, head), streams
+  its head's rows. Extra memory is one N x N x H tensor (768 MiB at N = 4096 in fp32), the
+  rest is O(N). This is the fast one.
 * `triton-fullfuse`: one kernel computes the bias inside the key loop, so `pair_repr` is
-  read exactly once and no N x N tensor is ever written (extra memory O(N)). Because every
-  head needs the same z tile, a program owns a query block for *all* heads: logits,
-  accumulators and dots are 3-D (heads padded to 16, batched `tl.dot`), the bias tile is
-  z(BM*BN, C) @ W_b^T(C, 16). For small grids the key range is split across programs
-  (flash-decoding) and the partial results merged by their log-sum-exp in PyTorch.
+  read exactly once and no N x N tensor is ever written (extra memory O(N): 118 MiB at
+  N = 4096). Because every head needs the same z tile, a program owns a query block for
+  *all* heads: logits, accumulators and dots are 3-D (heads padded to 16, batched
+  `tl.dot`), the bias tile is z(BM*BN, C) @ W_b^T(C, 16). For small grids the key range is
+  split across programs (flash-decoding) and the partial results merged by their
+  log-sum-exp in PyTorch. Triton compiles these 3-D tiles with heavy register spills, so
+  it is 2.5x (bf16) to 1.8x (fp32) slower than `triton` at N = 4096: kept for its memory
+  and as the measured record (docs/perf-notes.md).
 
 What differs from the reference (all of it on purpose, none of it changes the function):
-* Point distances are computed directly, sum_{p,c} (q - k)^2, never as the expanded
-  ||q||^2 + ||k||^2 - 2 q.k (SPEC: that form cancels catastrophically at Angstrom scale).
+* Point distances. fp32 (IEEE) mode computes them directly, sum_{p,c} (q - k)^2. The other
+  modes (tf32, bf16, fp16) use one 3xTF32 dot of coordinates centred on the query block's
+  first frame origin: |q'|^2 + |k'|^2 - 2 q'.k' in fp32-accurate arithmetic. Never the
+  uncentred expanded form (SPEC: it cancels catastrophically at 100 A offsets). The
+  centred form costs about 2-3e-5 rel_l2 against the oracle (CPU emulation, N = 512-1024),
+  which is why fp32 keeps the direct form (its floor is 2e-5) and which is negligible
+  against the tf32 (2e-3) and bf16/fp16 (1e-2, 5e-2) tolerances.
 * Global-frame points are always fp32, also for bf16/fp16 inputs (the reference rounds
   100 A coordinates to bf16, i.e. to 0.5 A), and translations are centred on their
   per-batch mean before the frame transform (the output is invariant to that shift).
+  That is most of why bf16 errors are 0.04-0.05 of the bf16 reference's.
 * Value points are aggregated relative to the first query's frame origin of each block
   (keys that carry weight lie near the queries, so the summands are small); in bf16/fp16
   and tf32 modes that aggregation runs as a TF32 dot, in fp32 (IEEE) mode as an IEEE dot.
@@ -36,12 +46,13 @@ What differs from the reference (all of it on purpose, none of it changes the fu
 * softplus(head_weights) and the 1/sqrt(d) scale are applied in fp32.
 
 Caveats. No backward. Heads 1..16, points 1..16, head_dim 8..128 (padded to powers of
-two, so e.g. d = 48 does 64-wide dots). `triton-fullfuse` pads heads to 16 (H = 12 wastes
-25 % of its attention work) and in fp32 (IEEE) computes the bias GEMM on CUDA cores, so it
-is compute-bound there (see docs/perf-notes.md). Under the CPU interpreter
-(`TRITON_INTERPRET=1`) every dot runs in fp32 (the interpreter's bf16 `tl.dot` is wrong)
-and a single block-size config is used instead of autotuning. Inputs that are not
-contiguous are made contiguous (a copy, which for `pair_repr` costs a full read+write).
+two, so e.g. d = 48 does 64-wide dots). fp32 (IEEE) is slow: Triton lowers IEEE fp32 dots
+to CUDA-core FMAs at ~13 % of FP32 peak here, so N = 4096 takes 11 ms, not the 4 ms
+target (docs/perf-notes.md). At N <= 1024 the forward is bound by host-side launch
+overhead (~20 PyTorch ops and two Triton launches), not by the GPU. Under the CPU
+interpreter (`TRITON_INTERPRET=1`) every dot runs in fp32 (the interpreter's bf16 `tl.dot`
+is wrong) and a single block-size config is used instead of autotuning. Inputs that are
+not contiguous are made contiguous (a copy, which for `pair_repr` costs a full read+write).
 """
 
 from __future__ import annotations
@@ -849,7 +860,7 @@ def triton_ipa(
 
 class Triton(Variant):
     name = "triton"
-    description = "Triton flash-style IPA core; pair bias by a Triton GEMM, streamed (B,H,N,N)"
+    description = "Triton flash-style IPA core; pair bias by one GEMM, streamed as (B,H,N,N)"
     devices = ("cpu", "cuda")
     precisions = ("fp32", "tf32", "bf16", "fp16")
     requires = ("triton",)
