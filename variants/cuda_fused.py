@@ -40,6 +40,8 @@ from variants.cuda_ext import (
 from variants.problem import IPAConfig, Precision, get_precision
 
 SMALL, GENERIC = 0, 1  # kernel classes, as in variants/csrc/ipa_kernels.h
+ROTATE_TILES, KEY_MAJOR_PAIRS = 1, 2  # scheduling flags (FusedFlags in ipa_kernels.h)
+DEFAULT_FLAGS = ROTATE_TILES | KEY_MAJOR_PAIRS
 LANES = {SMALL: 2, GENERIC: 8}  # lanes per query row
 
 
@@ -71,6 +73,7 @@ def fused_attention(
     out: torch.Tensor | None = None,
     splits: int = 0,
     workspace: torch.Tensor | None = None,
+    flags: int = DEFAULT_FLAGS,
 ) -> torch.Tensor:
     """The kernel alone: softmax-weighted [v | value points] per (batch, query, head).
 
@@ -80,13 +83,17 @@ def fused_attention(
     pair_bias.weight * log2(e); point_weight: (H,) float32 -softplus(w)/2 * log2(e).
     Returns out: (B, N, H, dv) float32, every element written (pass `out` to reuse or poison a
     buffer). splits: key-range splits (0 = chosen from the GPU's size); workspace: optional
-    float32 buffer for the split partials (allocated when absent or too small).
+    float32 buffer for the split partials (allocated when absent or too small). flags: the
+    scheduling options ROTATE_TILES (each CTA starts its key walk at a different tile, so CTAs
+    do not all hit z at the same offset) and KEY_MAJOR_PAIRS (a warp stages consecutive keys
+    of one query); they change the summation order only.
     """
     b, h, n, _ = q.shape
     if out is None:
         out = torch.empty(b, n, h, dv, device=q.device, dtype=torch.float32)
     load_extension().fused_forward(
-        q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace
+        q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace,
+        flags,
     )
     return out
 
