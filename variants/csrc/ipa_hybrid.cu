@@ -18,7 +18,6 @@ namespace {
 
 constexpr int kHybridRows = 8;      // query rows per CTA (k_j reuse)
 constexpr int kHybridThreads = 256;
-constexpr int kHybridMaxWidth = kHybridMaxQueryWidth;  // floats per query row (wq)
 
 // Merge two online-softmax states (m, l): l counts sum 2^(s - m).
 __device__ __forceinline__ void merge_state(float& m, float& l, float mo, float lo) {
@@ -31,9 +30,7 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float mo, float 
 
 template <typename BT>
 __global__ void __launch_bounds__(kHybridThreads) ipa_hybrid_probs_kernel(const HybridArgs a) {
-  // Static, not dynamic: under compute-sanitizer racecheck the dynamic window moved off 16-byte
-  // alignment behind the static arrays and the float4 reads below faulted.
-  __shared__ __align__(16) float q_s[kHybridRows * kHybridMaxWidth];
+  extern __shared__ __align__(16) float q_s[];  // [kHybridRows][wq]
   __shared__ float red_m[kHybridThreads / 32][kHybridRows];
   __shared__ float red_l[kHybridThreads / 32][kHybridRows];
   __shared__ float fin_m[kHybridRows], fin_inv[kHybridRows];
@@ -136,11 +133,11 @@ __global__ void __launch_bounds__(kHybridThreads) ipa_hybrid_probs_kernel(const 
 
 cudaError_t hybrid_launch(const HybridArgs& a, bool bias_bf16, cudaStream_t stream) {
   const dim3 grid((a.N + kHybridRows - 1) / kHybridRows, a.H, a.B);
-  if (a.wq > kHybridMaxWidth || a.wq % 4 || a.dqp % 4) return cudaErrorInvalidValue;
+  const size_t smem = static_cast<size_t>(kHybridRows) * a.wq * sizeof(float);
   if (bias_bf16)
-    ipa_hybrid_probs_kernel<__nv_bfloat16><<<grid, kHybridThreads, 0, stream>>>(a);
+    ipa_hybrid_probs_kernel<__nv_bfloat16><<<grid, kHybridThreads, smem, stream>>>(a);
   else
-    ipa_hybrid_probs_kernel<float><<<grid, kHybridThreads, 0, stream>>>(a);
+    ipa_hybrid_probs_kernel<float><<<grid, kHybridThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -37,13 +37,6 @@ FusedClassLimits fused_class_limits(int klass);
 
 constexpr int kMaxPairDim = 128;
 
-// Scheduling options of the fused kernel (results are the same up to summation order).
-enum FusedFlags : int {
-  kFusedRotateTiles = 1,    // each CTA starts its key walk at a different tile
-  kFusedKeyMajorPairs = 2,  // a warp's 8 z rows are consecutive keys (contiguous memory)
-  kFusedDefaultFlags = kFusedRotateTiles | kFusedKeyMajorPairs,
-};
-
 struct FusedArgs {
   const float* q;
   const float* k;
@@ -56,7 +49,6 @@ struct FusedArgs {
   int B, N, H, C;
   int wq, dqp, wv, dv;
   int splits, tiles_per_split;
-  int flags;  // FusedFlags
 };
 
 struct FusedPlan {
@@ -94,8 +86,6 @@ struct HybridArgs {
   float* probs;
   int B, N, H, wq, dqp;
 };
-
-constexpr int kHybridMaxQueryWidth = 256;  // wq limit (head_dim 128 + 3 * 16 points = 176)
 
 cudaError_t hybrid_launch(const HybridArgs& args, bool bias_bf16, cudaStream_t stream);
 

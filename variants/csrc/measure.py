@@ -85,11 +85,11 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
                 wb = (weights.pair_bias * LOG2E).contiguous()
                 pw = (weights.point_weight * LOG2E).contiguous()
                 ref, _ = _reference_attended(ops, inputs.pair_repr, wb, pw, widths, True)
-                for splits, flags in ((1, 3), (0, 3), (1, 0), (0, 1), (0, 2)):
+                for splits in (1, 0):
                     out = torch.full((2, n, config.heads, widths.dv), float("nan"), device="cuda")
                     plan = load_extension().fused_forward(
                         ops.q, ops.k, ops.v, inputs.pair_repr, wb, pw, out, klass, widths.dqp,
-                        widths.dv, splits, None, flags)
+                        widths.dv, splits, None)
                     err = (out.double() - ref).abs()
                     finite = bool(torch.isfinite(out).all())
                     rel = ((out.double() - ref).norm() / ref.norm()).item() if finite else math.inf
@@ -97,8 +97,7 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
                     per_feat = err.amax(dim=(0, 1, 2)) if finite else None
                     row = {
                         "kernel": "fused", "config": str(config), "N": n, "dtype": str(dtype),
-                        "klass": klass, "flags": flags, "plan": list(plan), "finite": finite,
-                        "rel_l2": rel,
+                        "klass": klass, "plan": list(plan), "finite": finite, "rel_l2": rel,
                         "max_abs": err.max().item() if finite else math.inf,
                         "worst_head": int(per_head.argmax()) if finite else None,
                         "worst_feature": int(per_feat.argmax()) if finite else None,
@@ -121,36 +120,6 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
                 row = {"kernel": "hybrid", "config": str(config), "N": n, "dtype": str(dtype),
                        "finite": finite,
                        "max_abs": (probs.double() - pref).abs().max().item() if finite else None}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    return rows
-
-
-def kernel_ab(lengths, reps: int) -> list[dict]:
-    """cuda-fused kernel alone (prepared operands), per scheduling flag combination."""
-    config = IPAConfig()
-    weights = Weights(init_state_dict(config), config, "cuda")
-    klass = kernel_class(config)
-    widths = Widths.for_lanes(config, LANES[klass])
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    ext = load_extension()
-    rows = []
-    for precision in ("fp32", "bf16"):
-        for n in lengths:
-            node, pair, trans, rot = timing_inputs(config, n, precision)
-            ops = project(weights, node, trans, rot, widths=widths,
-                          q_scale=LOG2E / config.head_dim**0.5)
-            wb = (weights.pair_bias * LOG2E).contiguous()
-            pw = (weights.point_weight * LOG2E).contiguous()
-            out = torch.empty(1, n, config.heads, widths.dv, device="cuda")
-            for flags in (0, 1, 2, 3):
-                args = (ops.q, ops.k, ops.v, pair, wb, pw, out, klass, widths.dqp, widths.dv, 0,
-                        None, flags)
-                plan = ext.fused_forward(*args)
-                times = _time(ext.fused_forward, args, 3, reps, flush)
-                row = {"kernel_only": "cuda-fused", "precision": precision, "N": n,
-                       "flags": flags, "plan": list(plan),
-                       "median_ms": statistics.median(times), "min_ms": min(times)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     return rows
@@ -224,7 +193,7 @@ class _Compiled(Reference):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("steps", nargs="+", choices=["env", "diag", "ab", "time", "ncu-target"])
+    parser.add_argument("steps", nargs="+", choices=["env", "diag", "time", "ncu-target"])
     parser.add_argument("--lengths", default="1024,4096")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--only", default="", help="comma-separated variant names to time")
@@ -239,18 +208,6 @@ def main() -> None:
         print(json.dumps(results["env"]), flush=True)
     if "diag" in opts.steps:
         results["diag"] = diag()
-        fused = [r for r in results["diag"] if r["kernel"] == "fused"]
-        hybrid = [r for r in results["diag"] if r["kernel"] == "hybrid"]
-        print(f"diag: {len(fused)} fused rows, all finite: {all(r['finite'] for r in fused)}, "
-              f"worst rel_l2 {max(r['rel_l2'] for r in fused):.3e}, worst max_abs "
-              f"{max(r['max_abs'] for r in fused):.3e}; {len(hybrid)} hybrid rows, all finite: "
-              f"{all(r['finite'] for r in hybrid)}")
-        for dtype in ("torch.float32", "torch.bfloat16"):
-            rows = [r for r in hybrid if r["dtype"] == dtype and r["finite"]]
-            print(f"diag hybrid {dtype}: worst probability max_abs "
-                  f"{max(r['max_abs'] for r in rows):.3e}")
-    if "ab" in opts.steps:
-        results["ab"] = kernel_ab([int(x) for x in opts.lengths.split(",")], opts.reps)
     if "time" in opts.steps:
         variants = [("reference", Reference()), ("cuda-hybrid", CudaHybrid()),
                     ("cuda-fused", CudaFused())]
@@ -276,7 +233,7 @@ def main() -> None:
         with math_mode("fp32"), torch.no_grad():
             fn(*inputs.as_tuple())
             torch.cuda.synchronize()
-    if "env" in results or "diag" in results or "ab" in results:  # timings: timings.csv
+    if "env" in results or "diag" in results:  # timings are in timings.csv
         with open(os.path.join(opts.out, f"measure-{'-'.join(opts.steps)}.json"), "w") as f:
             json.dump(results, f, indent=1, default=str)
 
