@@ -1,23 +1,21 @@
-"""GPU session driver for the CUDA variants' notes (docs/perf-notes.md): environment, build time,
-kernel-level diagnostics against a float64 recomputation from the same operands, and timings.
+"""Kernel-level diagnostics for the CUDA variants (docs/perf-notes.md): environment and build
+time, and each kernel's output against a float64 recomputation from the same operands (which
+isolates the kernel from the PyTorch steps around it). Timing is the harness's job:
+`ipa-bench sweep --grid benchmarks/grids/headline.toml --variant cuda-fused ...`.
 
 Run from the repository root on the GPU machine:
-    PYTHONPATH=. python3 variants/csrc/measure.py env diag time [--compile] [--out DIR]
-`time` measures B=1, default config, N in --lengths, fp32 and bf16, with CUDA events around
-each call (median of --reps after --warmup calls, L2 flushed before each sample) and the extra
-peak memory over the inputs. `ncu-target` runs cuda-fused once at N=4096 fp32 for ncu.
+    PYTHONPATH=. python3 benchmarks/cuda_kernel_diag.py env diag [--out DIR]
+`ncu-target` runs cuda-fused once at N=4096 fp32, for `ncu`.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -26,9 +24,9 @@ import torch
 
 from variants.cuda_ext import LOG2E, Weights, Widths, build_seconds, load_extension, project
 from variants.cuda_fused import LANES, CudaFused, kernel_class
-from variants.cuda_hybrid import CudaHybrid, attention_probabilities
+from variants.cuda_hybrid import attention_probabilities
 from variants.problem import IPAConfig, make_inputs, math_mode
-from variants.reference import Reference, init_state_dict
+from variants.reference import init_state_dict
 
 OUT = os.environ.get("OUT", "gpu-out")
 
@@ -125,80 +123,9 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
     return rows
 
 
-def _time(fn, args, warmup: int, reps: int, flush: torch.Tensor) -> list[float]:
-    for _ in range(warmup):
-        fn(*args)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*args)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
-
-
-def timing_inputs(config: IPAConfig, n: int, precision: str):
-    """make_inputs' frames and node features (seeded), but pair_repr drawn on the GPU: the
-    float64 CPU draw of (N, N, 128) takes tens of seconds at N = 4096."""
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
-    small = IPAConfig(config.node_dim, 8, config.heads, config.query_points, config.value_points)
-    inputs = make_inputs(small, 1, n, dtype=dtype, device="cuda", seed=3)
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    pair = torch.randn(1, n, n, config.pair_dim, generator=gen, device="cuda", dtype=dtype)
-    return inputs.node_repr, pair, inputs.translations, inputs.rotations
-
-
-def timings(lengths, precisions, variants, warmup, reps) -> list[dict]:
-    config = IPAConfig()
-    state_dict = init_state_dict(config)
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # > the 50 MB L2
-    rows = []
-    for precision in precisions:
-        for n in lengths:
-            with math_mode(precision), torch.no_grad():
-                args = timing_inputs(config, n, precision)
-                for name, variant in variants:
-                    t0 = time.perf_counter()
-                    fn = variant.build(state_dict, config, "cuda", precision)
-                    fn(*args)
-                    torch.cuda.synchronize()
-                    first_s = time.perf_counter() - t0
-                    torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated()
-                    fn(*args)
-                    torch.cuda.synchronize()
-                    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-                    times = _time(fn, args, warmup, reps, flush)
-                    row = {"variant": name, "precision": precision, "N": n, "B": 1,
-                           "median_ms": statistics.median(times), "min_ms": min(times),
-                           "max_ms": max(times), "reps": reps,
-                           "extra_peak_mib": round(peak, 1), "first_call_s": round(first_s, 2)}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-                    del fn
-                    torch.cuda.empty_cache()
-    return rows
-
-
-class _Compiled(Reference):
-    name = "torch-compile"
-
-    def build(self, state_dict, config, device, precision):
-        return torch.compile(super().build(state_dict, config, device, precision), dynamic=False)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("steps", nargs="+", choices=["env", "diag", "time", "ncu-target"])
-    parser.add_argument("--lengths", default="1024,4096")
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
-    parser.add_argument("--only", default="", help="comma-separated variant names to time")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("steps", nargs="+", choices=["env", "diag", "ncu-target"])
     parser.add_argument("--out", default=OUT)
     opts = parser.parse_args()
     os.makedirs(opts.out, exist_ok=True)
@@ -208,24 +135,6 @@ def main() -> None:
         print(json.dumps(results["env"]), flush=True)
     if "diag" in opts.steps:
         results["diag"] = diag()
-    if "time" in opts.steps:
-        variants = [("reference", Reference()), ("cuda-hybrid", CudaHybrid()),
-                    ("cuda-fused", CudaFused())]
-        if opts.compile:
-            variants.insert(1, ("torch-compile", _Compiled()))
-        if opts.only:
-            keep = opts.only.split(",")
-            variants = [v for v in variants if v[0] in keep]
-        lengths = [int(x) for x in opts.lengths.split(",")]
-        results["time"] = timings(lengths, ["fp32", "bf16"], variants, opts.warmup, opts.reps)
-        with open(os.path.join(opts.out, "timings.csv"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(results["time"][0]))
-            writer.writeheader()
-            writer.writerows(results["time"])
-        print("\nvariant          prec  N      median_ms  extra_peak_mib")
-        for r in results["time"]:
-            print(f"{r['variant']:<16} {r['precision']:<5} {r['N']:<6} {r['median_ms']:9.3f}  "
-                  f"{r['extra_peak_mib']:10.1f}")
     if "ncu-target" in opts.steps:
         config = IPAConfig()
         fn = CudaFused().build(init_state_dict(config), config, "cuda", "fp32")
@@ -233,7 +142,7 @@ def main() -> None:
         with math_mode("fp32"), torch.no_grad():
             fn(*inputs.as_tuple())
             torch.cuda.synchronize()
-    if "env" in results or "diag" in results:  # timings are in timings.csv
+    if results:
         with open(os.path.join(opts.out, f"measure-{'-'.join(opts.steps)}.json"), "w") as f:
             json.dump(results, f, indent=1, default=str)
 
