@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from harness.correctness import check_variant, oracle_forward, rel_l2
+from tests.test_variants import case_id, run_check
 from variants.problem import IPAConfig, IPAInputError, make_inputs
 from variants.reference import init_state_dict
 from variants.triton_ipa import (
@@ -60,33 +61,14 @@ CPU_CASES = [  # (batch, length, config)
 ]
 
 
-def _case_id(case) -> str:
-    b, n, c = case
-    return f"B{b}-N{n}-H{c.heads}-Qp{c.query_points}-Vp{c.value_points}-D{c.node_dim}"
-
-
-def _check(name, case, device, precision, seeds):
-    batch, length, config = case
-    result = check_variant(
-        VARIANTS[name], config, batch=batch, length=length, device=device,
-        precision=precision, seeds=seeds, state_dict=init_state_dict(config, seed=7 + length),
-    )
-    assert not result.skipped, result.skipped
-    assert result.passed, (
-        f"{name} {precision} {_case_id(case)}: {result.failures} (rel_l2 {result.rel_l2:.3e}, "
-        f"tol {result.tol:.3e}, err/ref {result.err_ratio:.2f})"
-    )
-    return result
-
-
 # ---- CPU, under the interpreter -------------------------------------------------------------
 
 
 @needs_interpreter
-@pytest.mark.parametrize("case", CPU_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CPU_CASES, ids=case_id)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_fp32_matches_oracle_interpreted(name, case):
-    result = _check(name, case, "cpu", "fp32", seeds=2)
+    result = run_check(name, case, "cpu", "fp32", seeds=2, must_run=True)
     # IEEE fp32 throughout: no worse than the fp32 reference itself (up to noise).
     assert result.rel_l2 <= max(2.0 * result.reference_rel_l2, 1e-6)
 
@@ -97,7 +79,7 @@ def test_fp32_matches_oracle_interpreted(name, case):
 def test_half_precision_interpreted(name, precision):
     # The interpreter computes the dots in fp32; the rest (fp32 points, fp32 softmax, the
     # input-dtype projections) is what runs on the GPU.
-    result = _check(name, (2, 97, SMALL), "cpu", precision, seeds=2)
+    result = run_check(name, (2, 97, SMALL), "cpu", precision, seeds=2, must_run=True)
     assert result.rel_l2 < 0.25 * result.reference_rel_l2  # points in fp32 beat the reference
 
 
@@ -233,18 +215,18 @@ GPU_CASES = [
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_matches_oracle_gpu(name, case, precision):
-    _check(name, case, "cuda", precision, seeds=3)
+    run_check(name, case, "cuda", precision, seeds=3, must_run=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
-@pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[4]], ids=_case_id)
+@pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[4]], ids=case_id)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_tf32_matches_oracle_gpu(name, case):
-    _check(name, case, "cuda", "tf32", seeds=3)
+    run_check(name, case, "cuda", "tf32", seeds=3, must_run=True)
 
 
 # ---- the numbers for docs/perf-notes.md (run as a script on the GPU machine) ----------------
@@ -301,7 +283,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                         precision=precision, seeds=opts.seeds,
                         state_dict=init_state_dict(case[2], seed=7 + case[1]),
                     )
-                    print(f"{name:16s} {precision} {_case_id(case):30s} {r.status:5s} "
+                    print(f"{name:16s} {precision} {case_id(case):30s} {r.status:5s} "
                           f"rel_l2 {r.rel_l2:.2e} ref {r.reference_rel_l2:.2e} "
                           f"err/ref {r.err_ratio:.2f} max_abs {r.max_abs:.1e} "
                           f"inv {r.invariance_err:.1e} ({time.time() - t0:.0f}s) {r.failures}",

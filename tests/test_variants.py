@@ -36,15 +36,18 @@ GPU_CASES = [
 ]
 
 
-def _case_id(case) -> str:
+def case_id(case) -> str:
     b, n, c = case
     return f"B{b}-N{n}-H{c.heads}-Qp{c.query_points}-Vp{c.value_points}-D{c.node_dim}"
 
 
-def _run_check(name, case, device, precision, seeds):
+def run_check(name, case, device, precision, seeds, *, must_run=False):
+    """check_variant for registered variant `name` on `case`, asserting it passes; a case the
+    variant does not support is skipped with its reasons, or fails when `must_run`."""
     batch, length, config = case
     variant = VARIANTS[name]
     reasons = variant.not_supported_reasons(config, device, precision)
+    assert not (must_run and reasons), reasons
     if reasons:
         pytest.skip("; ".join(reasons))
     result = check_variant(
@@ -52,7 +55,7 @@ def _run_check(name, case, device, precision, seeds):
         seeds=seeds, state_dict=init_state_dict(config, seed=batch * 1000 + length),
     )
     assert result.passed, (
-        f"{name} {precision} {_case_id(case)}: {result.failures} "
+        f"{name} {precision} {case_id(case)}: {result.failures} "
         f"(rel_l2 {result.rel_l2:.3e}, tol {result.tol:.3e}, err/ref {result.err_ratio:.2f})"
     )
     assert math.isfinite(result.invariance_err)
@@ -60,16 +63,16 @@ def _run_check(name, case, device, precision, seeds):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp64"])
-@pytest.mark.parametrize("case", CPU_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CPU_CASES, ids=case_id)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_matches_oracle_cpu(name, case, precision):
-    _run_check(name, case, "cpu", precision, seeds=3)
+    run_check(name, case, "cpu", precision, seeds=3)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_matches_oracle_gpu(name, case, precision):
-    _run_check(name, case, "cuda", precision, seeds=3)
+    run_check(name, case, "cuda", precision, seeds=3)
