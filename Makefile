@@ -8,6 +8,7 @@ CPU_TORCH ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 OUT ?= gpu-out
 export PYTHONUNBUFFERED := 1
+export TRITON_CACHE_DIR ?= $(CURDIR)/build/triton-cache
 
 .PHONY: test bench gpu lint setup clean
 
@@ -36,16 +37,22 @@ bench: setup
 	$(VENV)/bin/ipa-bench sweep --preset $(BENCH_PRESET) --device $(if $(HAS_GPU),cuda,cpu) -o $(BENCH_OUT)
 	$(VENV)/bin/ipa-bench report $(BENCH_OUT)/results.csv
 
-# GPU machine: no network, nothing installed; run from the repo root. GPU tests, then the
-# quick sweep (plots are drawn where the CSV is fetched to: $$OUT returns at most 8 files).
+# GPU machine: no network, nothing installed; run from the repo root. GPU tests, the
+# pytest-benchmark proof, then the quick sweep and its report; each stage has a time limit so
+# that the whole fits one 10-minute device call (a cut sweep resumes when rerun into $(OUT)).
+# Plots are drawn where the CSV is fetched to: $$OUT returns at most 8 files.
 GPU_PRESET ?= quick
+GPU_TEST_S ?= 240
+GPU_SWEEP_S ?= 240
 gpu:
 	mkdir -p $(OUT)
-	-set -o pipefail; PYTHONPATH=. python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tee $(OUT)/gpu-tests.log
-	-set -o pipefail; PYTHONPATH=. python3 -m pytest benchmarks --benchmark-only -p no:cacheprovider \
-		--benchmark-json $(OUT)/benchmarks.json 2>&1 | tee $(OUT)/benchmarks.log
-	set -o pipefail; PYTHONPATH=. python3 -m harness.cli sweep --preset $(GPU_PRESET) --device cuda \
-		-o $(OUT)/$(GPU_PRESET) --no-plots --no-progress 2>&1 | tee $(OUT)/sweep.log
+	-set -o pipefail; PYTHONPATH=. timeout -s INT $(GPU_TEST_S) python3 -m pytest -q -m gpu \
+		-p no:cacheprovider -rf 2>&1 | tee $(OUT)/gpu-tests.log
+	-set -o pipefail; PYTHONPATH=. timeout -s INT 60 python3 -m pytest benchmarks --benchmark-only \
+		-p no:cacheprovider --benchmark-json $(OUT)/benchmarks.json 2>&1 | tee $(OUT)/benchmarks.log
+	-set -o pipefail; PYTHONPATH=. timeout -s INT $(GPU_SWEEP_S) python3 -m harness.cli sweep \
+		--preset $(GPU_PRESET) --device cuda -o $(OUT)/$(GPU_PRESET) --no-plots --no-progress \
+		2>&1 | tee $(OUT)/sweep.log
 	PYTHONPATH=. python3 -m harness.cli report $(OUT)/$(GPU_PRESET)/results.csv | tee $(OUT)/report.md
 
 clean:
