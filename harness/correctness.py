@@ -133,18 +133,47 @@ class CheckResult:
         return "unsupported" if self.skipped else ("pass" if self.passed else "FAIL")
 
 
+@dataclass(frozen=True)
+class ReferenceFigures:
+    """What the oracle and the reference give on one seed's inputs."""
+
+    oracle: torch.Tensor  # the float64 oracle's output
+    reference_err: float  # rel_l2 of the reference (in the checked precision) vs the oracle
+    reference_invariance_err: float = math.nan  # of the reference under a rigid motion
+
+
 class ReferenceCache:
-    """Builds each (config, device, precision) reference once per check run."""
+    """Builds each (config, device, precision) reference once, and computes the oracle and
+    reference figures of each seed's inputs once, for every variant checked with this cache.
+
+    Entries are keyed by (config, precision, batch, length, seed, origin offset): the inputs
+    those describe must be the same for every variant, as `check_variant` draws them."""
 
     def __init__(self, state_dict: dict[str, torch.Tensor]):
         self.state_dict = state_dict
         self._built: dict[tuple, IPAReference] = {}
+        self._figures: dict[tuple, ReferenceFigures] = {}
 
     def get(self, config: IPAConfig, device: str, precision: Precision) -> IPAReference:
         key = (config, device, precision.name)
         if key not in self._built:
             self._built[key] = make_module(self.state_dict, config, device, precision.dtype)
         return self._built[key]
+
+    def figures(self, key: tuple, config: IPAConfig, precision: Precision, inputs: IPAInputs,
+                moved: IPAInputs | None) -> ReferenceFigures:
+        """The oracle's output and the reference's errors on `inputs` (and on `moved`, the
+        same inputs under a rigid motion, when given)."""
+        device = str(inputs.node_repr.device)
+        key = (config, device, precision.name, *key, moved is not None)
+        if key not in self._figures:
+            oracle = oracle_forward(self.state_dict, config, inputs)
+            reference = self.get(config, device, precision)
+            ref_out = chunked_forward(reference, inputs)
+            invariance = (rel_l2(chunked_forward(reference, moved), ref_out)
+                          if moved is not None else math.nan)
+            self._figures[key] = ReferenceFigures(oracle, rel_l2(ref_out, oracle), invariance)
+        return self._figures[key]
 
 
 def _worst_seed_figures(errors: list[tuple[float, float, float]], precision: Precision):
@@ -180,7 +209,6 @@ def check_variant(
     if state_dict is None:
         state_dict = init_state_dict(config)
     references = references or ReferenceCache(state_dict)
-    reference = references.get(config, device, precision)
     if fn is None:
         fn = variant.build(state_dict, config, device, precision)
 
@@ -192,18 +220,18 @@ def check_variant(
                 origin_offset=origin_offset,
             )
             validate_inputs(config, *inputs.as_tuple())
-            oracle = oracle_forward(state_dict, config, inputs)
-            ref_out = chunked_forward(reference, inputs)
-            ref_err = rel_l2(ref_out, oracle)
+            moved = rigid_motion(inputs, seed) if seed == first_seed else None
+            figures = references.figures((batch, length, seed, origin_offset), config,
+                                         precision, inputs, moved)
             pristine = inputs.clone()
             out = fn(*inputs.as_tuple())
             _check_output(result, out, inputs, pristine, precision, seed)
-            per_seed.append((rel_l2(out, oracle), max_abs(out, oracle), ref_err))
-            if seed == first_seed:
-                moved = rigid_motion(inputs, seed)
+            del pristine
+            per_seed.append((rel_l2(out, figures.oracle), max_abs(out, figures.oracle),
+                             figures.reference_err))
+            if moved is not None:
                 result.invariance_err = rel_l2(fn(*moved.as_tuple()), out)
-                ref_inv = rel_l2(chunked_forward(reference, moved), ref_out)
-                result.invariance_tol = tolerance(ref_inv, precision)
+                result.invariance_tol = tolerance(figures.reference_invariance_err, precision)
 
     err, worst_abs, ref_err = _worst_seed_figures(per_seed, precision)
     result.seeds = len(per_seed)

@@ -222,6 +222,7 @@ class Sweep:
         runs.append(meta)
         self._write_meta(meta_path, runs)
         state_dicts: dict = {}
+        references_cell, references = None, None
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeRemainingColumn(), disable=not self.show_progress)
         finished = False
@@ -234,7 +235,10 @@ class Sweep:
                     if cell.config not in state_dicts:
                         state_dicts.clear()
                         state_dicts[cell.config] = init_state_dict(cell.config)
-                    rows = self._run_cell(cell, variant, state_dicts[cell.config], env, results)
+                    if references_cell != cell:  # the oracle is computed once per cell
+                        references_cell = cell
+                        references = ReferenceCache(state_dicts[cell.config])
+                    rows = self._run_cell(cell, variant, references, env, results)
                     results.append(rows)
                     progress.advance(task)
             finished = True
@@ -273,8 +277,8 @@ class Sweep:
         row.update(values)
         return row
 
-    def _run_cell(self, cell: Cell, variant: Variant, state_dict, env: Environment,
-                  results: ResultsFile) -> list[dict]:
+    def _run_cell(self, cell: Cell, variant: Variant, references: ReferenceCache,
+                  env: Environment, results: ResultsFile) -> list[dict]:
         modes = self.grid.modes_for(cell, self.device.type)
         device = self.device.type
         reasons = variant.not_supported_reasons(cell.config, device, cell.precision)
@@ -283,7 +287,7 @@ class Sweep:
                               reason="; ".join(reasons)) for m in modes]
         precision = get_precision(cell.precision)
         try:
-            return self._measure(cell, variant, state_dict, env, modes, precision, results)
+            return self._measure(cell, variant, references, env, modes, precision, results)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row
             status = "oom" if _is_oom(exc) else "error"
             return [self._row(cell, variant, m, env, status=status, reason=_short(exc))
@@ -291,7 +295,8 @@ class Sweep:
         finally:
             _free_memory()
 
-    def _measure(self, cell, variant, state_dict, env, modes, precision, results) -> list[dict]:
+    def _measure(self, cell, variant, references, env, modes, precision, results) -> list[dict]:
+        state_dict = references.state_dict
         device = self.device.type
         with math_mode(precision), torch.no_grad():
             t0 = time.perf_counter()
@@ -307,7 +312,7 @@ class Sweep:
             check = check_variant(variant, cell.config, batch=cell.batch, length=cell.length,
                                   device=device, precision=precision, seeds=self.grid.seeds,
                                   state_dict=state_dict, fn=fn,
-                                  references=ReferenceCache(state_dict))
+                                  references=references)
             _free_memory()
             notes = []
             chunk = rows_per_chunk(cell.config, cell.batch, cell.length)

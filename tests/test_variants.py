@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from harness.correctness import check_variant
+from harness.correctness import ReferenceCache, check_variant
 from variants.problem import IPAConfig
 from variants.reference import init_state_dict
 from variants.registry import all_variants
@@ -41,6 +41,10 @@ def case_id(case) -> str:
     return f"B{b}-N{n}-H{c.heads}-Qp{c.query_points}-Vp{c.value_points}-D{c.node_dim}"
 
 
+# One oracle per case, precision and seed, shared by every variant's test of that case.
+_REFERENCES: dict[str, ReferenceCache] = {}
+
+
 def run_check(name, case, device, precision, seeds, *, must_run=False):
     """check_variant for registered variant `name` on `case`, asserting it passes; a case the
     variant does not support is skipped with its reasons, or fails when `must_run`."""
@@ -50,9 +54,11 @@ def run_check(name, case, device, precision, seeds, *, must_run=False):
     assert not (must_run and reasons), reasons
     if reasons:
         pytest.skip("; ".join(reasons))
+    references = _REFERENCES.setdefault(
+        case_id(case), ReferenceCache(init_state_dict(config, seed=batch * 1000 + length)))
     result = check_variant(
         variant, config, batch=batch, length=length, device=device, precision=precision,
-        seeds=seeds, state_dict=init_state_dict(config, seed=batch * 1000 + length),
+        seeds=seeds, state_dict=references.state_dict, references=references,
     )
     assert result.passed, (
         f"{name} {precision} {case_id(case)}: {result.failures} "

@@ -3,7 +3,9 @@
 The reference module under `torch.compile` (Inductor, static shapes). Inductor fuses the
 point-difference reduction, so the (B, N, N, H, Qp, 3) tensor is never written, but the
 (B, H, N, N) logits/attention still are. Compilation happens on the first call, which the
-harness times separately as build time; each new shape recompiles.
+harness times separately as build time; each new shape recompiles. Every build starts from
+a reset Dynamo cache: each (config, shape, dtype) gets its own static-shape compile, and a
+sweep never reaches Dynamo's recompile limit, past which it would silently run eager.
 """
 
 from __future__ import annotations
@@ -27,4 +29,5 @@ class Compiled(Variant):
 
     def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
         module = make_module(state_dict, config, device, get_precision(precision).dtype)
+        torch._dynamo.reset()
         return torch.compile(module, dynamic=False)

@@ -152,8 +152,9 @@ void hybrid_probs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
   check_tensor(fn, "bias", bias, bias.scalar_type(), {B, H, N, N}, dev);
   check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
   check_tensor(fn, "probs", probs, at::kFloat, {B, H, N, N}, dev);
-  TORCH_CHECK(wq % 4 == 0 && wq <= 1024, fn,
-              ": argument 'q': expected width (dim 3) a multiple of 4 <= 1024, got ", wq);
+  TORCH_CHECK(wq % 4 == 0 && wq <= ipa::kHybridMaxQueryWidth, fn,
+              ": argument 'q': expected width (dim 3) a multiple of 4 <= ",
+              ipa::kHybridMaxQueryWidth, ", got ", wq);
   TORCH_CHECK(dqp % 4 == 0 && dqp >= 0 && dqp <= wq, fn,
               ": argument 'dqp': expected a multiple of 4 in [0, wq=", wq, "], got ", dqp);
   TORCH_CHECK(H <= 65535 && B <= 65535, fn, ": expected H, B <= 65535, got H=", H, ", B=", B);

@@ -18,6 +18,7 @@ namespace {
 
 constexpr int kHybridRows = 8;      // query rows per CTA (k_j reuse)
 constexpr int kHybridThreads = 256;
+constexpr int kHybridMaxWidth = kHybridMaxQueryWidth;  // floats per query row (wq)
 
 // Merge two online-softmax states (m, l): l counts sum 2^(s - m).
 __device__ __forceinline__ void merge_state(float& m, float& l, float mo, float lo) {
@@ -30,7 +31,9 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float mo, float 
 
 template <typename BT>
 __global__ void __launch_bounds__(kHybridThreads) ipa_hybrid_probs_kernel(const HybridArgs a) {
-  extern __shared__ __align__(16) float q_s[];  // [kHybridRows][wq]
+  // Static, not dynamic: under compute-sanitizer racecheck the hybrid's first launch faulted
+  // with the query tile in dynamic smem read as float4 behind the static arrays.
+  __shared__ __align__(16) float q_s[kHybridRows * kHybridMaxWidth];
   __shared__ float red_m[kHybridThreads / 32][kHybridRows];
   __shared__ float red_l[kHybridThreads / 32][kHybridRows];
   __shared__ float fin_m[kHybridRows], fin_inv[kHybridRows];
@@ -133,11 +136,11 @@ __global__ void __launch_bounds__(kHybridThreads) ipa_hybrid_probs_kernel(const 
 
 cudaError_t hybrid_launch(const HybridArgs& a, bool bias_bf16, cudaStream_t stream) {
   const dim3 grid((a.N + kHybridRows - 1) / kHybridRows, a.H, a.B);
-  const size_t smem = static_cast<size_t>(kHybridRows) * a.wq * sizeof(float);
+  if (a.wq > kHybridMaxWidth || a.wq % 4 || a.dqp % 4) return cudaErrorInvalidValue;
   if (bias_bf16)
-    ipa_hybrid_probs_kernel<__nv_bfloat16><<<grid, kHybridThreads, smem, stream>>>(a);
+    ipa_hybrid_probs_kernel<__nv_bfloat16><<<grid, kHybridThreads, 0, stream>>>(a);
   else
-    ipa_hybrid_probs_kernel<float><<<grid, kHybridThreads, smem, stream>>>(a);
+    ipa_hybrid_probs_kernel<float><<<grid, kHybridThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -87,6 +87,8 @@ struct HybridArgs {
   int B, N, H, wq, dqp;
 };
 
+constexpr int kHybridMaxQueryWidth = 256;  // wq limit (head_dim 128 + 3 * 16 points = 176)
+
 cudaError_t hybrid_launch(const HybridArgs& args, bool bias_bf16, cudaStream_t stream);
 
 }  // namespace ipa
