@@ -47,7 +47,7 @@ GPU_SWEEP_S ?= 240
 gpu:
 	mkdir -p $(OUT)
 	-set -o pipefail; PYTHONPATH=. timeout -s INT $(GPU_TEST_S) python3 -m pytest -q -m gpu \
-		-p no:cacheprovider -rf 2>&1 | tee $(OUT)/gpu-tests.log
+		-p no:cacheprovider -rfE --tb=short --durations=20 2>&1 | tee $(OUT)/gpu-tests.log
 	-set -o pipefail; PYTHONPATH=. timeout -s INT 60 python3 -m pytest benchmarks --benchmark-only \
 		-p no:cacheprovider --benchmark-json $(OUT)/benchmarks.json 2>&1 | tee $(OUT)/benchmarks.log
 	-set -o pipefail; PYTHONPATH=. timeout -s INT $(GPU_SWEEP_S) python3 -m harness.cli sweep \

@@ -150,7 +150,7 @@ PRESETS: dict[str, dict] = {
     },
     # The published grid: N for every dtype, then B, H, Qp, Vp one at a time.
     "default": {
-        "base": {},
+        "base": {"seeds": 2, "budget_s": 0.5},
         "slice": [
             {"length": _N_SLICE_DEFAULT},
             {"length": [256, 1024], "batch": [4]},
