@@ -218,7 +218,8 @@ GPU_CASES = [
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_matches_oracle_gpu(name, case, precision):
-    run_check(name, case, "cuda", precision, seeds=3, must_run=True)
+    declared_limit = name == "triton-fullfuse" and precision == "fp32" and case[2].head_dim > 64
+    run_check(name, case, "cuda", precision, seeds=3, must_run=not declared_limit)
 
 
 @pytest.mark.gpu
@@ -384,3 +385,12 @@ def _breakdown(w, args, timed):  # pragma: no cover - GPU only
 
 if __name__ == "__main__":  # pragma: no cover
     _bench_main(sys.argv[1:])
+
+
+def test_fullfuse_declares_its_fp32_shared_memory_limit():
+    fullfuse = VARIANTS["triton-fullfuse"]
+    assert any("head_dim=96 > 64" in r
+               for r in fullfuse.not_supported_reasons(IPAConfig(heads=4), "cuda", "fp32"))
+    for config, precision in [(IPAConfig(), "fp32"), (IPAConfig(heads=4), "bf16")]:
+        assert not any("head_dim" in r
+                       for r in fullfuse.not_supported_reasons(config, "cuda", precision))
