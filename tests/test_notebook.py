@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
 SMOKE_CSV = REPO / "tests" / "data" / "smoke-cpu" / "results.csv"
 LENGTHS = (64, 128, 256, 512, 1024)
+H200_DEFAULT = REPO / "results" / "h200-2026-12-02-default" / "results.csv"
 
 
 def _synthetic_gpu_csv(path: Path) -> Path:
@@ -65,16 +66,15 @@ def test_notebook_is_stored_without_outputs():
     assert all(c.outputs == [] and c.execution_count is None for c in code)
 
 
-def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
+def _execute_notebook(monkeypatch, results: str) -> tuple[str, int]:
+    """Run the notebook on `results` (IPA_BENCH_RESULTS); its text output and image count."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    synthetic = _synthetic_gpu_csv(tmp_path / "gpu-synthetic" / "results.csv")
-    monkeypatch.setenv("IPA_BENCH_RESULTS", f"{SMOKE_CSV}{os.pathsep}{synthetic}")
+    monkeypatch.setenv("IPA_BENCH_RESULTS", results)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-
     text, images = [], 0
     for cell in nb.cells:
         for output in cell.get("outputs", []):
@@ -84,15 +84,36 @@ def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
             elif "data" in output:
                 text.append(output.data.get("text/plain", ""))
                 images += "image/png" in output.data
-    text = "\n".join(text)
+    return "\n".join(text), images
+
+
+def _memory_exponents(text: str, run: str, dtype: str) -> dict[str, float]:
+    return {m[0]: float(m[1]) for m in
+            re.findall(rf"memory exponent {run} {dtype} (\S+): ([-\d.]+)", text)}
+
+
+def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
+    synthetic = _synthetic_gpu_csv(tmp_path / "gpu-synthetic" / "results.csv")
+    text, images = _execute_notebook(monkeypatch, f"{SMOKE_CSV}{os.pathsep}{synthetic}")
     assert "2 file(s)" in text and "showing the CI sample" not in text
     # The CPU run has no memory column; the synthetic run's exponents are recovered.
     assert "smoke-cpu, fp32: no peak memory recorded" in text
-    exponents = {m[0]: float(m[1]) for m in
-                 re.findall(r"memory exponent gpu-synthetic fp32 (\S+): ([-\d.]+)", text)}
+    exponents = _memory_exponents(text, "gpu-synthetic", "fp32")
     assert exponents.keys() == {"reference", "torch-compile"}
     assert exponents["reference"] == pytest.approx(2.0, abs=0.01)
     assert exponents["torch-compile"] == pytest.approx(1.0, abs=0.01)
     assert "Pareto front" in text and "planted-bug" in text and "OutOfMemoryError" in text
     # latency+speedup, memory (GPU only), Pareto and % of floor for each run and dtype.
     assert images >= 2 + 2 + 1 + 2 + 3
+
+
+def test_notebook_on_the_published_h200_default_run(monkeypatch):
+    """The real run: the reference materialises N x N tensors (memory exponent about 2);
+    the fused kernels keep O(N) extra memory beyond their O(N) buffers."""
+    text, images = _execute_notebook(monkeypatch, str(H200_DEFAULT))
+    assert "1 file(s)" in text and images >= 7
+    exponents = _memory_exponents(text, H200_DEFAULT.parent.name, "fp32")
+    assert exponents["reference"] == pytest.approx(2.0, abs=0.1)
+    assert exponents["cuda-fused"] < 1.2 and exponents["triton-fullfuse"] < 1.3
+    assert exponents["triton"] > 1.6 and exponents["cuda-hybrid"] > 1.8  # an N x N x H tensor
+    assert "torch-compile" in text and "mismatch" in text  # the Inductor miscompile at N=3000
