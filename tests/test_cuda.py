@@ -303,18 +303,21 @@ from variants.cuda_fused import CudaFused, fused_attention
 from variants.cuda_hybrid import CudaHybrid
 from variants.problem import IPAConfig, make_inputs
 from variants.reference import init_state_dict
+import sys
 import tests.test_cuda as t
 
+fused = sys.argv[1] == "fused"  # which kernels: "hybrid" or "fused"
 for config in (IPAConfig(), IPAConfig(heads=16)):
     for length in (16, 37):  # small, ragged (tails in both the query and the key tiles)
         for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
             inputs = make_inputs(config, 2, length, dtype=dtype, device="cuda")
-            for variant in (CudaHybrid(), CudaFused()):
-                fn = variant.build(init_state_dict(config), config, "cuda", name)
-                fn(*inputs.as_tuple())
-            ops, pair, wb, pw, klass, w = t._fused_operands(config, length, 2, dtype)
-            fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, klass=klass, dqp=w.dqp,
-                            dv=w.dv, splits=3)
+            variant = CudaFused() if fused else CudaHybrid()
+            fn = variant.build(init_state_dict(config), config, "cuda", name)
+            fn(*inputs.as_tuple())
+            if fused:  # forced split-K: the partial-result combine kernel too
+                ops, pair, wb, pw, klass, w = t._fused_operands(config, length, 2, dtype)
+                fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, klass=klass, dqp=w.dqp,
+                                dv=w.dv, splits=3)
 torch.cuda.synchronize()
 print("sanitizer script done")
 """
@@ -332,8 +335,10 @@ def _sanitizer() -> str | None:
 
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("kernels", ["hybrid", "fused"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_compute_sanitizer_clean(tool, tmp_path):
+def test_compute_sanitizer_clean(tool, kernels, tmp_path):
+    """One sanitizer run per variant's kernels, so a failure names them."""
     sanitizer = _sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found")
@@ -343,17 +348,19 @@ def test_compute_sanitizer_clean(tool, tmp_path):
     script = tmp_path / "sanitize.py"
     script.write_text(SANITIZER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", "--kernel-name", "kns=ipa_",
-           sys.executable, str(script)]
+    kernel_filter = f"kns=ipa_{kernels}"
+    cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", "--kernel-name", kernel_filter,
+           sys.executable, str(script), kernels]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0 and "kernel-name" in output and "sanitizer script done" not in output:
-        cmd = [c for c in cmd if c not in ("--kernel-name", "kns=ipa_")]  # older filter syntax
+        cmd = [c for c in cmd if c not in ("--kernel-name", kernel_filter)]  # older syntax
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO,
                               env=env)
         output = proc.stdout + proc.stderr
     summary = [line for line in output.splitlines() if "SUMMARY" in line]
-    print(f"compute-sanitizer --tool {tool}: rc={proc.returncode}; " + "; ".join(summary))
+    print(f"compute-sanitizer --tool {tool} ({kernels}): rc={proc.returncode}; "
+          + "; ".join(summary))
     assert proc.returncode == 0 and "sanitizer script done" in output, output[-6000:]
     assert not re.search(r"ERROR SUMMARY: [1-9]", output), output[-6000:]
     assert not re.search(r"RACECHECK SUMMARY: [1-9]", output), output[-6000:]
