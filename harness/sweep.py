@@ -40,9 +40,11 @@ from harness.measure import (
     time_cuda,
     time_cuda_graph,
 )
-from variants.base import Variant
+from variants.base import Variant, source_digest
 from variants.problem import get_precision, make_inputs, math_mode
 from variants.reference import init_state_dict
+
+REPO = Path(__file__).resolve().parents[1]  # for git and the source digest
 
 COLUMNS = [
     "run_id", "started_at", "variant", "is_baseline", "batch", "length", "heads", "node_dim",
@@ -141,6 +143,7 @@ def describe_environment(device: torch.device) -> tuple[Environment, dict]:
         "cuda": torch.version.cuda, "platform": platform.platform(),
         "command": " ".join(sys.argv), "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain")),
+        "source_digest": source_digest([REPO / "variants", REPO / "harness"]),
     }
     try:
         import triton
@@ -168,7 +171,7 @@ def describe_environment(device: torch.device) -> tuple[Environment, dict]:
 def _git(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              timeout=10).stdout.strip()
+                              timeout=10, cwd=REPO).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 

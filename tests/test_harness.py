@@ -20,6 +20,7 @@ from harness.measure import flops, min_bytes, summarize
 from harness.report import report
 from harness.sweep import COLUMNS, KEY_COLUMNS, Sweep
 from tests.fake_variants import FakeOOM, Raising
+from variants.base import source_digest
 from variants.problem import IPAConfig, IPAInputError
 from variants.registry import ENTRY_POINT_GROUP, get_variant
 
@@ -110,7 +111,8 @@ def test_failures_become_rows_and_the_sweep_goes_on(tmp_path):
         assert status[("cuda-fused", n)]["status"] == "unsupported"
         assert status[("cuda-fused", n)]["reason"]
     meta = json.loads((tmp_path / "metadata.json").read_text())["runs"][0]
-    for key in ("torch", "python", "git_commit", "git_dirty", "command", "copy_bandwidth_gbps"):
+    for key in ("torch", "python", "git_commit", "git_dirty", "source_digest", "command",
+                "copy_bandwidth_gbps"):
         assert key in meta
     assert meta["finished"] is True
 
@@ -193,3 +195,14 @@ def test_torn_last_line_is_repaired_on_resume(tmp_path):
     rows = _rows(path)
     assert sorted(r["length"] for r in rows) == ["4", "5"]
     assert all(r["status"] == "ok" for r in rows)
+
+
+def test_source_digest_follows_sources_not_build_outputs(tmp_path):
+    (tmp_path / "kernel.cu").write_text("// v1")
+    before = source_digest([tmp_path])
+    for junk in ("build/ext.cpp", "__pycache__/kernel.py"):
+        (tmp_path / junk).parent.mkdir(exist_ok=True)
+        (tmp_path / junk).write_text("generated")
+    assert source_digest([tmp_path]) == before
+    (tmp_path / "kernel.cu").write_text("// v2")
+    assert source_digest([tmp_path]) != before

@@ -10,10 +10,12 @@ another implementation.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -21,6 +23,23 @@ import torch
 from variants.problem import IPAConfig, Precision, get_precision
 
 IPAFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp")
+
+
+def source_digest(roots: Iterable[Path], suffixes: tuple[str, ...] = SOURCE_SUFFIXES) -> str:
+    """Short sha256 of the source files under `roots` (names and contents; build folders and
+    caches skipped): identifies the code that ran where git cannot (a copied tree)."""
+    digest = hashlib.sha256()
+    for root in roots:
+        root = Path(root)
+        for path in sorted(root.rglob("*")):
+            parts = path.relative_to(root).parts
+            if path.suffix in suffixes and not {"build", "__pycache__"} & set(parts):
+                digest.update("/".join(parts).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
 
 # Requirement names a variant may list in `requires`, each with the check that explains it.
 REQUIREMENTS = ("cuda", "nvcc", "triton")

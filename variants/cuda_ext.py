@@ -17,7 +17,6 @@ projection. These steps are O(N) and a few percent of the time at large N.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import threading
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from variants.base import source_digest
 from variants.problem import IPAConfig, IPAInputError, validate_inputs
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -39,20 +39,12 @@ _extension = None
 _build_seconds: float | None = None
 
 
-def _sources_digest() -> str:
-    digest = hashlib.sha256()
-    for path in sorted(CSRC.iterdir()):
-        if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:10]
-
-
 def build_directory() -> Path:
     """Where the extension for the current GPU, torch and csrc contents is cached."""
     major, minor = torch.cuda.get_device_capability()
     torch_version = torch.__version__.split("+")[0]
-    tag = f"sm{major}{minor}-torch{torch_version}-cuda{torch.version.cuda}-{_sources_digest()}"
+    digest = source_digest([CSRC], (".cu", ".cuh", ".h", ".cpp"))
+    tag = f"sm{major}{minor}-torch{torch_version}-cuda{torch.version.cuda}-{digest}"
     return CSRC / "build" / tag
 
 
