@@ -25,7 +25,10 @@ Verdicts, and the rules behind them:
 
 The exit status is 1 when any cell is `PASS->FAIL`, `SLOWER` or `MORE MEMORY`, else 0.
 Cells present in only one file are listed (e.g. a sweep run with `--max-length`) and do
-not change the exit status. If a file holds a key more than once (concatenated runs), its
+not change the exit status. `--mode graph` keeps only CUDA-graph rows: between two processes
+on the H200 (same code, results/h200-2026-12-02-quick vs -default) launch-bound eager rows
+moved by up to 1.9x with tight within-run spreads, graph rows by at most 1 %.
+If a file holds a key more than once (concatenated runs), its
 last row counts. A change of device name between the files is reported: comparing two
 different GPUs measures the GPUs, not the code.
 """
@@ -227,7 +230,10 @@ def summary_lines(result: Comparison) -> list[str]:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    result = compare(load(args.old, "OLD.csv"), load(args.new, "NEW.csv"), args.threshold)
+    old, new = load(args.old, "OLD.csv"), load(args.new, "NEW.csv")
+    if args.mode:
+        old, new = old[old["mode"] == args.mode], new[new["mode"] == args.mode]
+    result = compare(old, new, args.threshold)
     rows = table_rows(result)
     if args.markdown:
         print(markdown_table(HEADER, rows) if rows else "No matched cells.")
@@ -259,6 +265,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("new", metavar="NEW.csv")
     p.add_argument("--threshold", type=parse_threshold, default=0.05, metavar="PCT",
                    help="relative change that counts, e.g. 5%% or 0.05 (default 5%%)")
+    p.add_argument("--mode", choices=["eager", "graph"],
+                   help="compare only the rows of this timing mode; `graph` for a gate across "
+                   "processes: launch-bound eager rows drift more between runs than within one "
+                   "(docs/benchmarks.md)")
     p.add_argument("--markdown", action="store_true",
                    help="print a markdown table (for a pull-request comment) instead")
     p.set_defaults(run=run_compare)

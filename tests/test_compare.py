@@ -145,6 +145,22 @@ def test_real_sweep_csv_against_itself_is_clean(capsys):
     assert "no regression" in out and "still unsupported" in out
 
 
+def test_two_h200_runs_of_the_same_code_agree_in_graph_mode(capsys):
+    """An A/A comparison on real data: the published quick and default H200 runs (same
+    commit, same machine, half an hour apart). CUDA-graph rows all agree; the launch-bound
+    eager rows drift between processes by more than their within-run spread, which is why
+    `--mode graph` exists for gates across processes."""
+    runs = Path(__file__).parents[1] / "results"
+    quick, default = (runs / f"h200-2026-12-02-{name}" / "results.csv"
+                      for name in ("quick", "default"))
+    assert cli_main(["compare", str(quick), str(default), "--mode", "graph", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "12 matched cell(s), threshold 5.0%: 12 same" in out and "no regression" in out
+    eager = compare(load(quick, "OLD.csv"), load(default, "NEW.csv"))
+    eager = eager.cells[eager.cells["mode"] == "eager"]
+    assert (eager["verdict"] == "SLOWER").any()  # A/A drift of eager rows, documented
+
+
 def test_slowdown_in_a_real_sweep_csv(tmp_path, capsys):
     df = pd.read_csv(SMOKE_CSV)
     slow = df.copy()
