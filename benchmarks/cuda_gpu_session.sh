@@ -13,8 +13,9 @@ stage() {  # stage SECONDS LOG CMD...
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$log" | tail -n "${TAIL:-25}"
 }
 TAIL=60 stage "${LIM_DIAG:-150}" diag.log python3 benchmarks/cuda_kernel_diag.py env diag --out "$OUT"
-stage "${LIM_TEST:-110}" pytest.log python3 -m pytest -q -m gpu tests/test_cuda.py -k "not sanitizer and not other_configs"
-stage "${LIM_SAN:-100}" sanitizer.log python3 -m pytest -q -s -m gpu tests/test_cuda.py -k sanitizer
+stage "${LIM_TEST:-110}" pytest.log python3 -m pytest -q -m gpu tests/test_cuda.py tests/test_variants.py \
+  -k "(test_cuda or cuda-fused or cuda-hybrid) and not sanitizer and not other_configs"
+stage "${LIM_SAN:-160}" sanitizer.log python3 -m pytest -q -s -m gpu tests/test_cuda.py -k sanitizer
 stage "${LIM_OTHER:-50}" pytest-other.log python3 -m pytest -q -m gpu tests/test_cuda.py -k other_configs
 TAIL=30 stage "${LIM_SWEEP:-240}" sweep.log python3 -m harness.cli sweep --grid benchmarks/grids/headline.toml \
   --device cuda -o "$OUT/headline" --no-plots --no-progress \
