@@ -1,8 +1,9 @@
 """`ipa-bench report RESULTS.csv`: a markdown summary of a sweep.
 
 Per dtype, over the N slice: the best variant at each N with its latency, speedup over the
-baseline and memory; latency and memory of every variant side by side; then every cell that
-failed, with its reason.
+baseline and memory; latency and memory of every variant side by side; the same latency
+tables for CUDA-graph replay where the sweep has them (small N, where eager calls are
+launch-bound); then every cell that failed, with its reason.
 """
 
 from __future__ import annotations
@@ -40,14 +41,24 @@ def _cell(rows: pd.DataFrame, variant: str, column: str, spec: str) -> str:
     return text + (" (MISMATCH)" if r["status"] == "mismatch" else "")
 
 
+MODE_TITLES = {"eager": "eager", "graph": "CUDA-graph replay (launch overhead removed)"}
+
+
+def _sections(df: pd.DataFrame):
+    """(mode, dtype, rows) for every mode and dtype present: eager first, dtypes in order."""
+    for mode in MODE_TITLES:
+        for dtype, ddf in df[df["mode"] == mode].groupby("dtype", sort=False):
+            yield mode, dtype, ddf
+
+
 def report(df: pd.DataFrame) -> str:
     parts = [f"# ipa-bench results: {', '.join(df['device_name'].unique())}", ""]
     runs = df.groupby("run_id")["started_at"].first().sort_values()
     parts.append(f"Runs: {', '.join(f'{r} ({t})' for r, t in runs.items())}.")
-    for dtype, ddf in df[df["mode"] == "eager"].groupby("dtype", sort=False):
+    for mode, dtype, ddf in _sections(df):
         nslice = length_slice(ddf)
         variants = list(dict.fromkeys(nslice["variant"]))
-        parts += ["", f"## {dtype}, eager: {shape_label(nslice)}", ""]
+        parts += ["", f"## {dtype}, {MODE_TITLES[mode]}: {shape_label(nslice)}", ""]
         best_rows = []
         for length, rows in nslice.groupby("length"):
             ok = rows[rows["status"] == "ok"].dropna(subset=["median_ms"])
@@ -61,8 +72,10 @@ def report(df: pd.DataFrame) -> str:
         parts.append(markdown_table(
             ["N", "fastest passing", "median ms", "speedup vs baseline", "peak MiB", "err/ref"],
             best_rows))
-        for title, column, spec in (("Median latency (ms)", "median_ms", ".4g"),
-                                    ("Extra peak memory (MiB)", "peak_mem_mib", ".4g")):
+        tables = [("Median latency (ms)", "median_ms", ".4g")]
+        if mode == "eager":  # a graph replay's memory is the eager call's
+            tables.append(("Extra peak memory (MiB)", "peak_mem_mib", ".4g"))
+        for title, column, spec in tables:
             table = [[str(n)] + [_cell(rows, v, column, spec) for v in variants]
                      for n, rows in nslice.groupby("length")]
             parts += ["", f"{title}:", "", markdown_table(["N"] + variants, table)]

@@ -154,6 +154,16 @@ def test_smoke_sweep_writes_csv_metadata_plots_and_resumes(tmp_path, capsys):
     assert "| N | fastest passing |" in text and "None: every cell passed." in text
 
 
+def test_report_shows_cuda_graph_rows_in_their_own_sections():
+    """The published H200 quick run has CUDA-graph rows at N = 256: the report gives them
+    latency tables of their own (no memory table: a replay's memory is the eager call's)."""
+    text = report(pd.read_csv(REPO / "results" / "h200-2026-12-02-quick" / "results.csv"))
+    assert "## fp32, eager" in text and "## fp32, CUDA-graph replay" in text
+    graph = text.split("## bf16, CUDA-graph replay")[1].split("\n## ")[0]
+    assert "| 256 | triton | 0.08429 |" in graph
+    assert "Extra peak memory" not in graph
+
+
 def test_sigkill_midway_then_rerun_gives_every_cell_exactly_once(tmp_path):
     plugin = tmp_path / "plugin"
     dist = plugin / "slow_plugin-1.0.dist-info"
