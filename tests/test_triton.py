@@ -218,7 +218,9 @@ GPU_CASES = [
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_matches_oracle_gpu(name, case, precision):
-    declared_limit = name == "triton-fullfuse" and precision == "fp32" and case[2].head_dim > 64
+    fullfuse_limit = VARIANTS["triton-fullfuse"].fp32_max_head_dim
+    declared_limit = (name == "triton-fullfuse" and precision == "fp32"
+                      and case[2].head_dim > fullfuse_limit)
     run_check(name, case, "cuda", precision, seeds=3, must_run=not declared_limit)
 
 
