@@ -5,7 +5,8 @@ isolates the kernel from the PyTorch steps around it). Timing is the harness's j
 
 Run from the repository root on the GPU machine:
     PYTHONPATH=. python3 benchmarks/cuda_kernel_diag.py env diag [--out DIR]
-`ncu-target` runs cuda-fused once at N=4096 fp32, for `ncu`.
+`ab` times the cuda-fused kernel alone (prepared operands, CUDA events, L2 flushed) for each
+scheduling flag combination; `ncu-target` runs that kernel once (`--flags`, `--length`) for `ncu`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -23,9 +25,9 @@ import time
 import torch
 
 from variants.cuda_ext import LOG2E, Weights, Widths, build_seconds, load_extension, project
-from variants.cuda_fused import LANES, CudaFused, kernel_class
+from variants.cuda_fused import LANES, kernel_class
 from variants.cuda_hybrid import attention_probabilities
-from variants.problem import IPAConfig, make_inputs, math_mode
+from variants.problem import IPAConfig, make_inputs
 from variants.reference import init_state_dict
 
 OUT = os.environ.get("OUT", "gpu-out")
@@ -123,9 +125,66 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
     return rows
 
 
+def fused_operands(n: int, precision: str, config: IPAConfig | None = None):
+    """The cuda-fused kernel's prepared operands at B = 1 (pair_repr drawn on the GPU)."""
+    config = config or IPAConfig()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    weights = Weights(init_state_dict(config), config, "cuda")
+    klass = kernel_class(config)
+    widths = Widths.for_lanes(config, LANES[klass])
+    small = IPAConfig(config.node_dim, 8, config.heads, config.query_points, config.value_points)
+    inputs = make_inputs(small, 1, n, dtype=dtype, device="cuda", seed=3)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    pair = torch.randn(1, n, n, config.pair_dim, generator=gen, device="cuda", dtype=dtype)
+    ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
+                  widths=widths, q_scale=LOG2E / config.head_dim**0.5)
+    wb = (weights.pair_bias * LOG2E).contiguous()
+    pw = (weights.point_weight * LOG2E).contiguous()
+    out = torch.empty(1, n, config.heads, widths.dv, device="cuda")
+    return (ops.q, ops.k, ops.v, pair, wb, pw, out, klass, widths.dqp, widths.dv)
+
+
+def kernel_ab(lengths, reps: int) -> list[dict]:
+    """The cuda-fused kernel alone, per scheduling flag combination: median of `reps` samples
+    (CUDA events, L2 flushed before each), after 3 warm-up calls."""
+    ext = load_extension()
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # > the 50 MB L2
+    rows = []
+    for precision in ("fp32", "bf16"):
+        for n in lengths:
+            operands = fused_operands(n, precision)
+            for flags in (0, 1, 2, 3):
+                args = (*operands, 0, None, flags)
+                for _ in range(3):
+                    plan = ext.fused_forward(*args)
+                times = []
+                for _ in range(reps):
+                    flush.zero_()
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    ext.fused_forward(*args)
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+                row = {"kernel": "cuda-fused", "precision": precision, "N": n, "flags": flags,
+                       "plan": list(plan), "median_ms": round(statistics.median(times), 4),
+                       "min_ms": round(min(times), 4), "reps": reps}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del operands
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("steps", nargs="+", choices=["env", "diag", "ncu-target"])
+    parser.add_argument("steps", nargs="+", choices=["env", "diag", "ab", "ncu-target"])
+    parser.add_argument("--lengths", default="1024,4096", help="ab: comma-separated N")
+    parser.add_argument("--reps", type=int, default=10, help="ab: timed samples per row")
+    parser.add_argument("--length", type=int, default=4096, help="ncu-target: N")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--flags", type=int, default=None, help="ncu-target: scheduling flags")
     parser.add_argument("--out", default=OUT)
     opts = parser.parse_args()
     os.makedirs(opts.out, exist_ok=True)
@@ -135,13 +194,13 @@ def main() -> None:
         print(json.dumps(results["env"]), flush=True)
     if "diag" in opts.steps:
         results["diag"] = diag()
+    if "ab" in opts.steps:
+        results["ab"] = kernel_ab([int(x) for x in opts.lengths.split(",")], opts.reps)
     if "ncu-target" in opts.steps:
-        config = IPAConfig()
-        fn = CudaFused().build(init_state_dict(config), config, "cuda", "fp32")
-        inputs = make_inputs(config, 1, 4096, device="cuda", seed=3)
-        with math_mode("fp32"), torch.no_grad():
-            fn(*inputs.as_tuple())
-            torch.cuda.synchronize()
+        operands = fused_operands(opts.length, opts.precision)
+        flags = () if opts.flags is None else (0, None, opts.flags)
+        load_extension().fused_forward(*operands, *flags)
+        torch.cuda.synchronize()
     if results:
         with open(os.path.join(opts.out, f"measure-{'-'.join(opts.steps)}.json"), "w") as f:
             json.dump(results, f, indent=1, default=str)

@@ -333,35 +333,56 @@ def _sanitizer() -> str | None:
     return None
 
 
+DRIVER_SOURCE = REPO / "tests" / "csrc" / "sanitize_driver.cu"
+
+
+def _compile_driver(out: Path, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-lineinfo", *extra, "-I", str(CSRC), "-o",
+           str(out), str(DRIVER_SOURCE), str(CSRC / "ipa_fused.cu"), str(CSRC / "ipa_hybrid.cu")]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+def test_sanitizer_driver_compiles(tmp_path: Path):
+    """The torch-free sanitizer target builds against the kernels' host interface."""
+    proc = _compile_driver(tmp_path / "driver")
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("target", ["driver", "torch"])
 @pytest.mark.parametrize("kernels", ["hybrid", "fused"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_compute_sanitizer_clean(tool, kernels, tmp_path):
-    """One sanitizer run per variant's kernels, so a failure names them."""
+def test_compute_sanitizer_clean(tool, kernels, target, tmp_path):
+    """One sanitizer run per variant's kernels, so a failure names them. `driver` runs the kernels
+    from tests/csrc/sanitize_driver.cu with no torch in the process; `torch` through the
+    variants (the same kernels, with PyTorch's own kernels around them left uninstrumented)."""
     sanitizer = _sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found")
-    from variants.cuda_ext import load_extension
-
-    load_extension()  # build outside the sanitizer
-    script = tmp_path / "sanitize.py"
-    script.write_text(SANITIZER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     kernel_filter = f"kns=ipa_{kernels}"
+    if target == "driver":
+        driver = tmp_path / "driver"
+        build = _compile_driver(driver)
+        assert build.returncode == 0, build.stderr
+        program, done = [str(driver), kernels], "sanitize driver done"
+    else:
+        from variants.cuda_ext import load_extension
+
+        load_extension()  # build outside the sanitizer
+        script = tmp_path / "sanitize.py"
+        script.write_text(SANITIZER_SCRIPT)
+        program, done = [sys.executable, str(script), kernels], "sanitizer script done"
     cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", "--kernel-name", kernel_filter,
-           sys.executable, str(script), kernels]
+           *program]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
     output = proc.stdout + proc.stderr
-    if proc.returncode != 0 and "kernel-name" in output and "sanitizer script done" not in output:
-        cmd = [c for c in cmd if c not in ("--kernel-name", kernel_filter)]  # older syntax
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO,
-                              env=env)
-        output = proc.stdout + proc.stderr
     summary = [line for line in output.splitlines() if "SUMMARY" in line]
-    print(f"compute-sanitizer --tool {tool} ({kernels}): rc={proc.returncode}; "
+    print(f"compute-sanitizer --tool {tool} ({kernels}, {target}): rc={proc.returncode}; "
           + "; ".join(summary))
-    assert proc.returncode == 0 and "sanitizer script done" in output, output[-6000:]
+    assert proc.returncode == 0 and done in output, output[-6000:]
     assert not re.search(r"ERROR SUMMARY: [1-9]", output), output[-6000:]
     assert not re.search(r"RACECHECK SUMMARY: [1-9]", output), output[-6000:]
 

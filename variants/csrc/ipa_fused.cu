@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
   constexpr int PS = 32 / PL;                     // pair slots per warp (PL lanes per pair)
   constexpr int PA = 8 / PS;                      // pairs per lane (8 pairs per warp)
   constexpr int ZR = kMaxPairDim / (PL * CH);     // chunk rounds per lane
+  constexpr int ZUNROLL = KV_SMEM ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
   const int N = a.N, H = a.H, C = a.C;
@@ -107,6 +108,22 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
   const int ntiles_all = (N + BN - 1) / BN;
   const int tile_begin = split * a.tiles_per_split;
   const int ntiles = max(0, min(ntiles_all, tile_begin + a.tiles_per_split) - tile_begin);
+  // kFusedRotateTiles: CTAs start their key walk at evenly spread tiles. Without it every CTA
+  // reads z at the same key offset at the same time, i.e. at addresses a multiple of the z row
+  // (N * C elements, a large power of two) apart, which concentrates them on few memory channels.
+  const int rot = (a.flags & kFusedRotateTiles) && ntiles > 0
+                      ? static_cast<int>((static_cast<long long>(blockIdx.x) * ntiles / gridDim.x +
+                                          37ll * blockIdx.z) % ntiles)
+                      : 0;
+  auto tile_of = [&](int it) { return tile_begin + (it + rot) % max(ntiles, 1); };
+  // Pair pp (0 .. 8H-1) of a tile -> (query, key) offsets. Query-major: a warp's 8 pairs are 8
+  // queries of one key; key-major (kFusedKeyMajorPairs): consecutive keys of a query, so a
+  // warp's z rows are contiguous in memory.
+  const bool key_major = (a.flags & kFusedKeyMajorPairs) != 0;
+  auto pair_of = [&](int pp, int& qi, int& kj) {
+    if (key_major) { qi = pp / BN; kj = pp - qi * BN; }
+    else { qi = pp % QT; kj = pp / QT; }
+  };
   const int nchunks = C / CH;
 
   float* wb_s = reinterpret_cast<float*>(smem_raw);  // HMAX*C, laid out for 16-byte lane reads
@@ -123,13 +140,20 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
   auto issue = [&](int tile, int slot) {
     const int j0 = tile * BN;
     ZT* zdst = zw + slot * 8 * C;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int pp = warp * 8 + e;
-      const int ii = i0 + pp % QT, jj = j0 + pp / QT;
+    auto copy_row = [&](int e) {
+      int qi, kj;
+      pair_of(warp * 8 + e, qi, kj);
+      const int ii = i0 + qi, jj = j0 + kj;
       const bool ok = ii < N && jj < N;
       const ZT* src = zg + (ok ? (static_cast<size_t>(b) * N + ii) * N * C + static_cast<size_t>(jj) * C : 0);
       for (int c = lane; c < nchunks; c += 32) cp_async16(zdst + e * C + c * CH, src + c * CH, ok ? 16 : 0);
+    };
+    if constexpr (KV_SMEM) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) copy_row(e);
+    } else {  // rolled: the generic class lives at the 128-register cap of 512-thread CTAs
+#pragma unroll 1
+      for (int e = 0; e < 8; ++e) copy_row(e);
     }
     if constexpr (KV_SMEM) {
       const int nk = min(BN, N - j0);
@@ -145,8 +169,8 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
   };
 
   // Start the first two tiles' copies, then lay out the pair-bias weights (heads >= H are zero).
-  if (ntiles > 0) issue(tile_begin, 0); else cp_async_commit();
-  if (ntiles > 1) issue(tile_begin + 1, 1); else cp_async_commit();
+  if (ntiles > 0) issue(tile_of(0), 0); else cp_async_commit();
+  if (ntiles > 1) issue(tile_of(1), 1); else cp_async_commit();
   for (int idx = threadIdx.x; idx < HMAX * C; idx += blockDim.x) {
     const int hh = idx / C, ch = idx - hh * C;
     const float w = hh < H ? a.wb[hh * C + ch] : 0.f;
@@ -183,7 +207,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
 
   for (int it = 0; it < ntiles; ++it) {
     const int slot = it & 1;
-    const int j0 = (tile_begin + it) * BN;
+    const int j0 = tile_of(it) * BN;
     const int nk = min(BN, N - j0);
     cp_async_wait<1>();  // this thread's copies of tile `it` have landed
     __syncwarp();        // ... and every lane's (each warp reads only what it copied)
@@ -202,7 +226,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
       for (int p2 = 0; p2 < PA; ++p2)
 #pragma unroll
         for (int hh = 0; hh < HG; ++hh) bacc[p2][hh] = 0.f;
-#pragma unroll 2  // full unrolling spills at the 128-register cap of 512-thread CTAs
+#pragma unroll ZUNROLL  // fuller unrolling spills at the 128-register cap of 512-thread CTAs
       for (int rr = 0; rr < ZR; ++rr) {
         const int cc = u + PL * rr;
         if (cc < nchunks) {
@@ -239,7 +263,8 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
 #pragma unroll
       for (int p2 = 0; p2 < PA; ++p2) {
         const int pp = warp * 8 + s + PS * p2;
-        const int qi = pp % QT, kj = pp / QT;
+        int qi, kj;
+        pair_of(pp, qi, kj);
         auto emit = [&](int hh, float val) {
           if (hh < H) sbs[(hh * QT + qi) * BNP + kj] = val;
         };
@@ -326,7 +351,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
       }
     }
     __syncwarp();  // every lane is done with this slot's z, k/v and the logits before reuse
-    if (it + 2 < ntiles) issue(tile_begin + it + 2, slot); else cp_async_commit();
+    if (it + 2 < ntiles) issue(tile_of(it + 2), slot); else cp_async_commit();
   }
   cp_async_wait<0>();
 

@@ -37,6 +37,13 @@ FusedClassLimits fused_class_limits(int klass);
 
 constexpr int kMaxPairDim = 128;
 
+// Scheduling options of the fused kernel (results are the same up to summation order).
+enum FusedFlags : int {
+  kFusedRotateTiles = 1,    // each CTA starts its key walk at a different tile
+  kFusedKeyMajorPairs = 2,  // a warp's 8 z rows are consecutive keys (contiguous memory)
+  kFusedDefaultFlags = kFusedRotateTiles | kFusedKeyMajorPairs,
+};
+
 struct FusedArgs {
   const float* q;
   const float* k;
@@ -49,6 +56,7 @@ struct FusedArgs {
   int B, N, H, C;
   int wq, dqp, wv, dv;
   int splits, tiles_per_split;
+  int flags;  // FusedFlags
 };
 
 struct FusedPlan {

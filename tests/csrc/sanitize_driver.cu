@@ -1,0 +1,141 @@
+// Drives the IPA kernels with no torch in the process: the target for compute-sanitizer
+// (tests/test_cuda.py::test_compute_sanitizer_clean). Small and ragged shapes (tails in the
+// query and the key tiles), both kernel classes, float32 and bfloat16 z, one split and forced
+// split-K. Operands are random: the sanitizer checks accesses, the other GPU tests check values.
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90 -lineinfo -I variants/csrc -o driver \
+//        tests/csrc/sanitize_driver.cu variants/csrc/ipa_fused.cu variants/csrc/ipa_hybrid.cu
+//   compute-sanitizer --tool racecheck ./driver fused      (or: hybrid)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ipa_kernels.h"
+
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(2);
+  }
+}
+
+int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+std::mt19937 rng(7);
+
+template <typename T>
+T* upload_random(size_t n, float scale) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<T> host(n);
+  for (auto& x : host) x = static_cast<T>(dist(rng));
+  T* dev = nullptr;
+  check(cudaMalloc(&dev, n * sizeof(T)), "cudaMalloc");
+  check(cudaMemcpy(dev, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return dev;
+}
+
+float* device_floats(size_t n) {
+  float* dev = nullptr;
+  check(cudaMalloc(&dev, (n ? n : 1) * sizeof(float)), "cudaMalloc");
+  return dev;
+}
+
+struct Shape {
+  int B, N, H, C, d, Qp, Vp;
+};
+
+// Operand widths as variants/cuda_ext.py's Widths.for_lanes makes them.
+struct Widths {
+  int dqp, pqp, wv, dv;
+  Widths(const Shape& s, int lanes)
+      : dqp(round_up(s.d, 4 * lanes)), pqp(round_up(3 * s.Qp, 4 * lanes)),
+        wv(round_up(s.d + 3 * s.Vp, 4 * lanes)), dv(s.d + 3 * s.Vp) {}
+};
+
+void run_fused(const Shape& s, int klass, bool z_bf16, int splits, int flags) {
+  const ipa::FusedClassLimits lim = ipa::fused_class_limits(klass);
+  const Widths w(s, lim.lanes_per_row);
+  const int wq = w.dqp + w.pqp;
+  const size_t rows = static_cast<size_t>(s.B) * s.H * s.N;
+  const size_t zn = static_cast<size_t>(s.B) * s.N * s.N * s.C;
+  ipa::FusedPlan plan;
+  check(ipa::fused_plan(klass, z_bf16, s.B, s.N, s.H, s.C, wq, w.wv, splits, &plan), "fused_plan");
+  ipa::FusedArgs a{};
+  a.q = upload_random<float>(rows * wq, 1.f);
+  a.k = upload_random<float>(rows * wq, 1.f);
+  a.v = upload_random<float>(rows * w.wv, 1.f);
+  a.z = z_bf16 ? static_cast<const void*>(upload_random<__nv_bfloat16>(zn, 1.f))
+               : static_cast<const void*>(upload_random<float>(zn, 1.f));
+  a.wb = upload_random<float>(static_cast<size_t>(s.H) * s.C, 0.1f);
+  a.pw = upload_random<float>(s.H, 0.1f);
+  a.out = device_floats(static_cast<size_t>(s.B) * s.N * s.H * w.dv);
+  a.part = device_floats(plan.workspace_floats);
+  a.B = s.B, a.N = s.N, a.H = s.H, a.C = s.C;
+  a.wq = wq, a.dqp = w.dqp, a.wv = w.wv, a.dv = w.dv;
+  a.flags = flags;
+  check(ipa::fused_launch(a, plan, nullptr), "fused_launch");
+  check(cudaDeviceSynchronize(), "fused kernel");
+  std::printf("fused klass=%d z_bf16=%d B=%d N=%d H=%d splits=%d flags=%d: ok\n", klass, z_bf16,
+              s.B, s.N, s.H, plan.splits, flags);
+  for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
+                        static_cast<const void*>(a.v), a.z, static_cast<const void*>(a.wb),
+                        static_cast<const void*>(a.pw), static_cast<const void*>(a.out),
+                        static_cast<const void*>(a.part)})
+    check(cudaFree(const_cast<void*>(p)), "cudaFree");
+}
+
+void run_hybrid(const Shape& s, bool bias_bf16) {
+  const Widths w(s, 1);
+  const int wq = w.dqp + w.pqp;
+  const size_t rows = static_cast<size_t>(s.B) * s.H * s.N;
+  const size_t nn = rows * s.N;
+  ipa::HybridArgs a{};
+  a.q = upload_random<float>(rows * wq, 1.f);
+  a.k = upload_random<float>(rows * wq, 1.f);
+  a.bias = bias_bf16 ? static_cast<const void*>(upload_random<__nv_bfloat16>(nn, 1.f))
+                     : static_cast<const void*>(upload_random<float>(nn, 1.f));
+  a.pw = upload_random<float>(s.H, 0.1f);
+  a.probs = device_floats(nn);
+  a.B = s.B, a.N = s.N, a.H = s.H, a.wq = wq, a.dqp = w.dqp;
+  check(ipa::hybrid_launch(a, bias_bf16, nullptr), "hybrid_launch");
+  check(cudaDeviceSynchronize(), "hybrid kernel");
+  std::printf("hybrid bias_bf16=%d B=%d N=%d H=%d: ok\n", bias_bf16, s.B, s.N, s.H);
+  for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k), a.bias,
+                        static_cast<const void*>(a.pw), static_cast<const void*>(a.probs)})
+    check(cudaFree(const_cast<void*>(p)), "cudaFree");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2 || (std::strcmp(argv[1], "fused") && std::strcmp(argv[1], "hybrid"))) {
+    std::fprintf(stderr, "usage: %s fused|hybrid\n", argv[0]);
+    return 1;
+  }
+  const bool fused = std::strcmp(argv[1], "fused") == 0;
+  for (const int n : {16, 37}) {
+    for (const bool bf16 : {false, true}) {
+      const Shape base{2, n, 12, 128, 32, 4, 8};  // AlphaFold2's sizes
+      if (!fused) {
+        run_hybrid(base, bf16);
+        run_hybrid(Shape{2, n, 3, 72, 24, 16, 16}, bf16);
+        continue;
+      }
+      for (const int flags : {0, static_cast<int>(ipa::kFusedDefaultFlags)}) {
+        run_fused(base, ipa::kFusedSmall, bf16, 1, flags);
+        run_fused(base, ipa::kFusedSmall, bf16, 3, flags);
+        run_fused(base, ipa::kFusedGeneric, bf16, 1, flags);
+        run_fused(Shape{2, n, 16, 128, 32, 4, 8}, ipa::kFusedGeneric, bf16, 3, flags);
+      }
+    }
+  }
+  std::printf("sanitize driver done\n");
+  return 0;
+}
