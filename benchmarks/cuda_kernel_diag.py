@@ -5,8 +5,9 @@ isolates the kernel from the PyTorch steps around it). Timing is the harness's j
 
 Run from the repository root on the GPU machine:
     PYTHONPATH=. python3 benchmarks/cuda_kernel_diag.py env diag [--out DIR]
-`ab` times the cuda-fused kernel alone (prepared operands, CUDA events, L2 flushed) for each
-scheduling flag combination; `ncu-target` runs that kernel once (`--flags`, `--length`) for `ncu`.
+`ab` times the cuda-fused kernel alone (prepared operands, CUDA events, L2 flushed) in each
+kernel class that takes the default config, and the whole variant beside it; `ncu-target` runs
+the kernel once (`--klass`, `--length`, `--precision`) for `ncu`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 import torch
 
 from variants.cuda_ext import LOG2E, Weights, Widths, build_seconds, load_extension, project
-from variants.cuda_fused import LANES, kernel_class
+from variants.cuda_fused import AF2, LANES, SMALL, CudaFused, kernel_class
 from variants.cuda_hybrid import attention_probabilities
 from variants.problem import IPAConfig, make_inputs
 from variants.reference import init_state_dict
@@ -125,12 +126,14 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
     return rows
 
 
-def fused_operands(n: int, precision: str, config: IPAConfig | None = None):
-    """The cuda-fused kernel's prepared operands at B = 1 (pair_repr drawn on the GPU)."""
-    config = config or IPAConfig()
+def fused_operands(n: int, precision: str, klass: int | None = None):
+    """The cuda-fused kernel's prepared operands for the default config at B = 1, in the
+    layout of kernel class `klass` (None: the class the variant picks); pair_repr drawn on the
+    GPU (the float64 CPU draw of (N, N, 128) takes tens of seconds at N = 4096)."""
+    config = IPAConfig()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
     weights = Weights(init_state_dict(config), config, "cuda")
-    klass = kernel_class(config)
+    klass = kernel_class(config) if klass is None else klass
     widths = Widths.for_lanes(config, LANES[klass])
     small = IPAConfig(config.node_dim, 8, config.heads, config.query_points, config.value_points)
     inputs = make_inputs(small, 1, n, dtype=dtype, device="cuda", seed=3)
@@ -144,35 +147,51 @@ def fused_operands(n: int, precision: str, config: IPAConfig | None = None):
     return (ops.q, ops.k, ops.v, pair, wb, pw, out, klass, widths.dqp, widths.dv)
 
 
+def _median_ms(fn, args, reps: int, flush: torch.Tensor) -> tuple[float, float]:
+    """Median and minimum of `reps` CUDA-event samples, L2 flushed before each, after 3 warm-ups."""
+    for _ in range(3):
+        fn(*args)
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return round(statistics.median(times), 4), round(min(times), 4)
+
+
 def kernel_ab(lengths, reps: int) -> list[dict]:
-    """The cuda-fused kernel alone, per scheduling flag combination: median of `reps` samples
-    (CUDA events, L2 flushed before each), after 3 warm-up calls."""
+    """The cuda-fused kernel alone in each class that takes the default config, then the whole
+    variant (PyTorch steps around the kernel included) on the same pair_repr."""
     ext = load_extension()
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # > the 50 MB L2
+    config = IPAConfig()
     rows = []
     for precision in ("fp32", "bf16"):
+        forward = CudaFused().build(init_state_dict(config), config, "cuda", precision)
         for n in lengths:
-            operands = fused_operands(n, precision)
-            for flags in (0, 1, 2, 3):
-                args = (*operands, 0, None, flags)
-                for _ in range(3):
-                    plan = ext.fused_forward(*args)
-                times = []
-                for _ in range(reps):
-                    flush.zero_()
-                    start = torch.cuda.Event(enable_timing=True)
-                    end = torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    ext.fused_forward(*args)
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end))
-                row = {"kernel": "cuda-fused", "precision": precision, "N": n, "flags": flags,
-                       "plan": list(plan), "median_ms": round(statistics.median(times), 4),
-                       "min_ms": round(min(times), 4), "reps": reps}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            del operands
+            for klass in (AF2, SMALL):
+                operands = fused_operands(n, precision, klass)
+                plan = ext.fused_forward(*operands)
+                median, low = _median_ms(ext.fused_forward, operands, reps, flush)
+                rows.append({"what": "kernel", "klass": klass, "precision": precision, "N": n,
+                             "plan": list(plan), "median_ms": median, "min_ms": low})
+                print(json.dumps(rows[-1]), flush=True)
+            dtype = operands[3].dtype
+            small = IPAConfig(config.node_dim, 8, config.heads, config.query_points,
+                              config.value_points)
+            inputs = make_inputs(small, 1, n, dtype=dtype, device="cuda", seed=3)
+            args = (inputs.node_repr, operands[3], inputs.translations, inputs.rotations)
+            with torch.no_grad():
+                median, low = _median_ms(forward, args, reps, flush)
+            rows.append({"what": "variant", "klass": kernel_class(config),
+                         "precision": precision, "N": n, "median_ms": median, "min_ms": low})
+            print(json.dumps(rows[-1]), flush=True)
+            del operands, args
             torch.cuda.empty_cache()
     return rows
 
@@ -184,7 +203,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10, help="ab: timed samples per row")
     parser.add_argument("--length", type=int, default=4096, help="ncu-target: N")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--flags", type=int, default=None, help="ncu-target: scheduling flags")
+    parser.add_argument("--klass", type=int, default=None,
+                        help="ncu-target: kernel class (0 small, 1 generic, 2 af2; default: the "
+                        "variant's)")
     parser.add_argument("--out", default=OUT)
     opts = parser.parse_args()
     os.makedirs(opts.out, exist_ok=True)
@@ -197,9 +218,8 @@ def main() -> None:
     if "ab" in opts.steps:
         results["ab"] = kernel_ab([int(x) for x in opts.lengths.split(",")], opts.reps)
     if "ncu-target" in opts.steps:
-        operands = fused_operands(opts.length, opts.precision)
-        flags = () if opts.flags is None else (0, None, opts.flags)
-        load_extension().fused_forward(*operands, *flags)
+        operands = fused_operands(opts.length, opts.precision, opts.klass)
+        load_extension().fused_forward(*operands)
         torch.cuda.synchronize()
     if results:
         with open(os.path.join(opts.out, f"measure-{'-'.join(opts.steps)}.json"), "w") as f:

@@ -8,8 +8,6 @@ heads (one warp per head); per key tile each warp first turns 8 (query, key) row
 staged in shared memory by cp.async two tiles ahead, into H biases, then scores its queries
 against the tile (scalar q.k, the softplus-weighted squared point distance computed directly,
 the bias), updates an fp32 online softmax and accumulates [v | value points] in one pass.
-CTAs start their key walk at staggered tiles so that they do not all read the same k/v rows
-and the same z offsets at once (`flags`, see `fused_attention`).
 `variants/csrc/ipa_fused.cu` documents the layout; `docs/perf-notes.md` the measurements.
 
 Differences from the reference: LayerNorm, projections and frame transforms run in PyTorch in
@@ -19,12 +17,12 @@ pair-bias weight; summation orders differ. Extra memory is O(N): the (B, N, H, d
 and, when the key range is split across CTAs to fill the GPU at small N, partials of that order.
 
 Caveats: forward only; float32 (IEEE) and bfloat16; heads <= 16, head_dim 8..128, Qp and Vp
-1..16, pair_dim a multiple of 8 up to 128. Two kernel classes: `small` (even heads <= 12,
-head_dim <= 32, d + 3 Vp <= 80, e.g. the AlphaFold2 default) and `generic` (the rest; slower:
-4 queries per CTA, key/value rows read through L1). The first call of a process builds or loads
-the extension (`variants.cuda_ext`). Measured on the H200 (docs/perf-notes.md): v1 passes the
-correctness protocol but runs 11.0 ms at N = 4096 fp32 (target 4.0); the staggered schedule
-(v2, the default) is not yet measured on the device.
+1..16, pair_dim a multiple of 8 up to 128. Three kernel classes: `af2` (AlphaFold2's sizes
+exactly: head_dim 32, Qp 4, Vp 8, pair_dim 128, even heads <= 12; every width a compile-time
+constant, whole dot products per lane, pair bias without cross-lane reductions), `small` (even
+heads <= 12, head_dim <= 32, d + 3 Vp <= 80) and `generic` (the rest; slower: 4 queries per
+CTA, key/value rows read through L1). The first call of a process builds or loads the extension
+(`variants.cuda_ext`). docs/perf-notes.md has the measurements of each version.
 """
 
 from __future__ import annotations
@@ -43,14 +41,19 @@ from variants.cuda_ext import (
 )
 from variants.problem import IPAConfig, Precision, get_precision
 
-SMALL, GENERIC = 0, 1  # kernel classes, as in variants/csrc/ipa_kernels.h
-ROTATE_TILES, KEY_MAJOR_PAIRS = 1, 2  # scheduling flags (FusedFlags in ipa_kernels.h)
-DEFAULT_FLAGS = ROTATE_TILES | KEY_MAJOR_PAIRS
-LANES = {SMALL: 2, GENERIC: 8}  # lanes per query row
+SMALL, GENERIC, AF2 = 0, 1, 2  # kernel classes, as in variants/csrc/ipa_kernels.h
+LANES = {SMALL: 2, GENERIC: 8, AF2: 1}  # operand rows are padded to 4 * LANES floats
 
 
 def kernel_class(config: IPAConfig) -> int:
     """The kernel class that runs `config` (mirrors the limits checked in ipa_binding.cpp)."""
+    if (
+        (config.head_dim, config.query_points, config.value_points, config.pair_dim)
+        == (32, 4, 8, 128)
+        and config.heads % 2 == 0
+        and config.heads <= 12
+    ):
+        return AF2
     small = Widths.for_lanes(config, LANES[SMALL])
     if (
         config.heads % 2 == 0
@@ -77,7 +80,6 @@ def fused_attention(
     out: torch.Tensor | None = None,
     splits: int = 0,
     workspace: torch.Tensor | None = None,
-    flags: int = DEFAULT_FLAGS,
 ) -> torch.Tensor:
     """The kernel alone: softmax-weighted [v | value points] per (batch, query, head).
 
@@ -87,17 +89,13 @@ def fused_attention(
     pair_bias.weight * log2(e); point_weight: (H,) float32 -softplus(w)/2 * log2(e).
     Returns out: (B, N, H, dv) float32, every element written (pass `out` to reuse or poison a
     buffer). splits: key-range splits (0 = chosen from the GPU's size); workspace: optional
-    float32 buffer for the split partials (allocated when absent or too small). flags: the
-    scheduling options ROTATE_TILES (each CTA starts its key walk at a different tile, so CTAs
-    do not all hit z at the same offset) and KEY_MAJOR_PAIRS (a warp stages consecutive keys
-    of one query); they change the summation order only.
+    float32 buffer for the split partials (allocated when absent or too small).
     """
     b, h, n, _ = q.shape
     if out is None:
         out = torch.empty(b, n, h, dv, device=q.device, dtype=torch.float32)
     load_extension().fused_forward(
-        q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace,
-        flags,
+        q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace
     )
     return out
 

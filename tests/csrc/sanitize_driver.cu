@@ -59,7 +59,7 @@ struct Widths {
         wv(round_up(s.d + 3 * s.Vp, 4 * lanes)), dv(s.d + 3 * s.Vp) {}
 };
 
-void run_fused(const Shape& s, int klass, bool z_bf16, int splits, int flags) {
+void run_fused(const Shape& s, int klass, bool z_bf16, int splits) {
   const ipa::FusedClassLimits lim = ipa::fused_class_limits(klass);
   const Widths w(s, lim.lanes_per_row);
   const int wq = w.dqp + w.pqp;
@@ -79,11 +79,10 @@ void run_fused(const Shape& s, int klass, bool z_bf16, int splits, int flags) {
   a.part = device_floats(plan.workspace_floats);
   a.B = s.B, a.N = s.N, a.H = s.H, a.C = s.C;
   a.wq = wq, a.dqp = w.dqp, a.wv = w.wv, a.dv = w.dv;
-  a.flags = flags;
   check(ipa::fused_launch(a, plan, nullptr), "fused_launch");
   check(cudaDeviceSynchronize(), "fused kernel");
-  std::printf("fused klass=%d z_bf16=%d B=%d N=%d H=%d splits=%d flags=%d: ok\n", klass, z_bf16,
-              s.B, s.N, s.H, plan.splits, flags);
+  std::printf("fused klass=%d z_bf16=%d B=%d N=%d H=%d splits=%d: ok\n", klass, z_bf16, s.B,
+              s.N, s.H, plan.splits);
   for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
                         static_cast<const void*>(a.v), a.z, static_cast<const void*>(a.wb),
                         static_cast<const void*>(a.pw), static_cast<const void*>(a.out),
@@ -128,12 +127,13 @@ int main(int argc, char** argv) {
         run_hybrid(Shape{2, n, 3, 72, 24, 16, 16}, bf16);
         continue;
       }
-      for (const int flags : {0, static_cast<int>(ipa::kFusedDefaultFlags)}) {
-        run_fused(base, ipa::kFusedSmall, bf16, 1, flags);
-        run_fused(base, ipa::kFusedSmall, bf16, 3, flags);
-        run_fused(base, ipa::kFusedGeneric, bf16, 1, flags);
-        run_fused(Shape{2, n, 16, 128, 32, 4, 8}, ipa::kFusedGeneric, bf16, 3, flags);
+      for (const int klass : {ipa::kFusedAF2, ipa::kFusedSmall}) {
+        run_fused(base, klass, bf16, 1);
+        run_fused(base, klass, bf16, 3);
       }
+      run_fused(Shape{2, n, 10, 128, 32, 4, 8}, ipa::kFusedAF2, bf16, 1);  // key tile of 5
+      run_fused(base, ipa::kFusedGeneric, bf16, 1);
+      run_fused(Shape{2, n, 16, 128, 32, 4, 8}, ipa::kFusedGeneric, bf16, 3);
     }
   }
   std::printf("sanitize driver done\n");

@@ -43,14 +43,12 @@ void check_cuda(const char* fn, cudaError_t err) {
 // q, k (B, H, N, wq) float32; v (B, H, N, wv) float32; z (B, N, N, C) float32 or bfloat16;
 // wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
 // workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
-// flags: FusedFlags scheduling options (ipa_kernels.h).
 // splits: key-range splits, 0 = automatic. Returns the plan for the record:
 // [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
 std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                                    at::Tensor out, int64_t klass, int64_t dqp, int64_t dv,
-                                   int64_t splits, c10::optional<at::Tensor> workspace,
-                                   int64_t flags) {
+                                   int64_t splits, c10::optional<at::Tensor> workspace) {
   const char* fn = "ipa fused_forward";
   TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
               shape_of(q));
@@ -72,8 +70,8 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   check_tensor(fn, "wb", wb, at::kFloat, {H, C}, dev);
   check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
   check_tensor(fn, "out", out, at::kFloat, {B, N, H, dv}, dev);
-  TORCH_CHECK(klass == ipa::kFusedSmall || klass == ipa::kFusedGeneric, fn,
-              ": argument 'klass': expected 0 (small) or 1 (generic), got ", klass);
+  TORCH_CHECK(klass == ipa::kFusedSmall || klass == ipa::kFusedGeneric || klass == ipa::kFusedAF2,
+              fn, ": argument 'klass': expected 0 (small), 1 (generic) or 2 (af2), got ", klass);
   const ipa::FusedClassLimits lim = ipa::fused_class_limits(static_cast<int>(klass));
   const int64_t width = 4 * lim.lanes_per_row;
   TORCH_CHECK(H >= 1 && H <= lim.max_heads && (!lim.even_heads || H % 2 == 0), fn,
@@ -91,10 +89,12 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   TORCH_CHECK(wv % width == 0 && wv <= lim.max_wv && dv >= 1 && dv <= wv, fn,
               ": argument 'v': expected width (dim 3) a multiple of ", width, " <= ", lim.max_wv,
               " and >= dv=", dv, ", got ", wv);
+  TORCH_CHECK(!lim.exact || (dqp == lim.max_dqp && wq - dqp == lim.max_pqp && wv == lim.max_wv &&
+                             C == lim.pair_dim),
+              fn, ": kernel class ", klass, " takes exactly dqp=", lim.max_dqp, ", wq - dqp=",
+              lim.max_pqp, ", wv=", lim.max_wv, " and pair_dim=", lim.pair_dim, ", got dqp=", dqp,
+              ", wq - dqp=", wq - dqp, ", wv=", wv, ", pair_dim=", C);
   TORCH_CHECK(splits >= 0, fn, ": argument 'splits': expected >= 0 (0 = automatic), got ", splits);
-  TORCH_CHECK(flags >= 0 && flags <= 3, fn,
-              ": argument 'flags': expected a combination of 1 (rotate tiles) and 2 (key-major "
-              "pairs) in [0, 3], got ", flags);
   TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -134,7 +134,6 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   args.dqp = static_cast<int>(dqp);
   args.wv = static_cast<int>(wv);
   args.dv = static_cast<int>(dv);
-  args.flags = static_cast<int>(flags);
   check_cuda(fn, ipa::fused_launch(args, plan, c10::cuda::getCurrentCUDAStream().stream()));
   return {plan.splits, plan.key_tile, static_cast<int64_t>(plan.smem_bytes), plan.blocks_per_sm,
           static_cast<int64_t>(plan.workspace_floats)};
@@ -187,7 +186,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_forward", &fused_forward, "flash-style fused IPA attention (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"),
         py::arg("out"), py::arg("klass"), py::arg("dqp"), py::arg("dv"), py::arg("splits") = 0,
-        py::arg("workspace") = py::none(), py::arg("flags") = static_cast<int64_t>(ipa::kFusedDefaultFlags));
+        py::arg("workspace") = py::none());
   m.def("hybrid_probs", &hybrid_probs, "IPA attention probabilities (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("bias"), py::arg("pw"), py::arg("probs"),
         py::arg("dqp"));

@@ -95,7 +95,6 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
   constexpr int PS = 32 / PL;                     // pair slots per warp (PL lanes per pair)
   constexpr int PA = 8 / PS;                      // pairs per lane (8 pairs per warp)
   constexpr int ZR = kMaxPairDim / (PL * CH);     // chunk rounds per lane
-  constexpr int ZUNROLL = KV_SMEM ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
   const int N = a.N, H = a.H, C = a.C;
@@ -108,22 +107,6 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
   const int ntiles_all = (N + BN - 1) / BN;
   const int tile_begin = split * a.tiles_per_split;
   const int ntiles = max(0, min(ntiles_all, tile_begin + a.tiles_per_split) - tile_begin);
-  // kFusedRotateTiles: CTAs start their key walk at evenly spread tiles. Without it every CTA
-  // reads z at the same key offset at the same time, i.e. at addresses a multiple of the z row
-  // (N * C elements, a large power of two) apart, which concentrates them on few memory channels.
-  const int rot = (a.flags & kFusedRotateTiles) && ntiles > 0
-                      ? static_cast<int>((static_cast<long long>(blockIdx.x) * ntiles / gridDim.x +
-                                          37ll * blockIdx.z) % ntiles)
-                      : 0;
-  auto tile_of = [&](int it) { return tile_begin + (it + rot) % max(ntiles, 1); };
-  // Pair pp (0 .. 8H-1) of a tile -> (query, key) offsets. Query-major: a warp's 8 pairs are 8
-  // queries of one key; key-major (kFusedKeyMajorPairs): consecutive keys of a query, so a
-  // warp's z rows are contiguous in memory.
-  const bool key_major = (a.flags & kFusedKeyMajorPairs) != 0;
-  auto pair_of = [&](int pp, int& qi, int& kj) {
-    if (key_major) { qi = pp / BN; kj = pp - qi * BN; }
-    else { qi = pp % QT; kj = pp / QT; }
-  };
   const int nchunks = C / CH;
 
   float* wb_s = reinterpret_cast<float*>(smem_raw);  // HMAX*C, laid out for 16-byte lane reads
@@ -140,20 +123,13 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
   auto issue = [&](int tile, int slot) {
     const int j0 = tile * BN;
     ZT* zdst = zw + slot * 8 * C;
-    auto copy_row = [&](int e) {
-      int qi, kj;
-      pair_of(warp * 8 + e, qi, kj);
-      const int ii = i0 + qi, jj = j0 + kj;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int pp = warp * 8 + e;
+      const int ii = i0 + pp % QT, jj = j0 + pp / QT;
       const bool ok = ii < N && jj < N;
       const ZT* src = zg + (ok ? (static_cast<size_t>(b) * N + ii) * N * C + static_cast<size_t>(jj) * C : 0);
       for (int c = lane; c < nchunks; c += 32) cp_async16(zdst + e * C + c * CH, src + c * CH, ok ? 16 : 0);
-    };
-    if constexpr (KV_SMEM) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) copy_row(e);
-    } else {  // rolled: the generic class lives at the 128-register cap of 512-thread CTAs
-#pragma unroll 1
-      for (int e = 0; e < 8; ++e) copy_row(e);
     }
     if constexpr (KV_SMEM) {
       const int nk = min(BN, N - j0);
@@ -169,8 +145,8 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
   };
 
   // Start the first two tiles' copies, then lay out the pair-bias weights (heads >= H are zero).
-  if (ntiles > 0) issue(tile_of(0), 0); else cp_async_commit();
-  if (ntiles > 1) issue(tile_of(1), 1); else cp_async_commit();
+  if (ntiles > 0) issue(tile_begin, 0); else cp_async_commit();
+  if (ntiles > 1) issue(tile_begin + 1, 1); else cp_async_commit();
   for (int idx = threadIdx.x; idx < HMAX * C; idx += blockDim.x) {
     const int hh = idx / C, ch = idx - hh * C;
     const float w = hh < H ? a.wb[hh * C + ch] : 0.f;
@@ -207,7 +183,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
 
   for (int it = 0; it < ntiles; ++it) {
     const int slot = it & 1;
-    const int j0 = tile_of(it) * BN;
+    const int j0 = (tile_begin + it) * BN;
     const int nk = min(BN, N - j0);
     cp_async_wait<1>();  // this thread's copies of tile `it` have landed
     __syncwarp();        // ... and every lane's (each warp reads only what it copied)
@@ -226,7 +202,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
       for (int p2 = 0; p2 < PA; ++p2)
 #pragma unroll
         for (int hh = 0; hh < HG; ++hh) bacc[p2][hh] = 0.f;
-#pragma unroll ZUNROLL  // fuller unrolling spills at the 128-register cap of 512-thread CTAs
+#pragma unroll 2  // full unrolling spills at the 128-register cap of 512-thread CTAs
       for (int rr = 0; rr < ZR; ++rr) {
         const int cc = u + PL * rr;
         if (cc < nchunks) {
@@ -263,8 +239,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
 #pragma unroll
       for (int p2 = 0; p2 < PA; ++p2) {
         const int pp = warp * 8 + s + PS * p2;
-        int qi, kj;
-        pair_of(pp, qi, kj);
+        const int qi = pp % QT, kj = pp / QT;
         auto emit = [&](int hh, float val) {
           if (hh < H) sbs[(hh * QT + qi) * BNP + kj] = val;
         };
@@ -351,7 +326,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
       }
     }
     __syncwarp();  // every lane is done with this slot's z, k/v and the logits before reuse
-    if (it + 2 < ntiles) issue(tile_of(it + 2), slot); else cp_async_commit();
+    if (it + 2 < ntiles) issue(tile_begin + it + 2, slot); else cp_async_commit();
   }
   cp_async_wait<0>();
 
@@ -379,6 +354,272 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
       if (c < nv) *reinterpret_cast<float4*>(prow + 4 * (c * T + t)) = acc[c];
     if (t == 0) {
       float* ml = a.part + a.splits * rows * wv + (split * rows + row) * 2;
+      ml[0] = m;
+      ml[1] = l;
+    }
+  }
+}
+
+// ---- AF2 class: AlphaFold2's sizes exactly, every width a compile-time constant ----
+//
+// Same CTA and tile as above (16 queries x all H heads, BN = H/2 keys, z and the head's k/v rows
+// staged by cp.async two tiles ahead, one barrier per tile), but the work is mapped so that no
+// lane computes a partial result another lane must finish (v1's profile: 334 warp-instructions
+// per (query, key) pair, only 29 % of them FFMA; predicated-off chunks, run-time loop bounds,
+// the reduce-scatter of partial biases and per-key shuffles made up the rest):
+//   bias      lane (p, g) = (lane / 4, lane % 4) computes heads 3g .. 3g+2 of the warp's pair p
+//             over all 128 channels: one 16-byte z read (8 distinct rows per warp, pitch padded
+//             so they hit distinct banks) and three weight reads (pitch padded likewise) per 12
+//             FFMA, no shuffles;
+//   logits    lane (r, t) = (lane / 2, lane % 2) holds the full query row r (q and its points)
+//             and scores keys t, t+2, t+4 of the tile: whole dot products, no shuffles;
+//   softmax   one shuffle for the row maximum, three to share the probabilities;
+//   values    lane (r, t) accumulates half t of [v | value points] over all keys of the tile.
+namespace af2 {
+constexpr int kD = 32, kPts = 12, kWq = kD + kPts, kWv = 56, kC = 128;  // widths (floats)
+constexpr int kQT = 16;         // queries per CTA
+constexpr int kHMax = 12;       // heads = warps
+constexpr int kKeysPerLane = 3;  // BN = H / 2 <= 6 keys per tile, two lanes per query row
+constexpr int kWPitch = kC + 4;  // pair-bias weight rows in shared memory (floats)
+template <typename ZT>
+__host__ __device__ constexpr int z_pitch() {  // staged z rows (elements): 16 bytes of padding
+  return kC + 16 / static_cast<int>(sizeof(ZT));
+}
+}  // namespace af2
+
+__host__ __device__ inline size_t af2_smem_bytes(int H, int zbytes) {
+  using namespace af2;
+  const int bn = H / 2, bnp = bn | 1;
+  const int zpitch = zbytes == 2 ? z_pitch<__nv_bfloat16>() : z_pitch<float>();
+  return 4ull * (kHMax * kWPitch + 2ull * H * kQT * bnp)          // weights, bias tiles (2 slots)
+         + static_cast<size_t>(H) * 2 * 8 * zpitch * zbytes       // z rows: 8 per warp, 2 slots
+         + 4ull * H * 2 * bn * (kWq + kWv);                       // k/v rows per head, 2 slots
+}
+
+template <typename ZT>
+__global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const FusedArgs a) {
+  using namespace af2;
+  constexpr int CH = ZChunk<ZT>::kChannels;  // z channels per 16-byte chunk
+  constexpr int NCH = kC / CH;               // chunks per z row
+  constexpr int ZP = z_pitch<ZT>();
+  constexpr int RPI = 32 / NCH;              // z rows per warp-wide copy
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+
+  const int N = a.N, H = a.H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int b = blockIdx.z, split = blockIdx.y;
+  const int i0 = blockIdx.x * kQT;
+  const int BN = H / 2, BNP = BN | 1;
+  const int ntiles_all = (N + BN - 1) / BN;
+  const int tile_begin = split * a.tiles_per_split;
+  const int ntiles = max(0, min(ntiles_all, tile_begin + a.tiles_per_split) - tile_begin);
+
+  float* wb_s = reinterpret_cast<float*>(smem_raw);                  // [kHMax][kWPitch]
+  float* sb = wb_s + kHMax * kWPitch;                                 // [2][H][kQT][BNP]
+  ZT* zw = reinterpret_cast<ZT*>(sb + 2 * H * kQT * BNP) + warp * 2 * 8 * ZP;  // [2][8][ZP]
+  float* kvb = reinterpret_cast<float*>(reinterpret_cast<ZT*>(sb + 2 * H * kQT * BNP) +
+                                        H * 2 * 8 * ZP);
+  float* kvw = kvb + warp * 2 * BN * (kWq + kWv);                     // [2][BN][kWq + kWv]
+  const ZT* zg = static_cast<const ZT*>(a.z);
+  const size_t head_row0 = (static_cast<size_t>(b) * H + warp) * N;  // warp <-> head
+
+  // Stage tile `tile` into `slot`: the warp's 8 z rows and its head's BN k and v rows (rows past
+  // N are zero-filled: finite logits that are masked, zero values). One commit group.
+  // Pair p of the warp's 8 in a tile: query wq0 + p, key warp / 2 (query-major pair order).
+  const int wq0 = i0 + (warp & 1) * 8, wkey = warp >> 1;
+  const ZT* zq = zg + (static_cast<size_t>(b) * N + wq0) * N * kC;  // z row of query wq0, key 0
+  auto issue = [&](int tile, int slot) {
+    const int j0 = tile * BN;
+    const int jj = j0 + wkey;
+    ZT* zdst = zw + slot * 8 * ZP + (lane / NCH) * ZP + (lane % NCH) * CH;
+    const ZT* zsrc = zq + static_cast<size_t>(jj) * kC + (lane % NCH) * CH;
+#pragma unroll
+    for (int e0 = 0; e0 < 8; e0 += RPI) {
+      const int e = e0 + lane / NCH;
+      const bool ok = wq0 + e < N && jj < N;
+      cp_async16(zdst + e0 * ZP, ok ? zsrc + static_cast<size_t>(e) * N * kC : zg, ok ? 16 : 0);
+    }
+    const int nk = min(BN, N - j0);
+    float* kd = kvw + slot * BN * (kWq + kWv);
+    const float* ks = a.k + (head_row0 + j0) * kWq;
+    for (int c = lane; c < BN * (kWq / 4); c += 32) {
+      const bool ok = c < nk * (kWq / 4);
+      cp_async16(kd + 4 * c, ok ? ks + 4 * c : ks, ok ? 16 : 0);
+    }
+    float* vd = kd + BN * kWq;
+    const float* vs = a.v + (head_row0 + j0) * kWv;
+    for (int c = lane; c < BN * (kWv / 4); c += 32) {
+      const bool ok = c < nk * (kWv / 4);
+      cp_async16(vd + 4 * c, ok ? vs + 4 * c : vs, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+
+  if (ntiles > 0) issue(tile_begin, 0); else cp_async_commit();
+  if (ntiles > 1) issue(tile_begin + 1, 1); else cp_async_commit();
+  for (int idx = threadIdx.x; idx < kHMax * kC; idx += blockDim.x) {
+    const int hh = idx / kC, ch = idx % kC;
+    wb_s[hh * kWPitch + ch] = hh < H ? a.wb[hh * kC + ch] : 0.f;  // heads >= H: zero weights
+  }
+
+  // Attention state: lane (r, t) holds query row i0 + r whole, half t of its accumulator.
+  const int h = warp, r = lane >> 1, t = lane & 1;
+  const int i = i0 + r;
+  const bool row_valid = i < N;
+  float4 qs[kD / 4], qp[kPts / 4], acc[kWv / 8];
+  {
+    const float* qrow = a.q + (head_row0 + (row_valid ? i : 0)) * kWq;
+#pragma unroll
+    for (int c = 0; c < kD / 4; ++c) qs[c] = ld_global4(qrow + 4 * c);
+#pragma unroll
+    for (int c = 0; c < kPts / 4; ++c) qp[c] = ld_global4(qrow + kD + 4 * c);
+#pragma unroll
+    for (int c = 0; c < kWv / 8; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const float pwh = a.pw[h];
+  float m = -INFINITY, l = 0.f;
+  __syncthreads();  // wb_s complete
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int slot = it & 1;
+    const int j0 = (tile_begin + it) * BN;
+    cp_async_wait<1>();  // this thread's copies of tile `it` have landed
+    __syncwarp();        // ... and every lane's (each warp reads only what it copied)
+    float* sbs = sb + slot * H * kQT * BNP;
+
+    // ---- 1. pair bias: lane (p, g) -> heads 3g .. 3g+2 of pair warp*8 + p, all channels ----
+    {
+      const int p = lane >> 2, g = lane & 3;
+      const ZT* zr = zw + slot * 8 * ZP + p * ZP;
+      const float* w0 = wb_s + 3 * g * kWPitch;
+      float bacc[3] = {0.f, 0.f, 0.f};
+#pragma unroll 2
+      for (int c = 0; c < NCH; ++c) {
+        float zf[CH];
+        if constexpr (CH == 4) {
+          const float4 zz = ld_shared4(reinterpret_cast<const float*>(zr) + 4 * c);
+          zf[0] = zz.x; zf[1] = zz.y; zf[2] = zz.z; zf[3] = zz.w;
+        } else {
+          unpack_bf16x8(*reinterpret_cast<const uint4*>(zr + 8 * c), zf);
+        }
+#pragma unroll
+        for (int hh = 0; hh < 3; ++hh) {
+#pragma unroll
+          for (int e4 = 0; e4 < CH; e4 += 4) {
+            const float4 w = ld_shared4(w0 + hh * kWPitch + c * CH + e4);
+            bacc[hh] = fmaf(zf[e4], w.x, bacc[hh]);
+            bacc[hh] = fmaf(zf[e4 + 1], w.y, bacc[hh]);
+            bacc[hh] = fmaf(zf[e4 + 2], w.z, bacc[hh]);
+            bacc[hh] = fmaf(zf[e4 + 3], w.w, bacc[hh]);
+          }
+        }
+      }
+      const int qi = (warp & 1) * 8 + p;
+#pragma unroll
+      for (int hh = 0; hh < 3; ++hh) {
+        const int hd = 3 * g + hh;
+        if (hd < H) sbs[(hd * kQT + qi) * BNP + wkey] = bacc[hh];
+      }
+    }
+    __syncthreads();  // biases of every head for this tile are in sbs
+
+    // ---- 2. attention: lane (r, t) scores keys t, t+2, t+4; rows >= BN are clamped, masked ----
+    {
+      const float* kt = kvw + slot * BN * (kWq + kWv);
+      const float* vt = kt + BN * kWq;
+      const float* srow = sbs + (h * kQT + r) * BNP;
+      float s[kKeysPerLane];
+#pragma unroll
+      for (int u = 0; u < kKeysPerLane; ++u) {
+        const int j = 2 * u + t, jc = min(j, BN - 1);
+        const float* kr = kt + jc * kWq;
+        float dot0 = 0.f, dot1 = 0.f, dist = 0.f;
+#pragma unroll
+        for (int c = 0; c < kD / 4; ++c) {
+          const float4 kk = ld_shared4(kr + 4 * c);
+          float& d = (c & 1) ? dot1 : dot0;
+          d = fmaf(qs[c].x, kk.x, d);
+          d = fmaf(qs[c].y, kk.y, d);
+          d = fmaf(qs[c].z, kk.z, d);
+          d = fmaf(qs[c].w, kk.w, d);
+        }
+#pragma unroll
+        for (int c = 0; c < kPts / 4; ++c) {
+          const float4 kk = ld_shared4(kr + kD + 4 * c);
+          const float dx = qp[c].x - kk.x, dy = qp[c].y - kk.y;
+          const float dz = qp[c].z - kk.z, dw = qp[c].w - kk.w;
+          dist = fmaf(dx, dx, dist);
+          dist = fmaf(dy, dy, dist);
+          dist = fmaf(dz, dz, dist);
+          dist = fmaf(dw, dw, dist);
+        }
+        const float sv = srow[jc] + fmaf(pwh, dist, dot0 + dot1);
+        s[u] = (j < BN && j0 + j < N) ? sv : -INFINITY;
+      }
+      // Online softmax in base 2. Key 0 of a tile is always valid, so mn is finite.
+      float mt = fmaxf(fmaxf(s[0], s[1]), s[2]);
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+      const float mn = fmaxf(m, mt);
+      const float alpha = exp2f(m - mn);  // 0 on the first tile (m = -inf)
+      m = mn;
+      float pe[kKeysPerLane], po[kKeysPerLane];  // probabilities of keys 2u and 2u + 1
+#pragma unroll
+      for (int u = 0; u < kKeysPerLane; ++u) {
+        const float mine = exp2f(s[u] - mn);
+        const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
+        pe[u] = t ? other : mine;
+        po[u] = t ? mine : other;
+      }
+      float lt = 0.f;  // summed in key order: the same in both lanes of the row
+#pragma unroll
+      for (int u = 0; u < kKeysPerLane; ++u) lt = (lt + pe[u]) + po[u];
+      l = fmaf(l, alpha, lt);
+#pragma unroll
+      for (int c = 0; c < kWv / 8; ++c) {
+        acc[c].x *= alpha; acc[c].y *= alpha; acc[c].z *= alpha; acc[c].w *= alpha;
+      }
+      // Two keys at a time (rolled): unrolled, all six v rows would be loaded together and the
+      // kernel would spill at the 168-register cap of 384-thread CTAs.
+#pragma unroll 1
+      for (int u = 0; u < kKeysPerLane; ++u) {
+        const float pu[2] = {u == 0 ? pe[0] : (u == 1 ? pe[1] : pe[2]),
+                             u == 0 ? po[0] : (u == 1 ? po[1] : po[2])};  // 0 for masked keys
+#pragma unroll
+        for (int par = 0; par < 2; ++par) {
+          const float* vr = vt + min(2 * u + par, BN - 1) * kWv + t * (kWv / 2);
+#pragma unroll
+          for (int c = 0; c < kWv / 8; ++c) {
+            const float4 vv = ld_shared4(vr + 4 * c);
+            acc[c].x = fmaf(pu[par], vv.x, acc[c].x);
+            acc[c].y = fmaf(pu[par], vv.y, acc[c].y);
+            acc[c].z = fmaf(pu[par], vv.z, acc[c].z);
+            acc[c].w = fmaf(pu[par], vv.w, acc[c].w);
+          }
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with this slot's z and k/v before it is refilled
+    if (it + 2 < ntiles) issue(tile_begin + it + 2, slot); else cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: half t of the row (28 floats, 16-byte aligned) ----
+  if (!row_valid) return;
+  const size_t row = head_row0 + i;
+  if (a.splits == 1) {
+    const float inv = 1.f / l;
+    float* orow = a.out + ((static_cast<size_t>(b) * N + i) * H + h) * kWv + t * (kWv / 2);
+#pragma unroll
+    for (int c = 0; c < kWv / 8; ++c)
+      *reinterpret_cast<float4*>(orow + 4 * c) =
+          make_float4(acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv);
+  } else {
+    const size_t rows = static_cast<size_t>(a.B) * H * N;
+    float* prow = a.part + (split * rows + row) * kWv + t * (kWv / 2);
+#pragma unroll
+    for (int c = 0; c < kWv / 8; ++c) *reinterpret_cast<float4*>(prow + 4 * c) = acc[c];
+    if (t == 0) {
+      float* ml = a.part + a.splits * rows * kWv + (split * rows + row) * 2;
       ml[0] = m;
       ml[1] = l;
     }
@@ -434,7 +675,13 @@ struct ClassTraits<kFusedGeneric> {
 template <int KLASS>
 FusedClassLimits limits_of() {
   using Tr = ClassTraits<KLASS>;
-  return {Tr::T, Tr::HMAX, Tr::EVEN_H, Tr::NQ * 4 * Tr::T, Tr::NP * 4 * Tr::T, Tr::NV * 4 * Tr::T};
+  return {Tr::T,  32 / Tr::T, Tr::HMAX, Tr::EVEN_H, Tr::NQ * 4 * Tr::T, Tr::NP * 4 * Tr::T,
+          Tr::NV * 4 * Tr::T, false, 0};
+}
+
+FusedClassLimits af2_limits() {
+  using namespace af2;
+  return {1, kQT, kHMax, true, kD, kPts, kWv, true, kC};
 }
 
 using KernelFn = void (*)(const FusedArgs);
@@ -446,6 +693,7 @@ KernelFn kernel_of() {
 }
 
 KernelFn select_kernel(int klass, bool z_bf16) {
+  if (klass == kFusedAF2) return z_bf16 ? ipa_fused_af2_kernel<__nv_bfloat16> : ipa_fused_af2_kernel<float>;
   if (klass == kFusedSmall) return z_bf16 ? kernel_of<__nv_bfloat16, kFusedSmall>() : kernel_of<float, kFusedSmall>();
   return z_bf16 ? kernel_of<__nv_bfloat16, kFusedGeneric>() : kernel_of<float, kFusedGeneric>();
 }
@@ -460,21 +708,27 @@ int sm_count() {
 }  // namespace
 
 FusedClassLimits fused_class_limits(int klass) {
+  if (klass == kFusedAF2) return af2_limits();
   return klass == kFusedSmall ? limits_of<kFusedSmall>() : limits_of<kFusedGeneric>();
 }
 
 cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int wq, int wv,
                        int forced_splits, FusedPlan* plan) {
-  if (klass != kFusedSmall && klass != kFusedGeneric) return cudaErrorInvalidValue;
+  if (klass != kFusedSmall && klass != kFusedGeneric && klass != kFusedAF2)
+    return cudaErrorInvalidValue;
   const FusedClassLimits lim = fused_class_limits(klass);
   if (B < 1 || N < 1 || H < 1 || H > lim.max_heads || (lim.even_heads && H % 2) || C < 8 ||
       C > kMaxPairDim || C % 8 || wq % (4 * lim.lanes_per_row) || wv % (4 * lim.lanes_per_row) ||
-      wv > lim.max_wv)
+      wv > lim.max_wv || (lim.pair_dim && C != lim.pair_dim) ||
+      (lim.exact && (wq != lim.max_dqp + lim.max_pqp || wv != lim.max_wv)))
     return cudaErrorInvalidValue;
-  const int qt = 32 / lim.lanes_per_row;
+  const int qt = lim.queries_per_cta;
   const int bn = 8 * H / qt;
-  const size_t smem = fused_smem_bytes(lim.max_heads, qt, klass == kFusedSmall, H, C,
-                                       z_bf16 ? 2 : 4, wq, wv);
+  const int zbytes = z_bf16 ? 2 : 4;
+  const size_t smem = klass == kFusedAF2
+                          ? af2_smem_bytes(H, zbytes)
+                          : fused_smem_bytes(lim.max_heads, qt, klass == kFusedSmall, H, C,
+                                             zbytes, wq, wv);
   KernelFn kern = select_kernel(klass, z_bf16);
   int dev = 0, max_optin = 0;
   cudaError_t err = cudaGetDevice(&dev);

@@ -24,25 +24,23 @@ namespace ipa {
 enum FusedClass : int {
   kFusedSmall = 0,    // 2 lanes per row, 16 queries per CTA: d <= 32, Qp <= 16, d+3Vp <= 80, even H <= 12
   kFusedGeneric = 1,  // 8 lanes per row, 4 queries per CTA: d <= 128, Qp, Vp <= 16, H <= 16
+  kFusedAF2 = 2,      // AlphaFold2's sizes exactly (d 32, Qp 4, Vp 8, pair_dim 128), even H <= 12:
+                      // compile-time widths, register-tiled logits, pair bias without reductions
 };
 
 // Per-class limits, checked by the binding (and mirrored in variants/cuda_fused.py).
 struct FusedClassLimits {
-  int lanes_per_row;  // T; padded widths are multiples of 4*T floats
+  int lanes_per_row;  // padded widths are multiples of 4 * lanes_per_row floats
+  int queries_per_cta;
   int max_heads;
   bool even_heads;
   int max_dqp, max_pqp, max_wv;
+  bool exact;     // the widths must equal max_dqp, max_pqp, max_wv (compile-time sizes)
+  int pair_dim;   // the only pair_dim the class takes, 0 = any multiple of 8 <= kMaxPairDim
 };
 FusedClassLimits fused_class_limits(int klass);
 
 constexpr int kMaxPairDim = 128;
-
-// Scheduling options of the fused kernel (results are the same up to summation order).
-enum FusedFlags : int {
-  kFusedRotateTiles = 1,    // each CTA starts its key walk at a different tile
-  kFusedKeyMajorPairs = 2,  // a warp's 8 z rows are consecutive keys (contiguous memory)
-  kFusedDefaultFlags = kFusedRotateTiles | kFusedKeyMajorPairs,
-};
 
 struct FusedArgs {
   const float* q;
@@ -56,7 +54,6 @@ struct FusedArgs {
   int B, N, H, C;
   int wq, dqp, wv, dv;
   int splits, tiles_per_split;
-  int flags;  // FusedFlags
 };
 
 struct FusedPlan {
