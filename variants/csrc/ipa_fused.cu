@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
 // lane computes a partial result another lane must finish (v1's profile: 334 warp-instructions
 // per (query, key) pair, only 29 % of them FFMA; predicated-off chunks, run-time loop bounds,
 // the reduce-scatter of partial biases and per-key shuffles made up the rest):
-//   bias      lane (p, g) = (lane / 4, lane % 4) computes heads 3g .. 3g+2 of the warp's pair p
+//   bias      lane (p, g) = (lane % 8, lane / 8) computes heads 3g .. 3g+2 of the warp's pair p
 //             over all 128 channels: one 16-byte z read (8 distinct rows per warp, pitch padded
 //             so they hit distinct banks) and three weight reads (pitch padded likewise) per 12
 //             FFMA, no shuffles;
@@ -426,31 +426,44 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
   // Stage tile `tile` into `slot`: the warp's 8 z rows and its head's BN k and v rows (rows past
   // N are zero-filled: finite logits that are masked, zero values). One commit group.
   // Pair p of the warp's 8 in a tile: query wq0 + p, key warp / 2 (query-major pair order).
+  // Each lane's copies are fixed for the whole walk (row lane / NCH + RPI * n, chunk lane % NCH),
+  // so a tile costs one address step and one cp.async per row (v3's first profile: the copy
+  // address arithmetic was a fifth of all instructions).
   const int wq0 = i0 + (warp & 1) * 8, wkey = warp >> 1;
-  const ZT* zq = zg + (static_cast<size_t>(b) * N + wq0) * N * kC;  // z row of query wq0, key 0
+  const int zrows = max(0, min(8, N - wq0));  // the warp's query rows inside N
+  const ZT* zsrc0 = zg + ((static_cast<size_t>(b) * N + wq0 + lane / NCH) * N) * kC +
+                    (lane % NCH) * CH;
+  const size_t zstep = static_cast<size_t>(RPI) * N * kC;
+  ZT* zdst0 = zw + (lane / NCH) * ZP + (lane % NCH) * CH;
+  static_assert(2 * kKeysPerLane * (kWq / 4) <= 96 && 2 * kKeysPerLane * (kWv / 4) <= 96,
+                "k/v rows of a tile: at most three 16-byte chunks per lane");
   auto issue = [&](int tile, int slot) {
     const int j0 = tile * BN;
     const int jj = j0 + wkey;
-    ZT* zdst = zw + slot * 8 * ZP + (lane / NCH) * ZP + (lane % NCH) * CH;
-    const ZT* zsrc = zq + static_cast<size_t>(jj) * kC + (lane % NCH) * CH;
+    const ZT* src = zsrc0 + static_cast<size_t>(jj) * kC;
+    ZT* dst = zdst0 + slot * 8 * ZP;
 #pragma unroll
     for (int e0 = 0; e0 < 8; e0 += RPI) {
-      const int e = e0 + lane / NCH;
-      const bool ok = wq0 + e < N && jj < N;
-      cp_async16(zdst + e0 * ZP, ok ? zsrc + static_cast<size_t>(e) * N * kC : zg, ok ? 16 : 0);
+      const bool ok = jj < N && e0 + lane / NCH < zrows;
+      cp_async16(dst + e0 * ZP, ok ? src : zg, ok ? 16 : 0);
+      src += zstep;
     }
     const int nk = min(BN, N - j0);
     float* kd = kvw + slot * BN * (kWq + kWv);
-    const float* ks = a.k + (head_row0 + j0) * kWq;
-    for (int c = lane; c < BN * (kWq / 4); c += 32) {
-      const bool ok = c < nk * (kWq / 4);
-      cp_async16(kd + 4 * c, ok ? ks + 4 * c : ks, ok ? 16 : 0);
-    }
     float* vd = kd + BN * kWq;
+    const float* ks = a.k + (head_row0 + j0) * kWq;
     const float* vs = a.v + (head_row0 + j0) * kWv;
-    for (int c = lane; c < BN * (kWv / 4); c += 32) {
-      const bool ok = c < nk * (kWv / 4);
-      cp_async16(vd + 4 * c, ok ? vs + 4 * c : vs, ok ? 16 : 0);
+#pragma unroll
+    for (int m3 = 0; m3 < 3; ++m3) {
+      const int c = lane + 32 * m3;
+      if (c < BN * (kWq / 4)) {
+        const bool ok = c < nk * (kWq / 4);
+        cp_async16(kd + 4 * c, ok ? ks + 4 * c : ks, ok ? 16 : 0);
+      }
+      if (c < BN * (kWv / 4)) {
+        const bool ok = c < nk * (kWv / 4);
+        cp_async16(vd + 4 * c, ok ? vs + 4 * c : vs, ok ? 16 : 0);
+      }
     }
     cp_async_commit();
   };
@@ -489,7 +502,7 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
 
     // ---- 1. pair bias: lane (p, g) -> heads 3g .. 3g+2 of pair warp*8 + p, all channels ----
     {
-      const int p = lane >> 2, g = lane & 3;
+      const int p = lane & 7, g = lane >> 3;  // a quarter-warp shares its weight reads
       const ZT* zr = zw + slot * 8 * ZP + p * ZP;
       const float* w0 = wb_s + 3 * g * kWPitch;
       float bacc[3] = {0.f, 0.f, 0.f};
