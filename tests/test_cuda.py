@@ -26,7 +26,16 @@ import pytest
 import torch
 
 from harness.correctness import ReferenceCache, check_variant, oracle_forward
-from variants.cuda_ext import Weights, Widths, check_call_inputs, finish, project
+from variants.cuda_ext import (
+    Weights,
+    Widths,
+    check_call_inputs,
+    finish,
+    finish_on_gpu,
+    load_extension,
+    project,
+    project_on_gpu,
+)
 from variants.cuda_fused import AF2, GENERIC, LANES, SMALL, CudaFused, fused_attention, kernel_class
 from variants.cuda_hybrid import CudaHybrid, attention_probabilities
 from variants.problem import IPAConfig, IPAInputError, make_inputs
@@ -433,6 +442,39 @@ def test_fused_classes_match_float64_kernel_math(klass, dtype, length):
     ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-5, f"class {klass}: rel_l2 {err:.3e} against float64 from the same operands"
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("lanes", [1, 2, 8])
+@pytest.mark.parametrize(
+    "config", [IPAConfig(), IPAConfig(node_dim=120, heads=5, pair_dim=8, value_points=3)], ids=str
+)
+def test_frames_kernels_match_the_pytorch_steps(config, lanes):
+    """prepare_operands / finish_frames (ipa_frames.cu) against `project` / `finish`, the
+    PyTorch specification of the same steps (which the CPU test below checks against the
+    oracle), on a ragged N with origin-offset frames."""
+    weights = Weights(init_state_dict(config), config, "cuda")
+    inputs = make_inputs(config, 2, 37, device="cuda", seed=5)
+    widths = Widths.for_lanes(config, lanes)
+    args = (weights, inputs.node_repr, inputs.translations, inputs.rotations)
+    want = project(*args, widths=widths, q_scale=0.3)
+    got = project_on_gpu(*args, widths=widths, q_scale=0.3)
+    for name in ("q", "k", "v"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.shape == b.shape, name
+        err = ((a - b).norm() / b.norm()).item()
+        assert err < 1e-6, f"{name}: rel {err:.2e}"
+    attended = torch.randn(2, 37, config.heads, widths.wv, device="cuda") * 50
+    want_out = finish(weights, attended, want, torch.float32)
+    got_out = finish_on_gpu(weights, attended, got, torch.float32)
+    err = ((got_out - want_out).norm() / want_out.norm()).item()
+    assert err < 1e-6, f"finish: rel {err:.2e}"
+    with pytest.raises(RuntimeError, match="prepare_operands: argument 'proj'"):
+        load_extension().prepare_operands(
+            torch.zeros(2, 37, 5, device="cuda"), got.rotations, got.translations, config.heads,
+            config.head_dim, config.query_points, config.value_points, widths.dqp, widths.pqp,
+            widths.wv, 1.0)
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,14 @@ an H200) into `variants/csrc/build/<arch>-torch<version>-cuda<version>-<digest o
 later process, or a later call in this one, never pays the build again; editing any file in
 `csrc/` picks a fresh directory. `build_seconds()` says what the first load cost here.
 
-Around the kernels, in PyTorch and always in float32 (bf16 inputs are upcast once, so the only
-bf16 tensor a kernel reads is `pair_repr`, the one too large to copy): LayerNorm, one fused
-projection GEMM for q, k, v and the three point sets, the local -> global frame transform, and
-after the kernel the global -> local transform of the aggregated points and the output
-projection. These steps are O(N) and a few percent of the time at large N.
+Around the kernels, always in float32 (bf16 inputs are upcast once, so the only bf16 tensor a
+kernel reads is `pair_repr`, the one too large to copy): LayerNorm, one fused projection GEMM
+for q, k, v and the three point sets, the local -> global frame transform and padding into
+operand rows, and after the kernel the global -> local transform of the aggregated points and
+the output projection. `project` / `finish` write these steps in PyTorch (the specification,
+tested on CPU); `project_on_gpu` / `finish_on_gpu`, which the variants run, do the same in five
+launches with the extension's `ipa_frames.cu` instead of ~30 small ops (eager PyTorch ops cost
+the host 20-40 us each on the H200, more than the attention kernel itself up to N ~ 1000).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from variants.base import source_digest
 from variants.problem import IPAConfig, IPAInputError, validate_inputs
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("ipa_binding.cpp", "ipa_fused.cu", "ipa_hybrid.cu")
+SOURCES = ("ipa_binding.cpp", "ipa_fused.cu", "ipa_hybrid.cu", "ipa_frames.cu")
 LOG2E = 1.0 / math.log(2.0)
 
 _lock = threading.Lock()
@@ -204,6 +207,37 @@ def project(
         translations=trans,
         widths=widths,
     )
+
+
+def project_on_gpu(
+    weights: Weights,
+    node_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+    *,
+    widths: Widths,
+    q_scale: float,
+) -> Operands:
+    """`project` in three launches: LayerNorm, the projection GEMM, the extension's
+    prepare_operands (q scale, local -> global points, padded rows)."""
+    cfg = weights.config
+    x = F.layer_norm(node_repr.float(), (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+    rot, trans = rotations.float().contiguous(), translations.float().contiguous()
+    q, k, v = load_extension().prepare_operands(
+        F.linear(x, weights.projection), rot, trans, cfg.heads, cfg.head_dim, cfg.query_points,
+        cfg.value_points, widths.dqp, widths.pqp, widths.wv, q_scale,
+    )
+    return Operands(q=q, k=k, v=v, rotations=rot, translations=trans, widths=widths)
+
+
+def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype):
+    """`finish` in two launches: the extension's finish_frames, then the output projection.
+    attended: (B, N, H, >= dv) float32, contiguous."""
+    cfg = weights.config
+    local = load_extension().finish_frames(
+        attended, ops.rotations, ops.translations, cfg.head_dim, cfg.value_points
+    )
+    return F.linear(local, weights.out_weight, weights.out_bias).to(dtype)
 
 
 def finish(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype):

@@ -35,9 +35,9 @@ from variants.cuda_ext import (
     Weights,
     Widths,
     check_call_inputs,
-    finish,
+    finish_on_gpu,
     load_extension,
-    project,
+    project_on_gpu,
 )
 from variants.problem import IPAConfig, Precision, get_precision
 
@@ -134,12 +134,12 @@ class CudaFused(Variant):
 
         def forward(node_repr, pair_repr, translations, rotations):
             check_call_inputs(config, device, dtype, node_repr, pair_repr, translations, rotations)
-            ops = project(weights, node_repr, translations, rotations, widths=widths,
-                          q_scale=q_scale)
+            ops = project_on_gpu(weights, node_repr, translations, rotations, widths=widths,
+                                 q_scale=q_scale)
             attended = fused_attention(
                 ops.q, ops.k, ops.v, pair_repr, pair_weight, point_weight,
                 klass=klass, dqp=widths.dqp, dv=widths.dv,
             )
-            return finish(weights, attended, ops, dtype)
+            return finish_on_gpu(weights, attended, ops, dtype)
 
         return forward

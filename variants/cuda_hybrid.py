@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 
 from variants.base import IPAFunction, Variant
-from variants.cuda_ext import Weights, Widths, check_call_inputs, finish, load_extension, project
+from variants.cuda_ext import (
+    Weights,
+    Widths,
+    check_call_inputs,
+    finish_on_gpu,
+    load_extension,
+    project_on_gpu,
+)
 from variants.problem import Precision, get_precision
 
 
@@ -68,8 +75,8 @@ class CudaHybrid(Variant):
 
         def forward(node_repr, pair_repr, translations, rotations):
             check_call_inputs(config, device, dtype, node_repr, pair_repr, translations, rotations)
-            ops = project(weights, node_repr, translations, rotations, widths=widths,
-                          q_scale=q_scale)
+            ops = project_on_gpu(weights, node_repr, translations, rotations, widths=widths,
+                                 q_scale=q_scale)
             # (B, N, N, H) -> (B, H, N, N): rows of one (b, h, i) contiguous for the kernel.
             bias = F.linear(pair_repr, pair_weight).permute(0, 3, 1, 2).contiguous()
             probs = attention_probabilities(
@@ -77,6 +84,6 @@ class CudaHybrid(Variant):
             )
             del bias
             attended = torch.matmul(probs, ops.v)  # (B, H, N, wv), float32
-            return finish(weights, attended.permute(0, 2, 1, 3), ops, dtype)
+            return finish_on_gpu(weights, attended.permute(0, 2, 1, 3).contiguous(), ops, dtype)
 
         return forward

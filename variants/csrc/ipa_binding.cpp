@@ -1,6 +1,6 @@
 // Thin torch binding of the IPA kernels: argument checks with readable messages, output and
-// workspace allocation, the current stream. The kernels live in ipa_fused.cu / ipa_hybrid.cu and
-// compile without torch headers.
+// workspace allocation, the current stream. The kernels live in ipa_fused.cu / ipa_hybrid.cu /
+// ipa_frames.cu and compile without torch headers.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
@@ -179,10 +179,69 @@ void hybrid_probs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
                                     c10::cuda::getCurrentCUDAStream().stream()));
 }
 
+// proj (B, N, F) float32, F = 3*H*d + 6*H*qp + 3*H*vp; rot (B, N, 3, 3); trans (B, N, 3).
+// Returns [q, k] (B, H, N, dqp + pqp) and v (B, H, N, wv), every element written.
+std::vector<at::Tensor> prepare_operands(const at::Tensor& proj, const at::Tensor& rot,
+                                         const at::Tensor& trans, int64_t H, int64_t d,
+                                         int64_t qp, int64_t vp, int64_t dqp, int64_t pqp,
+                                         int64_t wv, double q_scale) {
+  const char* fn = "ipa prepare_operands";
+  TORCH_CHECK(proj.dim() == 3, fn, ": argument 'proj': expected 3 dims (B, N, features), got "
+              "shape ", shape_of(proj));
+  const int64_t B = proj.size(0), N = proj.size(1);
+  const at::Device dev = proj.device();
+  TORCH_CHECK(H >= 1 && d >= 1 && qp >= 1 && vp >= 1, fn,
+              ": expected H, d, qp, vp >= 1, got H=", H, ", d=", d, ", qp=", qp, ", vp=", vp);
+  TORCH_CHECK(dqp >= d && pqp >= 3 * qp && wv >= d + 3 * vp, fn,
+              ": expected dqp >= d, pqp >= 3*qp, wv >= d + 3*vp, got dqp=", dqp, ", pqp=", pqp,
+              ", wv=", wv, " (d=", d, ", qp=", qp, ", vp=", vp, ")");
+  check_tensor(fn, "proj", proj, at::kFloat, {B, N, 3 * H * d + 6 * H * qp + 3 * H * vp}, dev);
+  check_tensor(fn, "rot", rot, at::kFloat, {B, N, 3, 3}, dev);
+  check_tensor(fn, "trans", trans, at::kFloat, {B, N, 3}, dev);
+  const c10::cuda::CUDAGuard guard(dev);
+  at::Tensor q = at::empty({B, H, N, dqp + pqp}, proj.options());
+  at::Tensor k = at::empty({B, H, N, dqp + pqp}, proj.options());
+  at::Tensor v = at::empty({B, H, N, wv}, proj.options());
+  ipa::PrepareArgs args{proj.data_ptr<float>(), rot.data_ptr<float>(), trans.data_ptr<float>(),
+                        q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                        static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
+                        static_cast<int>(d), static_cast<int>(qp), static_cast<int>(vp),
+                        static_cast<int>(proj.size(2)), static_cast<int>(dqp),
+                        static_cast<int>(pqp), static_cast<int>(wv),
+                        static_cast<float>(q_scale)};
+  check_cuda(fn, ipa::prepare_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
+  return {q, k, v};
+}
+
+// attended (B, N, H, pitch) float32, pitch >= d + 3*vp; rot (B, N, 3, 3); trans (B, N, 3).
+// Returns (B, N, H*d + 3*H*vp): [o_s | value points in each residue's local frame].
+at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
+                         const at::Tensor& trans, int64_t d, int64_t vp) {
+  const char* fn = "ipa finish_frames";
+  TORCH_CHECK(attended.dim() == 4, fn, ": argument 'attended': expected 4 dims (B, N, H, "
+              "pitch), got shape ", shape_of(attended));
+  const int64_t B = attended.size(0), N = attended.size(1), H = attended.size(2);
+  const int64_t pitch = attended.size(3);
+  const at::Device dev = attended.device();
+  TORCH_CHECK(d >= 1 && vp >= 1 && pitch >= d + 3 * vp, fn, ": expected d, vp >= 1 and pitch "
+              "(attended dim 3) >= d + 3*vp, got d=", d, ", vp=", vp, ", pitch=", pitch);
+  check_tensor(fn, "attended", attended, at::kFloat, {B, N, H, pitch}, dev);
+  check_tensor(fn, "rot", rot, at::kFloat, {B, N, 3, 3}, dev);
+  check_tensor(fn, "trans", trans, at::kFloat, {B, N, 3}, dev);
+  const c10::cuda::CUDAGuard guard(dev);
+  at::Tensor out = at::empty({B, N, H * d + 3 * H * vp}, attended.options());
+  ipa::FinishArgs args{attended.data_ptr<float>(), rot.data_ptr<float>(),
+                       trans.data_ptr<float>(), out.data_ptr<float>(), static_cast<int>(B),
+                       static_cast<int>(N), static_cast<int>(H), static_cast<int>(d),
+                       static_cast<int>(vp), static_cast<int>(pitch)};
+  check_cuda(fn, ipa::finish_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "IPA CUDA kernels (ipa-bench): cuda-fused and cuda-hybrid";
+  m.doc() = "IPA CUDA kernels (ipa-bench): cuda-fused, cuda-hybrid and their O(N) steps";
   m.def("fused_forward", &fused_forward, "flash-style fused IPA attention (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"),
         py::arg("out"), py::arg("klass"), py::arg("dqp"), py::arg("dv"), py::arg("splits") = 0,
@@ -190,4 +249,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hybrid_probs", &hybrid_probs, "IPA attention probabilities (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("bias"), py::arg("pw"), py::arg("probs"),
         py::arg("dqp"));
+  m.def("prepare_operands", &prepare_operands,
+        "projection output -> padded q, k, v operand rows, points in the global frame",
+        py::arg("proj"), py::arg("rot"), py::arg("trans"), py::arg("heads"), py::arg("head_dim"),
+        py::arg("query_points"), py::arg("value_points"), py::arg("dqp"), py::arg("pqp"),
+        py::arg("wv"), py::arg("q_scale"));
+  m.def("finish_frames", &finish_frames,
+        "attended [o_s | o_p (global)] -> [o_s | o_p in the local frames]", py::arg("attended"),
+        py::arg("rot"), py::arg("trans"), py::arg("head_dim"), py::arg("value_points"));
 }

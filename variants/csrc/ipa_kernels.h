@@ -96,4 +96,36 @@ constexpr int kHybridMaxQueryWidth = 256;  // wq limit (head_dim 128 + 3 * 16 po
 
 cudaError_t hybrid_launch(const HybridArgs& args, bool bias_bf16, cudaStream_t stream);
 
+// ---------------------------------------------------------------------------------------------
+// The O(N) steps around the attention kernels (ipa_frames.cu), float32, contiguous.
+//   proj   (B, N, features)  the fused projection [q | k | v | q points | k points | v points],
+//                            H*d, H*d, H*d, 3*H*qp, 3*H*qp, 3*H*vp wide, points in local frames
+//   rot (B, N, 3, 3), trans (B, N, 3): frames, p_global = p_local @ R + t
+//   prepare -> q, k (B, H, N, dqp + pqp) as in FusedArgs (q scaled by q_scale), v (B, H, N, wv)
+//   finish: attended (B, N, H, pitch) [o_s | o_p (global)] -> out (B, N, H*d + 3*H*vp)
+//           [o_s | (o_p - t) @ R^T], every element written
+// ---------------------------------------------------------------------------------------------
+struct PrepareArgs {
+  const float* proj;
+  const float* rot;
+  const float* trans;
+  float* q;
+  float* k;
+  float* v;
+  int B, N, H, d, qp, vp, features;
+  int dqp, pqp, wv;
+  float q_scale;
+};
+
+struct FinishArgs {
+  const float* attended;
+  const float* rot;
+  const float* trans;
+  float* out;
+  int B, N, H, d, vp, pitch;
+};
+
+cudaError_t prepare_launch(const PrepareArgs& args, cudaStream_t stream);
+cudaError_t finish_launch(const FinishArgs& args, cudaStream_t stream);
+
 }  // namespace ipa
