@@ -394,8 +394,6 @@ def test_compute_sanitizer_clean(tool, kernels, target, tmp_path, request):
         assert build.returncode == 0, build.stderr
         program, done = [str(driver), kernels], "sanitize driver done"
     else:
-        from variants.cuda_ext import load_extension
-
         load_extension()  # build outside the sanitizer
         script = tmp_path / "sanitize.py"
         script.write_text(SANITIZER_SCRIPT)
