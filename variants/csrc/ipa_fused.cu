@@ -367,10 +367,10 @@ __global__ void __launch_bounds__(HMAX * 32, 1) ipa_fused_kernel(const FusedArgs
 // lane computes a partial result another lane must finish (v1's profile: 334 warp-instructions
 // per (query, key) pair, only 29 % of them FFMA; predicated-off chunks, run-time loop bounds,
 // the reduce-scatter of partial biases and per-key shuffles made up the rest):
-//   bias      lane (p, g) = (lane % 8, lane / 8) computes heads 3g .. 3g+2 of the warp's pair p
-//             over all 128 channels: one 16-byte z read (8 distinct rows per warp, pitch padded
-//             so they hit distinct banks) and three weight reads (pitch padded likewise) per 12
-//             FFMA, no shuffles;
+//   bias      lane (p, s, g) computes heads 3g .. 3g+2 of the warp's pairs p and p + 4 over half
+//             of the channels (chunks s, s+2, ...): two 16-byte z reads and three weight reads
+//             (row pitches padded so that the reads of a quarter-warp hit distinct banks) per
+//             24 FFMA, then one shuffle per bias joins the two channel halves;
 //   logits    lane (r, t) = (lane / 2, lane % 2) holds the full query row r (q and its points)
 //             and scores keys t, t+2, t+4 of the tile: whole dot products, no shuffles;
 //   softmax   one shuffle for the row maximum, three to share the probabilities;
@@ -382,8 +382,8 @@ constexpr int kHMax = 12;       // heads = warps
 constexpr int kKeysPerLane = 3;  // BN = H / 2 <= 6 keys per tile, two lanes per query row
 constexpr int kWPitch = kC + 4;  // pair-bias weight rows in shared memory (floats)
 template <typename ZT>
-__host__ __device__ constexpr int z_pitch() {  // staged z rows (elements): 16 bytes of padding
-  return kC + 16 / static_cast<int>(sizeof(ZT));
+__host__ __device__ constexpr int z_pitch() {  // staged z rows (elements): 32 bytes of padding,
+  return kC + 32 / static_cast<int>(sizeof(ZT));      // rows 2 bank groups apart (see the bias)
 }
 }  // namespace af2
 
@@ -500,38 +500,53 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
     __syncwarp();        // ... and every lane's (each warp reads only what it copied)
     float* sbs = sb + slot * H * kQT * BNP;
 
-    // ---- 1. pair bias: lane (p, g) -> heads 3g .. 3g+2 of pair warp*8 + p, all channels ----
+    // ---- 1. pair bias: lane (p, s, g) -> heads 3g .. 3g+2 of pairs p and p + 4 over the
+    //      channel chunks s, s+2, s+4, ...; one shuffle per value joins the two halves ----
     {
-      const int p = lane & 7, g = lane >> 3;  // a quarter-warp shares its weight reads
-      const ZT* zr = zw + slot * 8 * ZP + p * ZP;
+      const int p = lane & 3, s = (lane >> 2) & 1, g = lane >> 3;  // a quarter shares g
+      const ZT* zr = zw + slot * 8 * ZP + p * ZP;  // rows p and p + 4
       const float* w0 = wb_s + 3 * g * kWPitch;
-      float bacc[3] = {0.f, 0.f, 0.f};
+      float bacc[2][3] = {{0.f, 0.f, 0.f}, {0.f, 0.f, 0.f}};
 #pragma unroll 2
-      for (int c = 0; c < NCH; ++c) {
-        float zf[CH];
-        if constexpr (CH == 4) {
-          const float4 zz = ld_shared4(reinterpret_cast<const float*>(zr) + 4 * c);
-          zf[0] = zz.x; zf[1] = zz.y; zf[2] = zz.z; zf[3] = zz.w;
-        } else {
-          unpack_bf16x8(*reinterpret_cast<const uint4*>(zr + 8 * c), zf);
+      for (int c = s; c < NCH; c += 2) {
+        float zf[2][CH];
+#pragma unroll
+        for (int q2 = 0; q2 < 2; ++q2) {
+          const ZT* zc = zr + q2 * 4 * ZP + c * CH;
+          if constexpr (CH == 4) {
+            const float4 zz = ld_shared4(reinterpret_cast<const float*>(zc));
+            zf[q2][0] = zz.x; zf[q2][1] = zz.y; zf[q2][2] = zz.z; zf[q2][3] = zz.w;
+          } else {
+            unpack_bf16x8(*reinterpret_cast<const uint4*>(zc), zf[q2]);
+          }
         }
 #pragma unroll
         for (int hh = 0; hh < 3; ++hh) {
 #pragma unroll
           for (int e4 = 0; e4 < CH; e4 += 4) {
             const float4 w = ld_shared4(w0 + hh * kWPitch + c * CH + e4);
-            bacc[hh] = fmaf(zf[e4], w.x, bacc[hh]);
-            bacc[hh] = fmaf(zf[e4 + 1], w.y, bacc[hh]);
-            bacc[hh] = fmaf(zf[e4 + 2], w.z, bacc[hh]);
-            bacc[hh] = fmaf(zf[e4 + 3], w.w, bacc[hh]);
+#pragma unroll
+            for (int q2 = 0; q2 < 2; ++q2) {
+              float& x = bacc[q2][hh];
+              x = fmaf(zf[q2][e4], w.x, x);
+              x = fmaf(zf[q2][e4 + 1], w.y, x);
+              x = fmaf(zf[q2][e4 + 2], w.z, x);
+              x = fmaf(zf[q2][e4 + 3], w.w, x);
+            }
           }
         }
       }
-      const int qi = (warp & 1) * 8 + p;
+      // Lane s = 0 finishes pair p, lane s = 1 pair p + 4 (both add the two halves in the same
+      // order, so the sum does not depend on which lane finishes it).
 #pragma unroll
       for (int hh = 0; hh < 3; ++hh) {
+        const float mine = s ? bacc[0][hh] : bacc[1][hh];  // the half the partner finishes
+        const float other = __shfl_xor_sync(0xffffffffu, mine, 4);
+        const float own = s ? bacc[1][hh] : bacc[0][hh];
+        const float total = s ? other + own : own + other;  // chunk half 0 + half 1
         const int hd = 3 * g + hh;
-        if (hd < H) sbs[(hd * kQT + qi) * BNP + wkey] = bacc[hh];
+        const int qi = (warp & 1) * 8 + p + 4 * s;
+        if (hd < H) sbs[(hd * kQT + qi) * BNP + wkey] = total;
       }
     }
     __syncthreads();  // biases of every head for this tile are in sbs
