@@ -21,6 +21,8 @@
 // the next, and padded widths are zero-filled so the chunk loops stay uniform across a warp):
 //   small   T=2, 16 queries/CTA, key/value tiles in shared memory (cp.async, double-buffered)
 //   generic T=8,  4 queries/CTA, key/value rows read through L1 from global memory
+//   af2     AlphaFold2's sizes exactly, its own kernel below (ipa_fused_af2_kernel): the same
+//           CTA and tile as `small`, every width a compile-time constant, whole dot products
 #include <math.h>
 
 #include <algorithm>
