@@ -49,14 +49,6 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4 r, float (&f)[8]) {
   f[7] = __uint_as_float(r.w & 0xffff0000u);
 }
 
-// 2^x on the special-function unit alone (ex2.approx.ftz: ~2 ulp; results below 2^-126 flush to
-// zero, harmless for softmax weights). exp2f adds a three-instruction denormal fix-up per call.
-__device__ __forceinline__ float exp2_approx(const float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ __forceinline__ float to_float(const float x) { return x; }
 __device__ __forceinline__ float to_float(const __nv_bfloat16 x) { return __bfloat162float(x); }
 

@@ -433,9 +433,6 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
   // address arithmetic was a fifth of all instructions).
   const int wq0 = i0 + (warp & 1) * 8, wkey = warp >> 1;
   const int zrows = max(0, min(8, N - wq0));  // the warp's query rows inside N
-  unsigned zmask = 0;  // bit e0: the row this lane copies in step e0 lies inside N
-#pragma unroll
-  for (int e0 = 0; e0 < 8; e0 += RPI) zmask |= (e0 + lane / NCH < zrows ? 1u : 0u) << e0;
   const ZT* zsrc0 = zg + ((static_cast<size_t>(b) * N + wq0 + lane / NCH) * N) * kC +
                     (lane % NCH) * CH;
   const size_t zstep = static_cast<size_t>(RPI) * N * kC;
@@ -449,7 +446,7 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
     ZT* dst = zdst0 + slot * 8 * ZP;
 #pragma unroll
     for (int e0 = 0; e0 < 8; e0 += RPI) {
-      const bool ok = jj < N && ((zmask >> e0) & 1u);
+      const bool ok = jj < N && e0 + lane / NCH < zrows;
       cp_async16(dst + e0 * ZP, ok ? src : zg, ok ? 16 : 0);
       src += zstep;
     }
@@ -593,12 +590,12 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
       float mt = fmaxf(fmaxf(s[0], s[1]), s[2]);
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
       const float mn = fmaxf(m, mt);
-      const float alpha = exp2_approx(m - mn);  // 0 on the first tile (m = -inf)
+      const float alpha = exp2f(m - mn);  // 0 on the first tile (m = -inf)
       m = mn;
       float pe[kKeysPerLane], po[kKeysPerLane];  // probabilities of keys 2u and 2u + 1
 #pragma unroll
       for (int u = 0; u < kKeysPerLane; ++u) {
-        const float mine = exp2_approx(s[u] - mn);
+        const float mine = exp2f(s[u] - mn);
         const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
         pe[u] = t ? other : mine;
         po[u] = t ? mine : other;
@@ -607,11 +604,9 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
 #pragma unroll
       for (int u = 0; u < kKeysPerLane; ++u) lt = (lt + pe[u]) + po[u];
       l = fmaf(l, alpha, lt);
-      if (__any_sync(0xffffffffu, alpha != 1.f)) {  // after the first tiles the maxima rarely move
 #pragma unroll
-        for (int c = 0; c < kWv / 8; ++c) {
-          acc[c].x *= alpha; acc[c].y *= alpha; acc[c].z *= alpha; acc[c].w *= alpha;
-        }
+      for (int c = 0; c < kWv / 8; ++c) {
+        acc[c].x *= alpha; acc[c].y *= alpha; acc[c].z *= alpha; acc[c].w *= alpha;
       }
       // Two keys at a time (rolled): unrolled, all six v rows would be loaded together and the
       // kernel would spill at the 168-register cap of 384-thread CTAs.
