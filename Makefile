@@ -39,8 +39,9 @@ bench: setup
 
 # GPU machine: no network, nothing installed; run from the repo root. GPU tests, the
 # pytest-benchmark proof, then the quick sweep and its report; each stage has a time limit so
-# that the whole fits one 10-minute device call (2026-12-02 on the H200: 86 of the GPU tests,
-# extension build included, took 300 s; the quick sweep 63 s; a cut sweep resumes when
+# that the whole fits one 10-minute device call (2026-12-02 on the H200, third session, with
+# GPU_TEST_S=330 GPU_SWEEP_S=90: all 169 GPU tests, extension build included, 295 s;
+# pytest-benchmark 37 s; the quick sweep about 60 s; 410 s in all. A cut sweep resumes when
 # rerun into $(OUT)).
 # Plots are drawn where the CSV is fetched to: $$OUT returns at most 8 files.
 GPU_PRESET ?= quick
