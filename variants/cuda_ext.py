@@ -169,6 +169,13 @@ class Operands:
     widths: Widths
 
 
+def _projection(weights: Weights, node_repr: torch.Tensor) -> torch.Tensor:
+    """LayerNorm, then the one projection GEMM: (B, N, features) float32."""
+    cfg = weights.config
+    x = F.layer_norm(node_repr.float(), (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+    return F.linear(x, weights.projection)
+
+
 def project(
     weights: Weights,
     node_repr: torch.Tensor,
@@ -182,8 +189,7 @@ def project(
     cfg = weights.config
     b, n, _ = node_repr.shape
     h, d = cfg.heads, cfg.head_dim
-    x = F.layer_norm(node_repr.float(), (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
-    q, k, v, q_pts, k_pts, v_pts = F.linear(x, weights.projection).split(weights.split_sizes, -1)
+    q, k, v, q_pts, k_pts, v_pts = _projection(weights, node_repr).split(weights.split_sizes, -1)
     rot, trans = rotations.float(), translations.float()
 
     def to_global(points: torch.Tensor, count: int) -> torch.Tensor:  # p @ R + t, per head
@@ -221,10 +227,9 @@ def project_on_gpu(
     """`project` in three launches: LayerNorm, the projection GEMM, the extension's
     prepare_operands (q scale, local -> global points, padded rows)."""
     cfg = weights.config
-    x = F.layer_norm(node_repr.float(), (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
     rot, trans = rotations.float().contiguous(), translations.float().contiguous()
     q, k, v = load_extension().prepare_operands(
-        F.linear(x, weights.projection), rot, trans, cfg.heads, cfg.head_dim, cfg.query_points,
+        _projection(weights, node_repr), rot, trans, cfg.heads, cfg.head_dim, cfg.query_points,
         cfg.value_points, widths.dqp, widths.pqp, widths.wv, q_scale,
     )
     return Operands(q=q, k=k, v=v, rotations=rot, translations=trans, widths=widths)
