@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from variants.cuda_ext import LOG2E, Weights, Widths, build_seconds, load_extension, project
-from variants.cuda_fused import AF2, LANES, SMALL, CudaFused, kernel_class
+from variants.cuda_ext import Weights, Widths, build_seconds, load_extension, project
+from variants.cuda_fused import AF2, LANES, SMALL, CudaFused, base2_units, kernel_class
 from variants.cuda_hybrid import attention_probabilities
 from variants.problem import IPAConfig, make_inputs
 from variants.reference import init_state_dict
@@ -81,10 +81,9 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
             for n in lengths:
                 inputs = make_inputs(config, 2, n, dtype=dtype, device="cuda", seed=1)
                 widths = Widths.for_lanes(config, LANES[klass])
+                q_scale, wb, pw = base2_units(weights)
                 ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
-                              widths=widths, q_scale=LOG2E / config.head_dim**0.5)
-                wb = (weights.pair_bias * LOG2E).contiguous()
-                pw = (weights.point_weight * LOG2E).contiguous()
+                              widths=widths, q_scale=q_scale)
                 ref, _ = _reference_attended(ops, inputs.pair_repr, wb, pw, widths, True)
                 for splits in (1, 0):
                     out = torch.full((2, n, config.heads, widths.dv), float("nan"), device="cuda")
@@ -126,24 +125,29 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
     return rows
 
 
-def fused_operands(n: int, precision: str, klass: int | None = None):
-    """The cuda-fused kernel's prepared operands for the default config at B = 1, in the
-    layout of kernel class `klass` (None: the class the variant picks); pair_repr drawn on the
-    GPU (the float64 CPU draw of (N, N, 128) takes tens of seconds at N = 4096)."""
+def timing_inputs(n: int, precision: str):
+    """The default config's four inputs at B = 1 (seeded), with pair_repr drawn on the GPU: the
+    float64 CPU draw of (N, N, 128) takes tens of seconds at N = 4096."""
     config = IPAConfig()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
-    weights = Weights(init_state_dict(config), config, "cuda")
-    klass = kernel_class(config) if klass is None else klass
-    widths = Widths.for_lanes(config, LANES[klass])
     small = IPAConfig(config.node_dim, 8, config.heads, config.query_points, config.value_points)
     inputs = make_inputs(small, 1, n, dtype=dtype, device="cuda", seed=3)
     gen = torch.Generator(device="cuda").manual_seed(3)
     pair = torch.randn(1, n, n, config.pair_dim, generator=gen, device="cuda", dtype=dtype)
-    ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
-                  widths=widths, q_scale=LOG2E / config.head_dim**0.5)
-    wb = (weights.pair_bias * LOG2E).contiguous()
-    pw = (weights.point_weight * LOG2E).contiguous()
-    out = torch.empty(1, n, config.heads, widths.dv, device="cuda")
+    return inputs.node_repr, pair, inputs.translations, inputs.rotations
+
+
+def fused_operands(inputs, klass: int | None = None):
+    """The cuda-fused kernel's prepared operands for `timing_inputs`, in the layout of kernel
+    class `klass` (None: the class the variant picks)."""
+    config = IPAConfig()
+    node_repr, pair, translations, rotations = inputs
+    weights = Weights(init_state_dict(config), config, "cuda")
+    klass = kernel_class(config) if klass is None else klass
+    widths = Widths.for_lanes(config, LANES[klass])
+    q_scale, wb, pw = base2_units(weights)
+    ops = project(weights, node_repr, translations, rotations, widths=widths, q_scale=q_scale)
+    out = torch.empty(1, pair.shape[1], config.heads, widths.dv, device="cuda")
     return (ops.q, ops.k, ops.v, pair, wb, pw, out, klass, widths.dqp, widths.dv)
 
 
@@ -174,24 +178,21 @@ def kernel_ab(lengths, reps: int) -> list[dict]:
     for precision in ("fp32", "bf16"):
         forward = CudaFused().build(init_state_dict(config), config, "cuda", precision)
         for n in lengths:
+            inputs = timing_inputs(n, precision)
             for klass in (AF2, SMALL):
-                operands = fused_operands(n, precision, klass)
+                operands = fused_operands(inputs, klass)
                 plan = ext.fused_forward(*operands)
                 median, low = _median_ms(ext.fused_forward, operands, reps, flush)
                 rows.append({"what": "kernel", "klass": klass, "precision": precision, "N": n,
                              "plan": list(plan), "median_ms": median, "min_ms": low})
                 print(json.dumps(rows[-1]), flush=True)
-            dtype = operands[3].dtype
-            small = IPAConfig(config.node_dim, 8, config.heads, config.query_points,
-                              config.value_points)
-            inputs = make_inputs(small, 1, n, dtype=dtype, device="cuda", seed=3)
-            args = (inputs.node_repr, operands[3], inputs.translations, inputs.rotations)
+                del operands
             with torch.no_grad():
-                median, low = _median_ms(forward, args, reps, flush)
+                median, low = _median_ms(forward, inputs, reps, flush)
             rows.append({"what": "variant", "klass": kernel_class(config),
                          "precision": precision, "N": n, "median_ms": median, "min_ms": low})
             print(json.dumps(rows[-1]), flush=True)
-            del operands, args
+            del inputs
             torch.cuda.empty_cache()
     return rows
 
@@ -218,7 +219,7 @@ def main() -> None:
     if "ab" in opts.steps:
         results["ab"] = kernel_ab([int(x) for x in opts.lengths.split(",")], opts.reps)
     if "ncu-target" in opts.steps:
-        operands = fused_operands(opts.length, opts.precision, opts.klass)
+        operands = fused_operands(timing_inputs(opts.length, opts.precision), opts.klass)
         load_extension().fused_forward(*operands)
         torch.cuda.synchronize()
     if results:

@@ -36,7 +36,16 @@ from variants.cuda_ext import (
     project,
     project_on_gpu,
 )
-from variants.cuda_fused import AF2, GENERIC, LANES, SMALL, CudaFused, fused_attention, kernel_class
+from variants.cuda_fused import (
+    AF2,
+    GENERIC,
+    LANES,
+    SMALL,
+    CudaFused,
+    base2_units,
+    fused_attention,
+    kernel_class,
+)
 from variants.cuda_hybrid import CudaHybrid, attention_probabilities
 from variants.problem import IPAConfig, IPAInputError, make_inputs
 from variants.reference import init_state_dict
@@ -267,10 +276,9 @@ def _fused_operands(config: IPAConfig, length: int, batch: int, dtype: torch.dty
     klass = kernel_class(config) if klass is None else klass
     widths = Widths.for_lanes(config, LANES[klass])
     inputs = make_inputs(config, batch, length, dtype=dtype, device="cuda", seed=seed)
+    q_scale, pair_weight, point_weight = base2_units(weights)
     ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
-                  widths=widths, q_scale=1.4426950408889634 / config.head_dim**0.5)
-    pair_weight = (weights.pair_bias * 1.4426950408889634).contiguous()
-    point_weight = (weights.point_weight * 1.4426950408889634).contiguous()
+                  widths=widths, q_scale=q_scale)
     return ops, inputs.pair_repr, pair_weight, point_weight, klass, widths
 
 

@@ -45,6 +45,16 @@ SMALL, GENERIC, AF2 = 0, 1, 2  # kernel classes, as in variants/csrc/ipa_kernels
 LANES = {SMALL: 2, GENERIC: 8, AF2: 1}  # operand rows are padded to 4 * LANES floats
 
 
+def base2_units(weights: Weights) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """The kernel's base-2 units (its softmax runs on exp2): the q scale log2(e) / sqrt(d), and
+    pair_bias.weight and the point weight -softplus(w)/2, each times log2(e)."""
+    return (
+        LOG2E / weights.config.head_dim**0.5,
+        (weights.pair_bias * LOG2E).contiguous(),
+        (weights.point_weight * LOG2E).contiguous(),
+    )
+
+
 def kernel_class(config: IPAConfig) -> int:
     """The kernel class that runs `config` (mirrors the limits checked in ipa_binding.cpp)."""
     if (
@@ -127,9 +137,7 @@ class CudaFused(Variant):
         weights = Weights(state_dict, config, device)
         klass = kernel_class(config)
         widths = Widths.for_lanes(config, LANES[klass])
-        q_scale = LOG2E / config.head_dim**0.5
-        pair_weight = (weights.pair_bias * LOG2E).contiguous()
-        point_weight = (weights.point_weight * LOG2E).contiguous()
+        q_scale, pair_weight, point_weight = base2_units(weights)
         device = weights.device
 
         def forward(node_repr, pair_repr, translations, rotations):
