@@ -362,17 +362,22 @@ def _sanitizer() -> str | None:
 DRIVER_SOURCE = REPO / "tests" / "csrc" / "sanitize_driver.cu"
 
 
-def _compile_driver(out: Path) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def sanitizer_driver(tmp_path_factory) -> Path:
+    """tests/csrc/sanitize_driver.cu built once for this module (nvcc alone, no torch)."""
+    if NVCC is None:
+        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    out = tmp_path_factory.mktemp("sanitize") / "driver"
     cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-lineinfo", "-I", str(CSRC), "-o",
            str(out), str(DRIVER_SOURCE), str(CSRC / "ipa_fused.cu"), str(CSRC / "ipa_hybrid.cu")]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+    return out
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-def test_sanitizer_driver_compiles(tmp_path: Path):
+def test_sanitizer_driver_compiles(sanitizer_driver: Path):
     """The torch-free sanitizer target builds against the kernels' host interface."""
-    proc = _compile_driver(tmp_path / "driver")
-    assert proc.returncode == 0, proc.stderr
+    assert sanitizer_driver.is_file()
 
 
 @pytest.mark.gpu
@@ -397,9 +402,7 @@ def test_compute_sanitizer_clean(tool, kernels, target, tmp_path, request):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     kernel_filter = f"kns=ipa_{kernels}"
     if target == "driver":
-        driver = tmp_path / "driver"
-        build = _compile_driver(driver)
-        assert build.returncode == 0, build.stderr
+        driver = request.getfixturevalue("sanitizer_driver")
         program, done = [str(driver), kernels], "sanitize driver done"
     else:
         load_extension()  # build outside the sanitizer
