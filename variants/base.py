@@ -42,7 +42,7 @@ def source_digest(roots: Iterable[Path], suffixes: tuple[str, ...] = SOURCE_SUFF
 
 
 # Requirement names a variant may list in `requires`, each with the check that explains it.
-REQUIREMENTS = ("cuda", "nvcc", "triton")
+REQUIREMENTS = ("cuda", "nvcc", "ninja", "triton")
 
 
 @functools.cache
@@ -64,6 +64,10 @@ def requirement_reason(requirement: str, device: str) -> str | None:
             return "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
         if torch.version.cuda is None:
             return f"this torch ({torch.__version__}) is a CPU build without CUDA headers"
+        return None
+    if requirement == "ninja":
+        if shutil.which("ninja") is None and importlib.util.find_spec("ninja") is None:
+            return "ninja not found (torch builds CUDA extensions with it: pip install ninja)"
         return None
     if requirement == "triton":
         if importlib.util.find_spec("triton") is None:
