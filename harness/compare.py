@@ -1,6 +1,6 @@
 """`ipa-bench compare OLD.csv NEW.csv [--threshold 5%]`: what changed between two sweeps.
 
-Cells are matched on `harness.sweep.KEY_COLUMNS` (variant, shape, dtype, mode, device). For
+Cells are matched on `harness.results.KEY_COLUMNS` (variant, shape, dtype, mode, device). For
 each matched cell: the latency ratio new/old of `median_ms`, the memory ratio of
 `peak_mem_mib`, and the change of `rel_l2` (ratio new/old). Rows are sorted by the largest
 regression first.
@@ -45,12 +45,10 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.report import markdown_table
-from harness.sweep import KEY_COLUMNS
+from harness.results import KEY_COLUMNS, latest_per_key, read_results
 from variants.problem import IPAInputError
 
 MEMORY_SLACK_MIB = 1.0
-NEEDED_COLUMNS = KEY_COLUMNS + ["status", "reason", "median_ms", "p20_ms", "p80_ms",
-                                "peak_mem_mib", "rel_l2", "device_name"]
 FAILING = ("PASS->FAIL", "SLOWER", "MORE MEMORY")
 
 
@@ -70,17 +68,11 @@ def parse_threshold(text: str) -> float:
 
 
 def load(path: str | Path, what: str) -> pd.DataFrame:
-    """A results CSV with its key columns as strings, one row per key (the last one)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{what}: no such file {str(path)!r}")
-    df = pd.read_csv(path, keep_default_na=True)
-    missing = [c for c in NEEDED_COLUMNS if c not in df.columns]
-    if missing:
-        raise IPAInputError(f"{what} {path}: not an ipa-bench results CSV; missing columns "
-                            f"{missing}")
+    """A results CSV (`read_results`) with its key columns as strings, one row per key (the
+    last one)."""
+    df = read_results(path, what)
     df[KEY_COLUMNS] = df[KEY_COLUMNS].astype(str)
-    return df.drop_duplicates(subset=KEY_COLUMNS, keep="last")
+    return latest_per_key(df)
 
 
 @dataclass
@@ -145,7 +137,7 @@ def compare(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05) -> Co
     cells["memory_ratio"] = [_ratio(n, o) for n, o in
                              zip(cells["peak_mem_mib_new"], cells["peak_mem_mib_old"],
                                  strict=True)]
-    cells["error_ratio"] = [_ratio(n, o) for n, o in
+    cells["rel_l2_change"] = [_ratio(n, o) for n, o in
                             zip(cells["rel_l2_new"], cells["rel_l2_old"], strict=True)]
     cells["verdict"] = [_verdict(r, threshold) for r in cells.itertuples()]
     # Worst first: failures of the comparison (pass->fail first), then by the largest ratio.
@@ -202,8 +194,8 @@ def table_rows(result: Comparison) -> list[list[str]]:
             _times(r.latency_ratio),
             _num(r.peak_mem_mib_old, ".4g"), _num(r.peak_mem_mib_new, ".4g"),
             _times(r.memory_ratio),
-            _num(r.rel_l2_new, ".2e") + ("" if pd.isna(r.error_ratio)
-                                         else f" ({r.error_ratio:.3g}x)"),
+            _num(r.rel_l2_new, ".2e") + ("" if pd.isna(r.rel_l2_change)
+                                         else f" ({r.rel_l2_change:.3g}x)"),
             r.verdict,
         ])
     return rows
@@ -234,6 +226,11 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.mode:
         old, new = old[old["mode"] == args.mode], new[new["mode"] == args.mode]
     result = compare(old, new, args.threshold)
+    if result.cells.empty:
+        raise IPAInputError(
+            f"OLD.csv, NEW.csv: no cell in common{f' in mode {args.mode!r}' if args.mode else ''}"
+            f" ({len(result.only_old)} only in OLD, {len(result.only_new)} only in NEW): "
+            "nothing to compare")
     rows = table_rows(result)
     if args.markdown:
         print(markdown_table(HEADER, rows) if rows else "No matched cells.")

@@ -31,7 +31,10 @@ DEFAULT_SEEDS = 5
 
 
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref||, in float64; inf when `out` holds NaN or Inf."""
+    """||out - ref|| / ||ref||, in float64; inf when `out` holds NaN or Inf or has another
+    shape."""
+    if not isinstance(out, torch.Tensor):
+        return math.inf
     out64, ref64 = out.detach().double(), ref.detach().double()
     if out64.shape != ref64.shape or not torch.isfinite(out64).all():
         return math.inf
@@ -39,6 +42,8 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def max_abs(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if not isinstance(out, torch.Tensor):
+        return math.inf
     out64 = out.detach().double()
     if out64.shape != ref.shape or not torch.isfinite(out64).all():
         return math.inf
@@ -48,6 +53,66 @@ def max_abs(out: torch.Tensor, ref: torch.Tensor) -> float:
 def tolerance(reference_err: float, precision: Precision) -> float:
     """SPEC: pass when err <= max(2 x the reference's own error, the precision's floor)."""
     return max(2.0 * reference_err, precision.tol_floor)
+
+
+INPUT_NAMES = ("node_repr", "pair_repr", "translations", "rotations")
+
+
+@dataclass
+class OutputJudgement:
+    """One output against the oracle: the error figures and every failure, by one routine
+    (`judge_output`) that `check`, the sweep, the registry tests and `diagnose` share."""
+
+    rel_l2: float
+    max_abs: float
+    reference_rel_l2: float
+    tol: float
+    failures: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def err_over_tol(self) -> float:
+        return self.rel_l2 / self.tol if math.isfinite(self.rel_l2) else math.inf
+
+
+def judge_output(
+    out: object,
+    oracle: torch.Tensor,
+    reference_err: float,
+    precision: Precision,
+    *,
+    inputs: IPAInputs,
+    pristine: IPAInputs,
+) -> OutputJudgement:
+    """Judge a variant's `out` for `inputs` against the float64 `oracle`.
+
+    Fails outright: not a tensor, a wrong shape or dtype, NaN/Inf, an input modified in place
+    (`inputs` after the call against `pristine`, a copy taken before it). Otherwise the error
+    fails when `rel_l2 > tolerance(reference_err, precision)`.
+    """
+    tol = tolerance(reference_err, precision)
+    failures = []
+    if not isinstance(out, torch.Tensor):
+        failures.append(f"output is a {type(out).__name__}, expected a torch.Tensor")
+        return OutputJudgement(math.inf, math.inf, reference_err, tol, failures)
+    if tuple(out.shape) != tuple(oracle.shape):
+        failures.append(f"output shape {tuple(out.shape)} != {tuple(oracle.shape)}")
+    if out.dtype != precision.dtype:
+        failures.append(f"output dtype {out.dtype} != {precision.dtype}")
+    bad = (~torch.isfinite(out)).sum().item()
+    if bad:
+        failures.append(f"{bad} NaN/Inf values in the output")
+    for name, now, before in zip(INPUT_NAMES, inputs.as_tuple(), pristine.as_tuple(),
+                                 strict=True):
+        if not torch.equal(now, before):
+            failures.append(f"the variant modified its input {name}")
+    err = rel_l2(out, oracle)
+    if not err <= tol and not failures:
+        failures.append(f"rel_l2 {err:.3e} > tol {tol:.3e}")
+    return OutputJudgement(err, max_abs(out, oracle), reference_err, tol, failures)
 
 
 # Largest (B, rows, N, H, Qp, 3) point-difference tensor the chunked reference materialises.
@@ -176,11 +241,6 @@ class ReferenceCache:
         return self._figures[key]
 
 
-def _worst_seed_figures(errors: list[tuple[float, float, float]], precision: Precision):
-    """From (err, max_abs, ref_err) per seed, the seed with the worst err / tol."""
-    return max(errors, key=lambda e: e[0] / tolerance(e[2], precision))
-
-
 def check_variant(
     variant: Variant,
     config: IPAConfig,
@@ -212,7 +272,7 @@ def check_variant(
     if fn is None:
         fn = variant.build(state_dict, config, device, precision)
 
-    per_seed = []
+    judged: list[tuple[int, OutputJudgement]] = []
     with math_mode(precision), torch.no_grad():
         for seed in range(first_seed, first_seed + seeds):
             inputs = make_inputs(
@@ -225,27 +285,32 @@ def check_variant(
                                          precision, inputs, moved)
             pristine = inputs.clone()
             out = fn(*inputs.as_tuple())
-            _check_output(result, out, inputs, pristine, precision, seed)
+            judgement = judge_output(out, figures.oracle, figures.reference_err, precision,
+                                     inputs=inputs, pristine=pristine)
             del pristine
-            per_seed.append((rel_l2(out, figures.oracle), max_abs(out, figures.oracle),
-                             figures.reference_err))
+            judged.append((seed, judgement))
             if moved is not None:
-                result.invariance_err = rel_l2(fn(*moved.as_tuple()), out)
+                # The first output is copied: a variant that returns one reused buffer must
+                # not compare that buffer with itself.
+                first = out.detach().clone() if isinstance(out, torch.Tensor) else out
+                result.invariance_err = rel_l2(fn(*moved.as_tuple()), first)
                 result.invariance_tol = tolerance(figures.reference_invariance_err, precision)
 
-    err, worst_abs, ref_err = _worst_seed_figures(per_seed, precision)
-    result.seeds = len(per_seed)
-    result.rel_l2, result.reference_rel_l2 = err, ref_err
-    result.max_abs = max(e[1] for e in per_seed)
-    result.tol = tolerance(ref_err, precision)
+    worst = max((j for _, j in judged), key=lambda j: j.err_over_tol)
+    result.seeds = len(judged)
+    result.rel_l2, result.reference_rel_l2 = worst.rel_l2, worst.reference_rel_l2
+    result.max_abs = max(j.max_abs for _, j in judged)
+    result.tol = worst.tol
     # Undefined in fp64, where the reference is the oracle and its own error is zero.
-    result.err_ratio = err / ref_err if ref_err > 0 else math.nan
-    failing = [
-        s for s, e in enumerate(per_seed, first_seed) if not e[0] <= tolerance(e[2], precision)
-    ]
+    result.err_ratio = (worst.rel_l2 / worst.reference_rel_l2 if worst.reference_rel_l2 > 0
+                        else math.nan)
+    for seed, judgement in judged:  # failures no error figure shows, per seed
+        result.failures += [f"seed {seed}: {f}" for f in judgement.failures
+                            if not f.startswith("rel_l2")]
+    failing = [seed for seed, j in judged if not j.rel_l2 <= j.tol]
     if failing:
         result.failures.append(
-            f"rel_l2 {err:.3e} > tol {result.tol:.3e} (seeds {failing} of {result.seeds})"
+            f"rel_l2 {worst.rel_l2:.3e} > tol {worst.tol:.3e} (seeds {failing} of {result.seeds})"
         )
     if not result.invariance_err <= result.invariance_tol:
         result.failures.append(
@@ -253,25 +318,3 @@ def check_variant(
         )
     return result
 
-
-def _check_output(
-    result: CheckResult,
-    out: torch.Tensor,
-    inputs: IPAInputs,
-    pristine: IPAInputs,
-    precision: Precision,
-    seed: int,
-) -> None:
-    """Record failures that no error figure shows: shape, dtype, NaN/Inf, modified inputs."""
-    expected_shape = (inputs.batch, inputs.length, result.config.node_dim)
-    if tuple(out.shape) != expected_shape:
-        result.failures.append(f"seed {seed}: output shape {tuple(out.shape)} != {expected_shape}")
-    if out.dtype != precision.dtype:
-        result.failures.append(f"seed {seed}: output dtype {out.dtype} != {precision.dtype}")
-    bad = (~torch.isfinite(out)).sum().item()
-    if bad:
-        result.failures.append(f"seed {seed}: {bad} NaN/Inf values in the output")
-    names = ("node_repr", "pair_repr", "translations", "rotations")
-    for name, now, before in zip(names, inputs.as_tuple(), pristine.as_tuple(), strict=True):
-        if not torch.equal(now, before):
-            result.failures.append(f"seed {seed}: the variant modified its input {name}")

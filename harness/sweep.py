@@ -10,15 +10,12 @@ A rerun into the same directory skips every cell already on disk.
 
 from __future__ import annotations
 
-import csv
 import datetime
 import gc
-import io
 import json
 import os
-import platform
-import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,6 +24,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from harness import environment
 from harness.correctness import CheckResult, ReferenceCache, check_variant, rows_per_chunk
 from harness.grid import Cell, Grid
 from harness.measure import (
@@ -40,77 +38,18 @@ from harness.measure import (
     time_cuda,
     time_cuda_graph,
 )
-from variants.base import Variant, source_digest
+from harness.results import METADATA_JSON, RESULTS_CSV, ResultsFile, row_key
+from variants.base import Variant
 from variants.problem import get_precision, make_inputs, math_mode
 from variants.reference import init_state_dict
-
-REPO = Path(__file__).resolve().parents[1]  # for git and the source digest
-
-COLUMNS = [
-    "run_id", "started_at", "variant", "is_baseline", "batch", "length", "heads", "node_dim",
-    "pair_dim", "query_points", "value_points", "dtype", "math_mode", "mode", "device",
-    "device_name", "status", "reason", "build_s", "median_ms", "p20_ms", "p80_ms", "n_samples",
-    "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
-    "invariance_err", "invariance_tol", "correctness_seeds", "speedup_vs_baseline", "floor_ms",
-    "pct_of_floor", "tflops", "notes",
-]
-KEY_COLUMNS = ["variant", "batch", "length", "heads", "node_dim", "pair_dim", "query_points",
-               "value_points", "dtype", "mode", "device"]
-RESULTS_CSV = "results.csv"
-METADATA_JSON = "metadata.json"
 
 
 def cell_key(variant: str, cell: Cell, mode: str, device: str) -> tuple[str, ...]:
     c = cell.config
-    return tuple(str(v) for v in (variant, cell.batch, cell.length, c.heads, c.node_dim,
-                                  c.pair_dim, c.query_points, c.value_points, cell.precision,
-                                  mode, device))
-
-
-class ResultsFile:
-    """Append-only CSV that survives SIGKILL: each cell's rows go out in one write + fsync;
-    on open, a torn last line (no newline) is cut off, so the file always parses."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.done: set[tuple[str, ...]] = set()
-        self.baseline_ms: dict[tuple[str, ...], float] = {}
-        if path.exists():
-            self._repair()
-            with path.open(newline="") as f:
-                for row in csv.DictReader(f):
-                    self._remember(row)
-        else:
-            with path.open("w", newline="") as f:
-                csv.writer(f, lineterminator="\n").writerow(COLUMNS)
-                f.flush()
-                os.fsync(f.fileno())
-
-    def _repair(self) -> None:
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
-        header = self.path.read_text().split("\n", 1)[0]
-        if header.split(",") != COLUMNS:
-            raise ValueError(f"{self.path}: columns differ from this version's; use a new -o DIR")
-
-    def _remember(self, row: dict) -> None:
-        key = tuple(row[k] for k in KEY_COLUMNS)
-        self.done.add(key)
-        if row["is_baseline"] == "True" and row["median_ms"]:
-            self.baseline_ms[key[1:]] = float(row["median_ms"])
-
-    def append(self, rows: list[dict]) -> None:
-        """Write one cell's rows in a single write, then fsync."""
-        rows = [{c: row.get(c, "") for c in COLUMNS} for row in rows]
-        buffer = io.StringIO()
-        csv.DictWriter(buffer, COLUMNS, lineterminator="\n").writerows(rows)
-        with self.path.open("a", newline="") as f:
-            f.write(buffer.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        for row in rows:
-            self._remember({k: str(v) for k, v in row.items()})
+    return row_key(dict(variant=variant, batch=cell.batch, length=cell.length, heads=c.heads,
+                        node_dim=c.node_dim, pair_dim=c.pair_dim, query_points=c.query_points,
+                        value_points=c.value_points, dtype=cell.precision, mode=mode,
+                        device=device))
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -138,56 +77,11 @@ class Environment:
 
 def describe_environment(device: torch.device) -> tuple[Environment, dict]:
     """Device facts for every row, and the metadata JSON for this invocation."""
-    meta: dict = {
-        "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "platform": platform.platform(),
-        "command": " ".join(sys.argv), "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain")),
-        "source_digest": source_digest([REPO / "variants", REPO / "harness"]),
-    }
-    try:
-        import triton
-
-        meta["triton"] = triton.__version__
-    except ImportError:
-        meta["triton"] = None
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        name = props.name
-        meta.update(gpu_name=name, sm_count=props.multi_processor_count,
-                    l2_bytes=getattr(props, "L2_cache_size", None),
-                    memory_gib=props.total_memory / 2**30,
-                    driver=_nvidia_smi("driver_version"), clocks_at_start=_gpu_clocks())
-        flusher = L2Flusher(device)
-    else:
-        name = platform.processor() or platform.machine()
-        meta.update(cpu=name, cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
-        flusher = None
+    meta = environment.describe(device)
+    flusher = L2Flusher(device) if device.type == "cuda" else None
     bandwidth = copy_bandwidth_gbps(device, nbytes=(1 << 30) if device.type == "cuda" else 1 << 27)
-    meta.update(device_name=name, copy_bandwidth_gbps=bandwidth)
-    return Environment(device, name, bandwidth, flusher), meta
-
-
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              timeout=10, cwd=REPO).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _nvidia_smi(query: str) -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True, timeout=20)
-        return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
-
-
-def _gpu_clocks() -> str | None:
-    return _nvidia_smi(
-        "clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active")
+    meta["copy_bandwidth_gbps"] = bandwidth
+    return Environment(device, meta["device_name"], bandwidth, flusher), meta
 
 
 class Sweep:
@@ -254,14 +148,17 @@ class Sweep:
                 timespec="seconds")
             meta["finished"] = finished  # False after a crash or Ctrl-C: rerun to resume
             if self.device.type == "cuda":
-                meta["clocks_at_end"] = _gpu_clocks()
+                meta["clocks_at_end"] = environment.gpu_clocks()
             self._write_meta(meta_path, runs)
         return results.path
 
     @staticmethod
     def _write_meta(path: Path, runs: list[dict]) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"runs": runs}, indent=2, default=str))
+        """Replace `path` atomically through a fresh temporary file (never a fixed name that
+        could be a symbolic link planted beside it)."""
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".metadata-", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"runs": runs}, indent=2, default=str))
         os.replace(tmp, path)
 
     def _row(self, cell: Cell, variant: Variant, mode: str, env: Environment, **values) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 from harness.cli import main as cli_main
 from harness.compare import compare, load, parse_threshold
-from harness.sweep import COLUMNS
+from harness.results import COLUMNS
 
 SMOKE_CSV = Path(__file__).parent / "data" / "smoke-cpu" / "results.csv"
 

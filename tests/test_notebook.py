@@ -52,7 +52,7 @@ def _synthetic_gpu_csv(path: Path) -> Path:
 
 
 def test_every_csv_column_is_documented():
-    from harness.sweep import COLUMNS
+    from harness.results import COLUMNS
 
     text = (REPO / "results" / "README.md").read_text()
     assert [c for c in COLUMNS if f"| `{c}`" not in text and f", `{c}`" not in text] == []
