@@ -27,6 +27,7 @@ import torch
 
 from harness.correctness import ReferenceCache, check_variant, oracle_forward
 from variants.cuda_ext import (
+    SOURCES,
     Weights,
     Widths,
     check_call_inputs,
@@ -53,6 +54,7 @@ from variants.reference import init_state_dict
 REPO = Path(__file__).resolve().parents[1]
 CSRC = REPO / "variants" / "csrc"
 KERNEL_SOURCES = sorted(CSRC.glob("*.cu"))
+KERNEL_UNITS = [CSRC / name for name in SOURCES if name.endswith(".cu")]  # what the extension links
 
 
 def _nvcc() -> str | None:
@@ -134,6 +136,12 @@ def test_kernel_compiles_for_sm90_without_spills(source: Path, tmp_path: Path):
         if e.spill_stores or e.spill_loads
     ]
     assert not spilling, "register spills:\n" + "\n".join(spilling)
+
+
+def test_extension_builds_every_kernel_source():
+    """cuda_ext.SOURCES, what the extension compiles and links, names every .cu in csrc/."""
+    assert sorted(KERNEL_UNITS) == KERNEL_SOURCES
+    assert all((CSRC / name).is_file() for name in SOURCES)
 
 
 def test_kernel_sources_do_not_include_torch():
@@ -369,7 +377,7 @@ def sanitizer_driver(tmp_path_factory) -> Path:
         pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
     out = tmp_path_factory.mktemp("sanitize") / "driver"
     cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-lineinfo", "-I", str(CSRC), "-o",
-           str(out), str(DRIVER_SOURCE), str(CSRC / "ipa_fused.cu"), str(CSRC / "ipa_hybrid.cu")]
+           str(out), str(DRIVER_SOURCE), *map(str, KERNEL_UNITS)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
     return out

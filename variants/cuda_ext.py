@@ -1,8 +1,8 @@
 """Shared plumbing of the two CUDA variants (`cuda-hybrid`, `cuda-fused`): the lazily built
 extension and the PyTorch side of the computation around the kernels.
 
-Not a variant. The extension is `variants/csrc/` (kernels in `ipa_fused.cu` / `ipa_hybrid.cu`,
-which compile with nvcc alone, plus the thin torch binding `ipa_binding.cpp`). It is compiled on
+Not a variant. The extension is `variants/csrc/` (kernels in `ipa_fused*.cu` / `ipa_hybrid.cu` /
+`ipa_frames.cu`, which compile with nvcc alone, plus the thin torch binding `ipa_binding.cpp`). It is compiled on
 first use with `torch.utils.cpp_extension.load` for the running GPU's architecture only (sm_90 on
 an H200) into `variants/csrc/build/<arch>-torch<version>-cuda<version>-<digest of csrc>/`, so a
 later process, or a later call in this one, never pays the build again; editing any file in
@@ -34,7 +34,14 @@ from variants.base import source_digest
 from variants.problem import IPAConfig, IPAInputError, validate_inputs
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("ipa_binding.cpp", "ipa_fused.cu", "ipa_hybrid.cu", "ipa_frames.cu")
+SOURCES = (
+    "ipa_binding.cpp",
+    "ipa_fused.cu",  # cuda-fused: class limits, launch plan, split-K combine
+    "ipa_fused_small_generic.cu",  # cuda-fused kernel classes small and generic
+    "ipa_fused_af2.cu",  # cuda-fused kernel class af2
+    "ipa_hybrid.cu",
+    "ipa_frames.cu",
+)
 LOG2E = 1.0 / math.log(2.0)
 
 _lock = threading.Lock()

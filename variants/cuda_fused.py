@@ -8,7 +8,8 @@ heads (one warp per head); per key tile each warp first turns 8 (query, key) row
 staged in shared memory by cp.async two tiles ahead, into H biases, then scores its queries
 against the tile (scalar q.k, the softplus-weighted squared point distance computed directly,
 the bias), updates an fp32 online softmax and accumulates [v | value points] in one pass.
-`variants/csrc/ipa_fused.cu` documents the layout; `docs/perf-notes.md` the measurements.
+`variants/csrc/ipa_fused.cu` documents the design and names the file of each kernel class;
+`docs/perf-notes.md` has the measurements.
 
 Differences from the reference: LayerNorm, projections and frame transforms run in PyTorch in
 float32 (bf16 inputs are upcast; only pair_repr is read in bf16, by the kernel, with fp32

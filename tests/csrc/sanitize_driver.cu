@@ -4,7 +4,7 @@
 // split-K. Operands are random: the sanitizer checks accesses, the other GPU tests check values.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -lineinfo -I variants/csrc -o driver \
-//        tests/csrc/sanitize_driver.cu variants/csrc/ipa_fused.cu variants/csrc/ipa_hybrid.cu
+//        tests/csrc/sanitize_driver.cu variants/csrc/*.cu
 //   compute-sanitizer --tool racecheck ./driver fused      (or: hybrid)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

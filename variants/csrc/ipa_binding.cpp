@@ -1,5 +1,5 @@
 // Thin torch binding of the IPA kernels: argument checks with readable messages, output and
-// workspace allocation, the current stream. The kernels live in ipa_fused.cu / ipa_hybrid.cu /
+// workspace allocation, the current stream. The kernels live in ipa_fused*.cu / ipa_hybrid.cu /
 // ipa_frames.cu and compile without torch headers.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

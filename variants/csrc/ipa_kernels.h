@@ -28,7 +28,8 @@ enum FusedClass : int {
                       // compile-time widths, register-tiled logits, pair bias without reductions
 };
 
-// Per-class limits, checked by the binding (and mirrored in variants/cuda_fused.py).
+// Per-class limits, checked by the binding (mirrored in variants/cuda_fused.py, compared
+// with these by tests/test_cuda.py).
 struct FusedClassLimits {
   int lanes_per_row;  // padded widths are multiples of 4 * lanes_per_row floats
   int queries_per_cta;
@@ -41,6 +42,15 @@ struct FusedClassLimits {
 FusedClassLimits fused_class_limits(int klass);
 
 constexpr int kMaxPairDim = 128;
+
+// Whether class `klass` takes these padded operand widths (dqp, pqp = wq - dqp, wv: floats), H
+// heads and pair_dim C: every limit of FusedClassLimits, as the binding checks them one by one.
+bool fused_class_fits(int klass, int H, int C, int dqp, int pqp, int wv);
+
+// The class cuda-fused runs for a layer: the first of af2, small, generic that fits its widths
+// padded to the class's 4 * lanes_per_row floats (variants/cuda_ext.py, Widths.for_lanes), or -1
+// when none does. Host only, no CUDA call: tests/csrc/fused_classes.cu prints it without a GPU.
+int fused_kernel_class(int H, int head_dim, int query_points, int value_points, int pair_dim);
 
 struct FusedArgs {
   const float* q;
