@@ -1,8 +1,10 @@
 """Tests of the CUDA variants (cuda-hybrid, cuda-fused; issue 5).
 
 On CPU (CI): every kernel source in variants/csrc/ compiles with nvcc alone (no torch headers)
-for sm_90, and the ptxas report shows no register spills in the shipped instances; the variants
-explain why they cannot run; the Python-side checks reject bad inputs before any launch.
+for sm_90, and the ptxas report shows no register spills in the shipped instances; the kernel
+classes of variants/cuda_fused.py (ids, limits, which class a layer gets) agree with the C++,
+printed by a torch-free host program (tests/csrc/fused_classes.cu); the variants explain why
+they cannot run; the Python-side checks reject bad inputs before any launch.
 On the GPU (`-m gpu`): the correctness protocol (float64 oracle, SE(3) invariance) on odd
 configurations in fp32 and bf16 (the default configuration up to N = 2048, ragged N
 included, is tested for every variant by tests/test_variants.py), both kernel classes,
@@ -12,6 +14,9 @@ memcheck / racecheck clean.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 import math
 import os
 import re
@@ -39,8 +44,10 @@ from variants.cuda_ext import (
 )
 from variants.cuda_fused import (
     AF2,
+    CLASS_LIMITS,
     GENERIC,
     LANES,
+    MAX_PAIR_DIM,
     SMALL,
     CudaFused,
     base2_units,
@@ -204,6 +211,116 @@ def test_kernel_class(config, expected):
     assert kernel_class(config) == expected
     widths = Widths.for_lanes(config, LANES[expected])
     assert widths.dqp % (4 * LANES[expected]) == 0 and widths.wv >= widths.dv
+
+
+CLASS_PROGRAM_SOURCE = REPO / "tests" / "csrc" / "fused_classes.cu"
+
+
+@pytest.fixture(scope="module")
+def fused_classes_program(tmp_path_factory) -> Path:
+    """tests/csrc/fused_classes.cu linked with the cuda-fused sources: host code only, prints the
+    C++ class ids, limits and picks as JSON, and runs without a GPU."""
+    if NVCC is None:
+        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    out = tmp_path_factory.mktemp("classes") / "fused_classes"
+    fused = [str(p) for p in KERNEL_UNITS if p.name.startswith("ipa_fused")]
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90", "-I", str(CSRC), "-o", str(out),
+           str(CLASS_PROGRAM_SOURCE), *fused]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+    return out
+
+
+def cxx_classes(program: Path, configs=()) -> dict:
+    """The C++ view: class ids, max pair_dim, limits per class, and fused_kernel_class per config
+    (-1: no class)."""
+    lines = "".join(
+        f"{c.heads} {c.head_dim} {c.query_points} {c.value_points} {c.pair_dim}\n"
+        for c in configs
+    )
+    proc = subprocess.run([str(program)], input=lines, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def python_class(config: IPAConfig) -> int:
+    try:
+        return kernel_class(config)
+    except ValueError:
+        return -1
+
+
+def test_class_ids_and_limits_match_the_cxx(fused_classes_program):
+    cxx = cxx_classes(fused_classes_program)
+    assert cxx["class_ids"] == {"small": SMALL, "generic": GENERIC, "af2": AF2}
+    assert cxx["max_pair_dim"] == MAX_PAIR_DIM == CudaFused.limits["pair_dim"][1]
+    limits = {int(klass): fields for klass, fields in cxx["limits"].items()}
+    assert limits == {klass: dataclasses.asdict(lim) for klass, lim in CLASS_LIMITS.items()}
+
+
+# Sizes at and just past each class's edges (node_dim = heads * head_dim).
+AWKWARD_CONFIGS = [
+    IPAConfig(),  # af2
+    IPAConfig(node_dim=64, heads=2),  # af2, fewest heads
+    IPAConfig(node_dim=320, heads=10),  # af2, odd key tile
+    IPAConfig(node_dim=352, heads=11),  # AF2's widths, odd heads: generic
+    IPAConfig(pair_dim=120),  # af2 takes pair_dim 128 only: small
+    IPAConfig(pair_dim=8),
+    IPAConfig(query_points=5),  # one point past af2: small
+    IPAConfig(value_points=7),
+    IPAConfig(node_dim=372, heads=12),  # head_dim 31: small (dqp 32)
+    IPAConfig(node_dim=396, heads=12),  # head_dim 33: past small's 32, generic
+    IPAConfig(query_points=16, value_points=16),  # small at its widest (pqp 48, wv 80)
+    IPAConfig(value_points=17),  # wv 88 > 80: generic
+    IPAConfig(query_points=17),  # pqp 56 > 48: generic (outside the variant's limits)
+    IPAConfig(node_dim=12, heads=12),  # head_dim 1
+    IPAConfig(node_dim=11, heads=11),  # head_dim 1, odd heads
+    IPAConfig(node_dim=448, heads=14),  # head_dim 32, 14 heads: generic
+    IPAConfig(heads=16),
+    IPAConfig(heads=4),  # head_dim 96
+    IPAConfig(heads=3),  # head_dim 128, odd heads
+    IPAConfig(node_dim=2048, heads=16, query_points=16, value_points=16),  # generic at its widest
+    IPAConfig(node_dim=120, heads=5, pair_dim=8),
+    IPAConfig(node_dim=64, heads=8, pair_dim=32),  # head_dim 8
+    IPAConfig(node_dim=387, heads=3),  # head_dim 129: no class
+    IPAConfig(heads=24),  # no class
+    IPAConfig(node_dim=544, heads=17),  # no class
+    IPAConfig(pair_dim=136),  # no class
+    IPAConfig(pair_dim=100),  # not a multiple of 8: no class
+    IPAConfig(node_dim=2048, heads=16, query_points=22),  # pqp 96 > 64: no class
+]
+
+
+def test_kernel_class_picks_what_the_cxx_picks(fused_classes_program):
+    cxx = cxx_classes(fused_classes_program, AWKWARD_CONFIGS)
+    picks = [row[-1] for row in cxx["picks"]]
+    assert len(picks) == len(AWKWARD_CONFIGS)
+    mismatches = [
+        f"{config}: python {python_class(config)}, C++ {pick}"
+        for config, pick in zip(AWKWARD_CONFIGS, picks, strict=True)
+        if python_class(config) != pick
+    ]
+    assert not mismatches, "\n".join(mismatches)
+    assert {AF2, SMALL, GENERIC, -1} <= set(picks)  # the list reaches every outcome
+
+
+def test_every_config_inside_the_variant_limits_has_a_class(fused_classes_program):
+    """CudaFused.limits promise nothing the kernels cannot run: the C++ dispatch has a class
+    for every corner of them (and the Python side picks the same)."""
+    lim = CudaFused.limits
+    configs = [
+        IPAConfig(node_dim=heads * head_dim, heads=heads, query_points=qp, value_points=vp,
+                  pair_dim=pair_dim)
+        for heads, head_dim, qp, vp, pair_dim in itertools.product(
+            (*lim["heads"], 2, 12), (*lim["head_dim"], 32, 33), lim["query_points"],
+            lim["value_points"], lim["pair_dim"])
+    ]
+    cxx = cxx_classes(fused_classes_program, configs)
+    for config, row in zip(configs, cxx["picks"], strict=True):
+        assert row[-1] != -1, f"no C++ kernel class for {config}, inside CudaFused.limits"
+        assert python_class(config) == row[-1], config
+        reasons = CudaFused().not_supported_reasons(config, "cuda", "fp32")
+        assert not [r for r in reasons if "range" in r or "multiple of 8" in r], reasons
 
 
 def test_call_checks_reject_bad_inputs_before_launch():

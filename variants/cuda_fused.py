@@ -28,6 +28,8 @@ CTA, key/value rows read through L1). The first call of a process builds or load
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from variants.base import IPAFunction, Variant
@@ -43,7 +45,35 @@ from variants.cuda_ext import (
 from variants.problem import IPAConfig, Precision, get_precision
 
 SMALL, GENERIC, AF2 = 0, 1, 2  # kernel classes, as in variants/csrc/ipa_kernels.h
-LANES = {SMALL: 2, GENERIC: 8, AF2: 1}  # operand rows are padded to 4 * LANES floats
+MAX_PAIR_DIM = 128  # kMaxPairDim
+
+
+@dataclass(frozen=True)
+class ClassLimits:
+    """One kernel class's limits, FusedClassLimits of ipa_kernels.h field for field (widths in
+    floats, after padding; tests/test_cuda.py compares them with the C++ values)."""
+
+    lanes_per_row: int  # operand rows are padded to multiples of 4 * lanes_per_row floats
+    queries_per_cta: int
+    max_heads: int
+    even_heads: bool
+    max_dqp: int  # head_dim, padded
+    max_pqp: int  # 3 * query_points, padded
+    max_wv: int  # head_dim + 3 * value_points, padded
+    exact: bool  # the widths must equal the maxima (compile-time sizes)
+    pair_dim: int  # the only pair_dim the class takes; 0: any multiple of 8 <= MAX_PAIR_DIM
+
+
+CLASS_LIMITS = {
+    SMALL: ClassLimits(lanes_per_row=2, queries_per_cta=16, max_heads=12, even_heads=True,
+                       max_dqp=32, max_pqp=48, max_wv=80, exact=False, pair_dim=0),
+    GENERIC: ClassLimits(lanes_per_row=8, queries_per_cta=4, max_heads=16, even_heads=False,
+                         max_dqp=128, max_pqp=64, max_wv=192, exact=False, pair_dim=0),
+    AF2: ClassLimits(lanes_per_row=1, queries_per_cta=16, max_heads=12, even_heads=True,
+                     max_dqp=32, max_pqp=12, max_wv=56, exact=True, pair_dim=128),
+}
+LANES = {klass: limits.lanes_per_row for klass, limits in CLASS_LIMITS.items()}
+PREFERENCE = (AF2, SMALL, GENERIC)  # a layer runs the first class that fits it
 
 
 def base2_units(weights: Weights) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -56,25 +86,31 @@ def base2_units(weights: Weights) -> tuple[float, torch.Tensor, torch.Tensor]:
     )
 
 
+def class_fits(klass: int, config: IPAConfig) -> bool:
+    """Whether kernel class `klass` takes `config` (fused_class_fits in ipa_fused.cu)."""
+    lim = CLASS_LIMITS[klass]
+    w = Widths.for_lanes(config, lim.lanes_per_row)
+    c = config.pair_dim
+    return (
+        config.heads <= lim.max_heads
+        and not (lim.even_heads and config.heads % 2)
+        and 8 <= c <= MAX_PAIR_DIM
+        and c % 8 == 0
+        and lim.pair_dim in (0, c)
+        and w.dqp <= lim.max_dqp
+        and w.pqp <= lim.max_pqp
+        and w.wv <= lim.max_wv
+        and (not lim.exact or (w.dqp, w.pqp, w.wv) == (lim.max_dqp, lim.max_pqp, lim.max_wv))
+    )
+
+
 def kernel_class(config: IPAConfig) -> int:
-    """The kernel class that runs `config` (mirrors the limits checked in ipa_binding.cpp)."""
-    if (
-        (config.head_dim, config.query_points, config.value_points, config.pair_dim)
-        == (32, 4, 8, 128)
-        and config.heads % 2 == 0
-        and config.heads <= 12
-    ):
-        return AF2
-    small = Widths.for_lanes(config, LANES[SMALL])
-    if (
-        config.heads % 2 == 0
-        and config.heads <= 12
-        and small.dqp <= 32
-        and small.pqp <= 48
-        and small.wv <= 80
-    ):
-        return SMALL
-    return GENERIC
+    """The kernel class that runs `config`: the first of af2, small, generic that fits it
+    (fused_kernel_class in ipa_fused.cu). ValueError when none does (outside `CudaFused.limits`)."""
+    for klass in PREFERENCE:
+        if class_fits(klass, config):
+            return klass
+    raise ValueError(f"no cuda-fused kernel class takes {config}")
 
 
 def fused_attention(
@@ -117,6 +153,8 @@ class CudaFused(Variant):
     devices = ("cuda",)
     precisions = ("fp32", "bf16")
     requires = ("cuda", "nvcc")
+    # Every config inside these limits (and pair_dim a multiple of 8) fits a kernel class: the
+    # C++ dispatch says so at the corners (tests/test_cuda.py).
     limits = {
         "query_points": (1, 16),
         "value_points": (1, 16),
