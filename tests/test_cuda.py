@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from harness.correctness import ReferenceCache, check_variant, oracle_forward
+from variants.base import _nvcc_path
 from variants.cuda_ext import (
     SOURCES,
     Weights,
@@ -64,14 +65,19 @@ KERNEL_SOURCES = sorted(CSRC.glob("*.cu"))
 KERNEL_UNITS = [CSRC / name for name in SOURCES if name.endswith(".cu")]  # what the extension links
 
 
-def _nvcc() -> str | None:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+NVCC = _nvcc_path()  # $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, else nvcc on PATH
 
 
-NVCC = _nvcc()
+def require_nvcc() -> str:
+    """nvcc for the CPU compile tests. Where it is absent they skip, except under CI (CI=true):
+    the README promises that CI compiles every kernel source and fails on spills, so there a
+    missing nvcc fails instead of passing silently."""
+    if NVCC is None:
+        reason = "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}; CI must compile the CUDA sources")
+        pytest.skip(reason)
+    return NVCC
 HAS_GPU = torch.cuda.is_available() and torch.version.cuda is not None and NVCC is not None
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device, CUDA torch and nvcc")
 
@@ -123,12 +129,11 @@ def test_parse_ptxas_reads_spills():
     assert (entry.registers, entry.spill_stores, entry.spill_loads) == (128, 12, 20)
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
 @pytest.mark.parametrize("source", KERNEL_SOURCES, ids=lambda p: p.name)
 def test_kernel_compiles_for_sm90_without_spills(source: Path, tmp_path: Path):
     # No torch include paths: the kernels must stand alone (the binding .cpp is separate).
     cmd = [
-        NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", "-I", str(CSRC),
+        require_nvcc(), "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", "-I", str(CSRC),
         "-c", str(source), "-o", str(tmp_path / (source.stem + ".o")),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -220,11 +225,10 @@ CLASS_PROGRAM_SOURCE = REPO / "tests" / "csrc" / "fused_classes.cu"
 def fused_classes_program(tmp_path_factory) -> Path:
     """tests/csrc/fused_classes.cu linked with the cuda-fused sources: host code only, prints the
     C++ class ids, limits and picks as JSON, and runs without a GPU."""
-    if NVCC is None:
-        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    nvcc = require_nvcc()
     out = tmp_path_factory.mktemp("classes") / "fused_classes"
     fused = [str(p) for p in KERNEL_UNITS if p.name.startswith("ipa_fused")]
-    cmd = [NVCC, "-std=c++17", "-arch=sm_90", "-I", str(CSRC), "-o", str(out),
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-I", str(CSRC), "-o", str(out),
            str(CLASS_PROGRAM_SOURCE), *fused]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
@@ -490,10 +494,9 @@ DRIVER_SOURCE = REPO / "tests" / "csrc" / "sanitize_driver.cu"
 @pytest.fixture(scope="module")
 def sanitizer_driver(tmp_path_factory) -> Path:
     """tests/csrc/sanitize_driver.cu built once for this module (nvcc alone, no torch)."""
-    if NVCC is None:
-        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    nvcc = require_nvcc()
     out = tmp_path_factory.mktemp("sanitize") / "driver"
-    cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-lineinfo", "-I", str(CSRC), "-o",
+    cmd = [nvcc, "-std=c++17", "-O3", "-arch=sm_90", "-lineinfo", "-I", str(CSRC), "-o",
            str(out), str(DRIVER_SOURCE), *map(str, KERNEL_UNITS)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
