@@ -1,12 +1,20 @@
-"""`ipa-bench`: the command-line entry point. Each command lives in its own module and
-contributes a subparser through `add_parser(subparsers)`; this module only assembles them."""
+"""`ipa-bench`: the command-line entry point. Each command's module contributes its subparser;
+this module assembles them and applies the exit-code convention (`harness.options`):
+
+    0  done, everything checked passed        2  bad arguments or input; nothing ran
+    1  done, something checked failed          3  an unexpected exception (a bug): traceback
+  130  interrupted (a sweep's finished rows are on disk; rerun to resume)
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
-from harness import commands
+from harness import check, compare, diagnose, options, plots, report, sweep
+from harness.version import __version__
 from variants.problem import IPAInputError
 
 
@@ -15,10 +23,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ipa-bench",
         description="Benchmark and check Invariant Point Attention implementations "
         "against a float64 oracle.",
+        epilog="Exit status: 0 passed, 1 something checked failed, 2 usage error, "
+        "3 internal error (a bug; traceback printed), 130 interrupted.",
     )
+    parser.add_argument("--version", action="version", version=f"ipa-bench {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in commands.modules():
-        module.add_parser(subparsers)
+    check.add_list_parser(subparsers)
+    check.add_check_parser(subparsers)
+    sweep.add_parser(subparsers)
+    plots.add_parser(subparsers)
+    report.add_parser(subparsers)
+    diagnose.add_parser(subparsers)
+    compare.add_parser(subparsers)
     return parser
 
 
@@ -26,9 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (IPAInputError, KeyError, FileNotFoundError) as exc:
+    except IPAInputError as exc:  # raised by argument and input-file checks, before any run
         print(f"ipa-bench {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return options.EXIT_USAGE
+    except BrokenPipeError:  # the reader went away (`ipa-bench list --json | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return options.EXIT_OK
+    except KeyboardInterrupt:
+        print(f"ipa-bench {args.command}: interrupted", file=sys.stderr)
+        return options.EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 - a bug: show where, with the convention's exit code
+        traceback.print_exc()
+        print(f"ipa-bench {args.command}: internal error (the traceback above); please report "
+              "it with the command line", file=sys.stderr)
+        return options.EXIT_INTERNAL
 
 
 if __name__ == "__main__":

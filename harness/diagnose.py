@@ -5,7 +5,7 @@ is probed with inputs and weights that switch one part of the function off, or m
 dominate, or isolate it: identity frames, no point term, no pair bias, one key, one batch
 element, an N that fills every tile, one head, one point, non-contiguous inputs. Each probe
 goes through the same oracle comparison as `check` (float64 reference on the same inputs;
-tolerance from the reference's own error in that probe, `harness.correctness.tolerance`).
+tolerance from the reference's own error in that probe; `harness.correctness.judge_output`).
 Where the error appears and where it vanishes names the suspect; that logic is data
 (`RULES`), one rule per suspect, each with a test.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,12 +26,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands import add_config_options, config_from_args, default_device
-from harness.correctness import oracle_forward, rel_l2, tolerance
+from harness import options
+from harness.correctness import judge_output, oracle_forward, rel_l2
+from harness.model_new import model_new_variant
+from harness.results import ERR_RATIO_LABEL
+from harness.version import __version__
 from variants.base import IPAFunction, Variant
 from variants.problem import (
     PRECISIONS,
     IPAConfig,
+    IPAInputError,
     IPAInputs,
     Precision,
     get_precision,
@@ -43,6 +46,7 @@ from variants.reference import init_state_dict, make_module
 from variants.registry import get_variant
 
 StateDict = dict[str, torch.Tensor]
+DIAGNOSE_SCHEMA = "ipa-bench.diagnose/1"
 
 # Very negative head weight: softplus(-40) = 4e-18, so the point term is ~0 at any distance.
 POINT_TERM_OFF_WEIGHT = -40.0
@@ -334,6 +338,13 @@ class ProbeResult:
     message: str = ""
 
     @property
+    def err_ratio(self) -> float:
+        """rel_l2 over the reference's own error (nan where undefined, as in fp64)."""
+        if math.isnan(self.rel_l2) or not self.reference_rel_l2 > 0:
+            return math.nan
+        return self.rel_l2 / self.reference_rel_l2
+
+    @property
     def outcome(self) -> str:
         """For the rules: pass, fail (FAIL or error), or skip."""
         return {"pass": "pass", "FAIL": "fail", "error": "fail"}.get(self.status, "skip")
@@ -386,6 +397,7 @@ def diagnose(
     weights_seed: int = 0,
     probes: tuple[Probe, ...] = PROBES,
     cache: OracleCache | None = None,
+    on_probe: Callable[[str], None] | None = None,
 ) -> Diagnosis:
     """Run every probe on `variant` and return the figures; `.verdict` names the suspect.
 
@@ -402,6 +414,8 @@ def diagnose(
             diagnosis.results.append(_run_probe(
                 variant, probe, config, device, precision, sizes, seeds, weights_seed,
                 cache, built))
+            if on_probe:
+                on_probe(probe.name)
     return diagnosis
 
 
@@ -438,12 +452,13 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
         reference = make_module(weights, config, device, precision.dtype)
         return inputs, oracle, rel_l2(reference(*inputs.as_tuple()), oracle)
 
-    worst = -math.inf
+    worst = None
     for seed in range(seeds):
         key = (config, batch, length, probe.inputs, probe.weights, weights_seed, seed,
                device, precision.name)
         inputs, oracle, ref_err = cache.get(key, lambda seed=seed: make_entry(seed))
-        inputs = inputs.clone()  # a variant that writes into its inputs spoils no cache entry
+        pristine = inputs  # cached; the variant gets a copy, so it can spoil no cache entry
+        inputs = inputs.clone()
         if probe.layout:
             inputs = probe.layout(inputs)
         try:
@@ -451,17 +466,16 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
         except Exception as exc:  # recorded as this probe's error row, never dropped
             result.status, result.message = "error", f"forward: {_message(exc)}"
             return result
-        err, tol = rel_l2(out, oracle), tolerance(ref_err, precision)
-        ratio = err / tol if math.isfinite(err) else math.inf
-        if ratio > worst:
-            worst = ratio
-            result.rel_l2, result.reference_rel_l2, result.tol = err, ref_err, tol
-        if not err <= tol:
+        judgement = judge_output(out, oracle, ref_err, precision, inputs=inputs,
+                                 pristine=pristine)
+        if worst is None or judgement.err_over_tol > worst.err_over_tol:
+            worst = judgement
+        if not judgement.passed:
             result.status = "FAIL"
-            if tuple(out.shape) != tuple(oracle.shape):
-                result.message = f"output shape {tuple(out.shape)} != {tuple(oracle.shape)}"
-            elif not torch.isfinite(out).all():
-                result.message = "NaN/Inf in the output"
+            result.message = result.message or "; ".join(
+                f for f in judgement.failures if not f.startswith("rel_l2"))
+    result.rel_l2, result.reference_rel_l2, result.tol = (
+        worst.rel_l2, worst.reference_rel_l2, worst.tol)
     return result
 
 
@@ -478,10 +492,11 @@ def print_diagnosis(diagnosis: Diagnosis, console: Console | None = None) -> Non
                   f"{diagnosis.device}, B={s.batch}, N={s.length}, node_dim={c.node_dim}, "
                   f"pair_dim={c.pair_dim}, H={c.heads}, Qp={c.query_points}, "
                   f"Vp={c.value_points}")
-    for column in ("probe", "what it changes", "B", "N", "rel_l2", "tol", "err/tol", "result"):
+    for column in ("probe", "what it changes", "B", "N", "rel_l2", "tol", ERR_RATIO_LABEL,
+                   "result"):
         table.add_column(column, overflow="fold")
     for r in diagnosis.results:
-        ratio = r.rel_l2 / r.tol if r.tol > 0 and not math.isnan(r.rel_l2) else math.nan
+        ratio = r.err_ratio
         result = escape(r.status + (f": {r.message}" if r.message else ""))
         style = {"FAIL": "bold red", "error": "bold red", "unsupported": "dim"}.get(r.status)
         table.add_row(r.probe.name, r.probe.isolates, str(r.batch), str(r.length),
@@ -492,22 +507,44 @@ def print_diagnosis(diagnosis: Diagnosis, console: Console | None = None) -> Non
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def diagnosis_json(diagnosis: Diagnosis) -> dict:
+    n = options.json_number
+    verdict = diagnosis.verdict
+    return {
+        "schema": DIAGNOSE_SCHEMA, "ipa_bench_version": __version__,
+        "variant": diagnosis.variant, "device": diagnosis.device, "dtype": diagnosis.precision,
+        "config": dataclasses.asdict(diagnosis.config),
+        "sizes": dataclasses.asdict(diagnosis.sizes),
+        "probes": [{
+            "name": r.probe.name, "changes": r.probe.isolates, "batch": r.batch,
+            "length": r.length, "status": r.status.lower(), "rel_l2": n(r.rel_l2),
+            "reference_rel_l2": n(r.reference_rel_l2), "tol": n(r.tol),
+            "err_ratio": n(r.err_ratio), "message": r.message,
+        } for r in diagnosis.results],
+        "verdict": {"mismatch": verdict.mismatch, "ran": verdict.ran,
+                    "suspects": [rule.name for rule in verdict.suspects],
+                    "lines": verdict.lines},
+    }
+
+
 def run_diagnose(args: argparse.Namespace) -> int:
     if (args.variant is None) == (args.model_new is None):
-        print("ipa-bench diagnose: error: give a VARIANT or --model-new FILE (one of them)",
-              file=sys.stderr)
-        return 2
+        raise IPAInputError("VARIANT, --model-new: expected exactly one of them, got "
+                            + ("both" if args.variant else "neither"))
     if args.model_new is not None:
-        from harness.model_new import model_new_variant
-
         variant = model_new_variant(args.model_new)
     else:
         variant = get_variant(args.variant)
     sizes = Sizes(args.batch, args.length, args.aligned_length)
-    diagnosis = diagnose(variant, config_from_args(args), device=args.device,
-                         precision=args.dtype, sizes=sizes, seeds=args.seeds,
-                         weights_seed=args.weights_seed)
-    print_diagnosis(diagnosis)
+    with options.progress_bar("diagnose", len(PROBES),
+                              enabled=not (args.no_progress or args.json)) as advance:
+        diagnosis = diagnose(variant, options.config_from_args(args), device=args.device,
+                             precision=args.dtype, sizes=sizes, seeds=args.seeds,
+                             weights_seed=args.weights_seed, on_probe=advance)
+    if args.json:
+        options.print_json(diagnosis_json(diagnosis))
+    else:
+        print_diagnosis(diagnosis)
     return diagnosis.verdict.exit_status
 
 
@@ -522,18 +559,20 @@ def add_parser(subparsers) -> None:
     p.add_argument("variant", nargs="?", metavar="VARIANT", help="a registered variant")
     p.add_argument("--model-new", metavar="FILE",
                    help="a KernelBench-style Python file defining ModelNew (instead of VARIANT)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=default_device(),
-                   help="(default: cuda if present, else cpu)")
+    options.add_device_option(p)
     p.add_argument("--dtype", choices=sorted(PRECISIONS), default="fp32",
                    help="precision (default fp32)")
     defaults = Sizes()
-    p.add_argument("--batch", type=int, default=defaults.batch,
+    p.add_argument("--batch", type=options.positive_int, default=defaults.batch,
                    help=f"B of the probes with B > 1 (default {defaults.batch})")
-    p.add_argument("--length", type=int, default=defaults.length,
+    p.add_argument("--length", type=options.positive_int, default=defaults.length,
                    help=f"ragged N of the probes (default {defaults.length})")
-    p.add_argument("--aligned-length", type=int, default=defaults.aligned_length,
+    p.add_argument("--aligned-length", type=options.positive_int,
+                   default=defaults.aligned_length,
                    help=f"N of the aligned-N probe (default {defaults.aligned_length})")
-    p.add_argument("--seeds", type=int, default=2, help="input draws per probe (default 2)")
+    p.add_argument("--seeds", type=options.positive_int, default=2,
+                   help="input draws per probe (default 2)")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of the weights (default 0)")
-    add_config_options(p)
+    options.add_output_options(p)
+    options.add_config_options(p)
     p.set_defaults(run=run_diagnose)

@@ -127,7 +127,7 @@ def grid_from_dict(data: dict, source: str = "") -> Grid:
 def load_grid_file(path: str | Path) -> Grid:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"--grid: no such file {str(path)!r}")
+        raise IPAInputError(f"--grid: no such file {str(path)!r}")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:

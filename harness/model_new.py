@@ -27,7 +27,7 @@ from types import ModuleType
 import torch
 
 from variants.base import IPAFunction, Variant
-from variants.problem import IPAConfig, Precision, get_precision
+from variants.problem import IPAConfig, IPAInputError, Precision, get_precision
 
 _counter = itertools.count()
 
@@ -159,10 +159,10 @@ def check_state_dict_keys(name: str, model: torch.nn.Module, state_dict: dict) -
 def model_new_variant(path: str | Path) -> Variant:
     """The variant `model-new:<file name>` built from the ModelNew file at `path`.
 
-    A missing file is a FileNotFoundError now (a usage error); anything wrong inside the file
+    A missing file is an IPAInputError now (a usage error); anything wrong inside the file
     is a ModelNewError when the variant is built.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--model-new: no such file {str(path)!r}")
+        raise IPAInputError(f"--model-new: no such file {str(path)!r}")
     return ModelNewVariant(path)

@@ -1,36 +1,48 @@
-"""The `list` and `check` commands, the options they share with other commands, and the
-list of command modules the CLI assembles."""
+"""Options and conventions every `ipa-bench` command shares: layer configuration, variant,
+device and dtype selection, `--json`, progress bars, and the exit codes."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import math
+import sys
+from contextlib import contextmanager
 
 import torch
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from harness.correctness import DEFAULT_SEEDS, CheckResult, ReferenceCache, check_variant
-from harness.model_new import ModelNewError
 from variants.base import Variant
-from variants.problem import PRECISIONS, IPAConfig, get_precision
-from variants.reference import init_state_dict
+from variants.problem import PRECISIONS, IPAConfig
 from variants.registry import all_variants, baseline, get_variant
 
-# Modules that define `add_parser(subparsers)`, in the order `--help` lists them.
-COMMAND_MODULES = [
-    "harness.commands", "harness.sweep", "harness.plots", "harness.report", "harness.diagnose",
-    "harness.compare",
-]
-
-
-def modules():
-    return [importlib.import_module(name) for name in COMMAND_MODULES]
+# One exit-code convention for every command (README "CLI").
+EXIT_OK = 0  # done, and everything checked passed
+EXIT_FAILED = 1  # done, and something checked failed: a FAIL, a mismatch, a regression
+EXIT_USAGE = 2  # bad arguments or input files; nothing was run (argparse uses 2 as well)
+EXIT_INTERNAL = 3  # an unexpected exception: a bug, reported with its traceback
+EXIT_INTERRUPTED = 130  # Ctrl-C (finished sweep rows are on disk)
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_argument(text: str) -> str:
+    """`--device`: cpu or cuda, and cuda only where torch sees a GPU."""
+    if text not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda, got {text!r}")
+    if text == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"cuda: torch.cuda.is_available() is False on this machine (torch "
+            f"{torch.__version__}); use --device cpu")
+    return text
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", type=device_argument, default=default_device(),
+                        metavar="{cpu,cuda}", help="(default: cuda if present, else cpu)")
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -54,28 +66,35 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
                         help="variant to run (repeatable; default: every registered variant)")
     parser.add_argument("--model-new", action="append", metavar="FILE", default=[],
                         help="a KernelBench-style Python file defining ModelNew (repeatable)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=default_device(),
-                        help="(default: cuda if present, else cpu)")
+    add_device_option(parser)
     parser.add_argument("--dtype", action="append", choices=sorted(PRECISIONS), metavar="DTYPE",
                         help=f"precision, one of {sorted(PRECISIONS)} (repeatable; "
                         "default fp32, plus bf16 on cuda)")
+
+
+def add_output_options(parser: argparse.ArgumentParser, *, json_output: bool = True) -> None:
+    """--json (machine-readable output on stdout, docs/cli-json.md) and --no-progress."""
+    if json_output:
+        parser.add_argument("--json", action="store_true",
+                            help="print one JSON document on stdout instead of tables "
+                            "(schema: docs/cli-json.md)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (it goes to stderr, and only to a terminal)")
 
 
 def selected_variants(args: argparse.Namespace, *, with_baseline: bool = False) -> list[Variant]:
     """The variants named by --variant plus the --model-new files; every registered variant
     when neither is given. Files given alone run alone, or beside the baseline when
     `with_baseline` (sweeps need it for speedups)."""
+    from harness.model_new import model_new_variant
+
     if args.variant:
         chosen = [get_variant(n) for n in args.variant]
     elif args.model_new:
         chosen = [baseline()] if with_baseline else []
     else:
         chosen = list(all_variants().values())
-    if args.model_new:
-        from harness.model_new import model_new_variant
-
-        chosen += [model_new_variant(path) for path in args.model_new]
-    return chosen
+    return chosen + [model_new_variant(path) for path in args.model_new]
 
 
 def selected_precisions(args: argparse.Namespace) -> list[str]:
@@ -84,89 +103,47 @@ def selected_precisions(args: argparse.Namespace) -> list[str]:
     return ["fp32", "bf16"] if args.device == "cuda" else ["fp32"]
 
 
-def _yes_no(flag: bool) -> str:
-    return "yes" if flag else "no"
+def wide_console() -> Console:
+    return Console(width=max(Console().width, 160))
 
 
-def run_list(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    table = Table(title=f"IPA variants (runnable on {args.device}, fp32, {config})")
-    for column in ("variant", "baseline", "devices", "precisions", "backward", "runnable here",
-                   "description"):
-        table.add_column(column, overflow="fold")
-    for variant in all_variants().values():
-        reasons = variant.not_supported_reasons(config, args.device, "fp32")
-        table.add_row(
-            variant.name, _yes_no(variant.is_baseline), ", ".join(variant.devices),
-            ", ".join(variant.precisions), _yes_no(variant.supports_backward),
-            "yes" if not reasons else "no: " + "; ".join(reasons), variant.description,
-        )
-    Console(width=max(Console().width, 160)).print(table)
-    return 0
+@contextmanager
+def progress_bar(description: str, total: int, *, enabled: bool = True):
+    """A rich progress bar on stderr; yields `advance(label)`. Shown only on a terminal, so
+    logs and `--json` output stay clean."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+                        disable=not enabled)
+    with progress:
+        task = progress.add_task(description, total=total)
+
+        def advance(label: str | None = None) -> None:
+            if label is not None:
+                progress.update(task, description=f"{description}: {label}")
+            progress.advance(task)
+
+        yield advance
 
 
-def print_check_table(results: list[CheckResult], console: Console | None = None) -> None:
-    table = Table(title="Correctness against the float64 oracle")
-    for column in ("variant", "dtype", "device", "B", "N", "rel_l2", "tol", "err/ref",
-                   "max_abs", "invariance (tol)", "result"):
-        table.add_column(column, overflow="fold")
-    for r in results:
-        if r.skipped:
-            figures = ["-"] * 5
-            verdict = "unsupported: " + "; ".join(r.skipped)
-        else:
-            figures = [f"{r.rel_l2:.3e}", f"{r.tol:.3e}", f"{r.err_ratio:.2f}",
-                       f"{r.max_abs:.3e}", f"{r.invariance_err:.2e} ({r.invariance_tol:.1e})"]
-            verdict = "pass" if r.passed else "FAIL: " + "; ".join(r.failures)
-        table.add_row(r.variant, r.precision, r.device, str(r.batch), str(r.length),
-                      *figures, escape(verdict))
-    (console or Console(width=max(Console().width, 160))).print(table)
+def json_number(value: float | int | None) -> float | int | None:
+    """JSON has no NaN or Infinity: undefined or non-finite figures become null (the
+    failures or the status say why)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return value
 
 
-def run_check(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    variants = selected_variants(args)
-    state_dict = init_state_dict(config, seed=args.weights_seed)
-    references = ReferenceCache(state_dict)
-    results = []
-    for variant in variants:
-        for precision in selected_precisions(args):
-            try:
-                results.append(check_variant(
-                    variant, config, batch=args.batch, length=args.length, device=args.device,
-                    precision=get_precision(precision), seeds=args.seeds,
-                    state_dict=state_dict, references=references,
-                ))
-            except ModelNewError as exc:  # a --model-new file that does not build or run
-                results.append(CheckResult(
-                    variant.name, precision, args.device, args.batch, args.length, config,
-                    failures=[str(exc)]))
-    print_check_table(results)
-    failed = [r for r in results if r.failures]
-    # A variant asked for by name that cannot run is not a pass either.
-    explicitly_skipped = [r for r in results if r.skipped and args.variant]
-    return 1 if failed or explicitly_skipped else 0
+def print_json(document: dict) -> None:
+    json.dump(document, sys.stdout, indent=2, allow_nan=False)
+    sys.stdout.write("\n")
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "list", help="table of registered variants and whether they run here",
-        description="List every registered variant: baseline or not, devices, precisions, "
-        "and whether it runs here (with the reasons when it does not).")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=default_device())
-    add_config_options(p)
-    p.set_defaults(run=run_list)
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
-    p = subparsers.add_parser(
-        "check", help="correctness protocol: error vs the float64 oracle, SE(3) invariance",
-        description="Run SPEC's correctness protocol for each variant and precision: rel_l2 "
-        "against the float64 oracle over several seeds, the tolerance derived from the "
-        "reference's own error, SE(3) invariance. Exit status 1 if any variant fails.")
-    add_selection_options(p)
-    p.add_argument("--batch", type=int, default=2, help="B (default 2)")
-    p.add_argument("--length", type=int, default=97, help="N (default 97: ragged on purpose)")
-    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
-                   help=f"fresh input draws per check (default {DEFAULT_SEEDS})")
-    p.add_argument("--weights-seed", type=int, default=0, help="seed of the weights (default 0)")
-    add_config_options(p)
-    p.set_defaults(run=run_check)

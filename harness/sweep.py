@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from harness import environment
 from harness.correctness import CheckResult, ReferenceCache, check_variant, rows_per_chunk
-from harness.grid import Cell, Grid
+from harness.grid import Cell, Grid, load_grid_file, preset_grid
 from harness.measure import (
     L2Flusher,
     TimingPolicy,
@@ -38,9 +37,19 @@ from harness.measure import (
     time_cuda,
     time_cuda_graph,
 )
-from harness.results import METADATA_JSON, RESULTS_CSV, ResultsFile, row_key
+from harness.options import (
+    EXIT_FAILED,
+    EXIT_OK,
+    add_output_options,
+    add_selection_options,
+    positive_int,
+    progress_bar,
+    selected_variants,
+)
+from harness.plots import plot_results
+from harness.results import METADATA_JSON, RESULTS_CSV, ResultsFile, read_results, row_key
 from variants.base import Variant
-from variants.problem import get_precision, make_inputs, math_mode
+from variants.problem import IPAInputError, get_precision, make_inputs, math_mode
 from variants.reference import init_state_dict
 
 
@@ -120,15 +129,12 @@ class Sweep:
         self._write_meta(meta_path, runs)
         state_dicts: dict = {}
         references_cell, references = None, None
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeRemainingColumn(), disable=not self.show_progress)
         finished = False
         try:
-            with progress:
-                task = progress.add_task("sweep", total=len(todo))
+            with progress_bar("sweep", len(todo), enabled=self.show_progress) as advance:
                 for cell, variant in todo:
-                    progress.update(task, description=f"{variant.name} {cell.precision} "
-                                    f"B={cell.batch} N={cell.length} H={cell.config.heads}")
+                    advance_label = (f"{variant.name} {cell.precision} B={cell.batch} "
+                                     f"N={cell.length} H={cell.config.heads}")
                     if cell.config not in state_dicts:
                         state_dicts.clear()
                         state_dicts[cell.config] = init_state_dict(cell.config)
@@ -137,7 +143,7 @@ class Sweep:
                         references = ReferenceCache(state_dicts[cell.config])
                     rows = self._run_cell(cell, variant, references, env, results)
                     results.append(rows)
-                    progress.advance(task)
+                    advance(advance_label)
             finished = True
         except KeyboardInterrupt:
             print(f"\ninterrupted: finished rows are in {results.path}; rerun the same command "
@@ -254,40 +260,53 @@ class Sweep:
         return row
 
 
-def run_sweep(args) -> int:
-    from harness.commands import selected_variants
-    from harness.grid import load_grid_file, preset_grid
-    from harness.plots import plot_results
+def default_preset(device: str) -> str:
+    """`smoke` on CPU (seconds), `quick` on a GPU (about a minute on the H200)."""
+    return "quick" if device == "cuda" else "smoke"
 
-    grid = load_grid_file(args.grid) if args.grid else preset_grid(args.preset)
+
+def run_sweep(args) -> int:
+    grid = load_grid_file(args.grid) if args.grid else preset_grid(
+        args.preset or default_preset(args.device))
+    every_cell = list(grid.cells)
     if args.dtype:
         grid.cells = [c for c in grid.cells if c.precision in args.dtype]
     if args.max_length:
         grid.cells = [c for c in grid.cells if c.length <= args.max_length]
+    if not grid.cells:
+        raise IPAInputError(
+            f"--dtype {args.dtype or '(any)'}, --max-length {args.max_length or '(none)'}: no "
+            f"cell of {grid.source} is left (it has dtypes "
+            f"{sorted({c.precision for c in every_cell})} and lengths "
+            f"{sorted({c.length for c in every_cell})})")
+    output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise IPAInputError(f"-o/--output: expected a folder (new or a sweep's, to resume), got "
+                            f"the existing file {str(output)!r}")
     variants = selected_variants(args, with_baseline=True)
-    path = Sweep(variants, grid, args.device, args.output,
-                 show_progress=not args.no_progress).run()
+    path = Sweep(variants, grid, args.device, output, show_progress=not args.no_progress).run()
     print(f"results: {path}")
     if not args.no_plots:
-        for png in plot_results(path, Path(args.output) / "plots"):
+        for png in plot_results(path, output / "plots"):
             print(f"plot: {png}")
-    return 0
+    statuses = read_results(path)["status"].value_counts()
+    print("rows: " + ", ".join(f"{n} {status}" for status, n in statuses.items()))
+    return EXIT_FAILED if statuses.get("mismatch", 0) or statuses.get("error", 0) else EXIT_OK
 
 
 def add_parser(subparsers) -> None:
-    from harness.commands import add_selection_options
-
     p = subparsers.add_parser(
         "sweep", help="run variants over a grid into a resumable CSV, then plot",
         description="Run every selected variant over a grid (a preset or a TOML file): "
         "correctness against the float64 oracle, latency, peak memory, cost model. Each "
-        "finished cell is fsync'ed to DIR/results.csv; rerunning the same command resumes.")
-    p.add_argument("--preset", default="quick", choices=("smoke", "quick", "default", "long"),
-                   help="built-in grid (default quick; smoke is the CPU/CI one)")
+        "finished cell is fsync'ed to DIR/results.csv; rerunning the same command resumes. "
+        "Exit status 1 when a row is a mismatch or an error.")
+    p.add_argument("--preset", choices=("smoke", "quick", "default", "long"),
+                   help="built-in grid (default: quick on cuda, smoke on cpu)")
     p.add_argument("--grid", metavar="FILE.toml", help="grid file (see harness/grid.py)")
-    p.add_argument("--max-length", type=int, help="drop cells with N above this")
+    p.add_argument("--max-length", type=positive_int, help="drop cells with N above this")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
     p.add_argument("--no-plots", action="store_true", help="skip plotting at the end")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_options(p, json_output=False)
     add_selection_options(p)
     p.set_defaults(run=run_sweep)

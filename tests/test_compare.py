@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -42,6 +43,12 @@ def _run(tmp_path, old_rows, new_rows, *extra) -> int:
     return cli_main(["compare", old, new, "--markdown", *extra])
 
 
+def _out(capsys) -> str:
+    """Captured stdout with runs of spaces squeezed (markdown cells are padded to width)."""
+    return "\n".join(re.sub(" +", " ", line) if line.startswith("|") else line
+                     for line in capsys.readouterr().out.splitlines())
+
+
 def _table_lines_with(text: str, needle: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("| ") and needle in line]
 
@@ -50,7 +57,7 @@ def test_planted_20_percent_slowdown_is_flagged(tmp_path, capsys):
     old = [_row("reference", n) for n in (256, 1024)] + [_row("triton", n, 2.0) for n in (256,)]
     new = [_row("reference", 256), _row("reference", 1024, 12.0), _row("triton", 256, 2.0)]
     assert _run(tmp_path, old, new, "--threshold", "5%") == 1
-    out = capsys.readouterr().out
+    out = _out(capsys)
     table = [line for line in out.splitlines() if line.startswith("| ")]
     # Worst first: the slowed cell heads the table.
     assert "| reference |" in table[1] and " N1024 " in table[1]
@@ -64,7 +71,7 @@ def test_difference_inside_the_noise_is_ignored(tmp_path, capsys):
     old = [_row("reference", 256, 10.0, spread=0.15)]
     new = [_row("reference", 256, 11.0, spread=0.15)]
     assert _run(tmp_path, old, new, "--threshold", "5%") == 0
-    out = capsys.readouterr().out
+    out = _out(capsys)
     assert "SLOWER" not in out and "no regression" in out and "| same |" in out
 
 
@@ -82,7 +89,7 @@ def test_pass_to_fail_is_flagged_first(tmp_path, capsys):
                 reason="rel_l2 1.000e-02 > tol 2.000e-05 (seeds [0] of 3)"),
            _row("reference", 256, 10.0)]
     assert _run(tmp_path, old, new) == 1
-    out = capsys.readouterr().out
+    out = _out(capsys)
     table = [line for line in out.splitlines() if line.startswith("| ")]
     assert "| triton |" in table[1] and "PASS->FAIL" in table[1]
     assert "ok -> mismatch: rel_l2 1.000e-02 > tol" in table[1]
@@ -104,7 +111,7 @@ def test_memory_growth_is_flagged_and_tiny_growth_is_not(tmp_path, capsys):
     old = [_row("reference", 256, peak=100.0), _row("reference", 16, peak=0.1)]
     new = [_row("reference", 256, peak=150.0), _row("reference", 16, peak=0.5)]
     assert _run(tmp_path, old, new) == 1
-    out = capsys.readouterr().out
+    out = _out(capsys)
     (line,) = _table_lines_with(out, "MORE MEMORY")
     assert " N256 " in line and "1.500x" in line
     assert " N16 " in _table_lines_with(out, "| same |")[0]
@@ -114,14 +121,14 @@ def test_faster_and_smaller_cells_are_reported_not_failed(tmp_path, capsys):
     old = [_row("reference", 256, 10.0, peak=100.0)]
     new = [_row("reference", 256, 5.0, peak=40.0)]
     assert _run(tmp_path, old, new) == 0
-    assert "faster, less memory" in capsys.readouterr().out
+    assert "faster, less memory" in _out(capsys)
 
 
 def test_unmatched_cells_are_reported_not_crashed_on(tmp_path, capsys):
     old = [_row("reference", 256), _row("reference", 4096), _row("old-variant", 256)]
     new = [_row("reference", 256), _row("new-variant", 256), _row("reference", 256, mode="graph")]
     assert _run(tmp_path, old, new) == 0
-    out = capsys.readouterr().out
+    out = _out(capsys)
     assert "2 cell(s) only in OLD" in out and "3 cell(s)" not in out
     assert "  old-variant fp32 eager cuda B1 N256" in out and " N4096 " in out
     assert "2 cell(s) only in NEW" in out and "  new-variant fp32" in out
@@ -129,19 +136,25 @@ def test_unmatched_cells_are_reported_not_crashed_on(tmp_path, capsys):
     assert "1 matched cell(s)" in out
 
 
-def test_nothing_matched_and_different_devices(tmp_path, capsys):
+def test_nothing_matched_is_a_usage_error(tmp_path, capsys):
     old = [_row("reference", 256)]
     new = [dict(_row("reference", 512), device_name="NVIDIA A100")]
+    assert _run(tmp_path, old, new) == 2
+    assert "no cell in common (1 only in OLD, 1 only in NEW)" in capsys.readouterr().err
+
+
+def test_different_devices_are_noted(tmp_path, capsys):
+    old = [_row("reference", 256)]
+    new = [dict(_row("reference", 256), device_name="NVIDIA A100")]
     assert _run(tmp_path, old, new) == 0
-    out = capsys.readouterr().out
-    assert "No matched cells." in out and "the devices differ" in out
+    assert "the devices differ" in _out(capsys)
 
 
 def test_real_sweep_csv_against_itself_is_clean(capsys):
     """The committed CPU smoke sweep (empty peak memory, unsupported rows) parses and
     compares to itself without a regression; the rich table path runs too."""
     assert cli_main(["compare", str(SMOKE_CSV), str(SMOKE_CSV)]) == 0
-    out = capsys.readouterr().out
+    out = _out(capsys)
     assert "no regression" in out and "still unsupported" in out
 
 
@@ -154,7 +167,7 @@ def test_two_h200_runs_of_the_same_code_agree_in_graph_mode(capsys):
     quick, default = (runs / f"h200-2026-12-02-{name}" / "results.csv"
                       for name in ("quick", "default"))
     assert cli_main(["compare", str(quick), str(default), "--mode", "graph", "--markdown"]) == 0
-    out = capsys.readouterr().out
+    out = _out(capsys)
     assert "12 matched cell(s), threshold 5.0%: 12 same" in out and "no regression" in out
     eager = compare(load(quick, "OLD.csv"), load(default, "NEW.csv"))
     eager = eager.cells[eager.cells["mode"] == "eager"]
@@ -172,7 +185,7 @@ def test_slowdown_in_a_real_sweep_csv(tmp_path, capsys):
     new = tmp_path / "new.csv"
     slow.to_csv(new, index=False)
     assert cli_main(["compare", str(SMOKE_CSV), str(new), "--markdown"]) == 1
-    (line,) = _table_lines_with(capsys.readouterr().out, "SLOWER")
+    (line,) = _table_lines_with(_out(capsys), "SLOWER")
     assert "| reference |" in line
 
 

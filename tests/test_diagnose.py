@@ -239,7 +239,7 @@ def test_cli_diagnose_correct_model_new_file_exits_zero(capsys):
 @pytest.mark.parametrize("argv", [["diagnose"], ["diagnose", "reference", "--model-new", "x.py"]])
 def test_cli_diagnose_needs_exactly_one_subject(argv, capsys):
     assert cli_main(argv) == 2
-    assert "give a VARIANT or --model-new FILE" in capsys.readouterr().err
+    assert "VARIANT, --model-new: expected exactly one of them" in capsys.readouterr().err
 
 
 def test_cli_diagnose_unknown_variant_is_a_usage_error(capsys):

@@ -222,7 +222,7 @@ def test_registry_has_one_baseline_named_reference():
 
 
 def test_unknown_variant_lists_known_ones():
-    with pytest.raises(KeyError, match="unknown name 'nope'; known variants: reference, "):
+    with pytest.raises(IPAInputError, match="unknown name 'nope'; known variants: reference, "):
         get_variant("nope")
 
 

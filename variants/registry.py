@@ -15,6 +15,7 @@ from variants.base import Variant
 from variants.compiled import Compiled
 from variants.cuda_fused import CudaFused
 from variants.cuda_hybrid import CudaHybrid
+from variants.problem import IPAInputError
 from variants.reference import Reference
 from variants.triton_ipa import Triton, TritonFullFuse
 
@@ -31,9 +32,8 @@ BUILTIN: list[type[Variant]] = [
 ]
 
 
-class UnknownVariantError(KeyError):
-    def __str__(self) -> str:
-        return str(self.args[0])
+class UnknownVariantError(IPAInputError):
+    """A variant name that is not registered (a usage error, not a variant's bug)."""
 
 
 def _entry_point_variants() -> list[type[Variant]]:

@@ -1,0 +1,161 @@
+"""`ipa-bench list` and `ipa-bench check`: what is registered, and whether it is right.
+
+`check` runs the correctness protocol (`harness.correctness.check_variant`) for each selected
+variant and precision. A variant that raises while building or running is a FAIL row with
+its exception, never a usage error: only bad arguments exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from rich.markup import escape
+from rich.table import Table
+
+from harness import options
+from harness.correctness import DEFAULT_SEEDS, CheckResult, ReferenceCache, check_variant
+from harness.model_new import ModelNewError
+from harness.results import ERR_RATIO_LABEL
+from harness.version import __version__
+from variants.problem import get_precision
+from variants.reference import init_state_dict
+from variants.registry import all_variants
+
+LIST_SCHEMA = "ipa-bench.list/1"
+CHECK_SCHEMA = "ipa-bench.check/1"
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    config = options.config_from_args(args)
+    entries = []
+    for variant in all_variants().values():
+        reasons = variant.not_supported_reasons(config, args.device, "fp32")
+        entries.append({
+            "name": variant.name, "description": variant.description,
+            "is_baseline": variant.is_baseline, "devices": list(variant.devices),
+            "precisions": list(variant.precisions),
+            "supports_backward": variant.supports_backward, "requires": list(variant.requires),
+            "runnable": not reasons, "reasons": reasons,
+        })
+    if args.json:
+        options.print_json({"schema": LIST_SCHEMA, "ipa_bench_version": __version__,
+                            "device": args.device, "precision": "fp32",
+                            "config": dataclasses.asdict(config), "variants": entries})
+        return options.EXIT_OK
+    table = Table(title=f"IPA variants (runnable on {args.device}, fp32, {config})")
+    for column in ("variant", "baseline", "devices", "precisions", "backward", "runnable here",
+                   "description"):
+        table.add_column(column, overflow="fold")
+    for e in entries:
+        table.add_row(
+            e["name"], _yes_no(e["is_baseline"]), ", ".join(e["devices"]),
+            ", ".join(e["precisions"]), _yes_no(e["supports_backward"]),
+            "yes" if e["runnable"] else "no: " + "; ".join(e["reasons"]), e["description"],
+        )
+    options.wide_console().print(table)
+    return options.EXIT_OK
+
+
+def print_check_table(results: list[CheckResult], console=None) -> None:
+    table = Table(title="Correctness against the float64 oracle")
+    for column in ("variant", "dtype", "device", "B", "N", "rel_l2", "tol", ERR_RATIO_LABEL,
+                   "max_abs", "invariance (tol)", "result"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        if r.skipped or r.seeds == 0:
+            figures = ["-"] * 5
+        else:
+            figures = [f"{r.rel_l2:.3e}", f"{r.tol:.3e}", f"{r.err_ratio:.2f}",
+                       f"{r.max_abs:.3e}", f"{r.invariance_err:.2e} ({r.invariance_tol:.1e})"]
+        if r.skipped:
+            verdict = "unsupported: " + "; ".join(r.skipped)
+        else:
+            verdict = "pass" if r.passed else "FAIL: " + "; ".join(r.failures)
+        table.add_row(r.variant, r.precision, r.device, str(r.batch), str(r.length),
+                      *figures, escape(verdict))
+    (console or options.wide_console()).print(table)
+
+
+def check_result_json(r: CheckResult) -> dict:
+    n = options.json_number
+    return {
+        "variant": r.variant, "dtype": r.precision, "device": r.device, "batch": r.batch,
+        "length": r.length, "status": {"pass": "pass", "FAIL": "fail"}.get(r.status, r.status),
+        "seeds": r.seeds, "rel_l2": n(r.rel_l2), "max_abs": n(r.max_abs),
+        "reference_rel_l2": n(r.reference_rel_l2), "tol": n(r.tol),
+        "err_ratio": n(r.err_ratio), "invariance_err": n(r.invariance_err),
+        "invariance_tol": n(r.invariance_tol), "failures": list(r.failures),
+        "unsupported_reasons": list(r.skipped),
+    }
+
+
+def run_check(args: argparse.Namespace) -> int:
+    config = options.config_from_args(args)
+    variants = options.selected_variants(args)
+    precisions = options.selected_precisions(args)
+    state_dict = init_state_dict(config, seed=args.weights_seed)
+    references = ReferenceCache(state_dict)
+    results = []
+    show = not (args.no_progress or args.json)
+    with options.progress_bar("check", len(variants) * len(precisions), enabled=show) as advance:
+        for variant in variants:
+            for precision in precisions:
+                advance(f"{variant.name} {precision}")
+                try:
+                    results.append(check_variant(
+                        variant, config, batch=args.batch, length=args.length,
+                        device=args.device, precision=get_precision(precision),
+                        seeds=args.seeds, state_dict=state_dict, references=references,
+                    ))
+                except Exception as exc:  # noqa: BLE001 - the variant's failure is its row
+                    message = str(exc) if isinstance(exc, ModelNewError) else (
+                        f"raised {type(exc).__name__}: {exc}")
+                    results.append(CheckResult(
+                        variant.name, precision, args.device, args.batch, args.length, config,
+                        failures=[message]))
+    # A variant asked for by name that cannot run is not a pass either.
+    failed = [r for r in results if r.failures or (r.skipped and args.variant)]
+    code = options.EXIT_FAILED if failed else options.EXIT_OK
+    if args.json:
+        options.print_json({"schema": CHECK_SCHEMA, "ipa_bench_version": __version__,
+                            "device": args.device, "config": dataclasses.asdict(config),
+                            "weights_seed": args.weights_seed, "passed": not failed,
+                            "results": [check_result_json(r) for r in results]})
+    else:
+        print_check_table(results)
+    return code
+
+
+def add_list_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "list", help="table of registered variants and whether they run here",
+        description="List every registered variant: baseline or not, devices, precisions, "
+        "and whether it runs here (with the reasons when it does not).")
+    options.add_device_option(p)
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document instead of the table (docs/cli-json.md)")
+    options.add_config_options(p)
+    p.set_defaults(run=run_list)
+
+
+def add_check_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "check", help="correctness protocol: error vs the float64 oracle, SE(3) invariance",
+        description="Run SPEC's correctness protocol for each variant and precision: rel_l2 "
+        "against the float64 oracle over several seeds, the tolerance derived from the "
+        "reference's own error, SE(3) invariance. Exit status 1 if any variant fails.")
+    options.add_selection_options(p)
+    p.add_argument("--batch", type=options.positive_int, default=2, help="B (default 2)")
+    p.add_argument("--length", type=options.positive_int, default=97,
+                   help="N (default 97: ragged on purpose)")
+    p.add_argument("--seeds", type=options.positive_int, default=DEFAULT_SEEDS,
+                   help=f"fresh input draws per check (default {DEFAULT_SEEDS})")
+    p.add_argument("--weights-seed", type=int, default=0, help="seed of the weights (default 0)")
+    options.add_output_options(p)
+    options.add_config_options(p)
+    p.set_defaults(run=run_check)
