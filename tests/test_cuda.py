@@ -15,6 +15,7 @@ memcheck / racecheck clean.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import itertools
 import json
 import math
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +38,13 @@ from variants.cuda_ext import (
     SOURCES,
     Weights,
     Widths,
+    build_directory,
+    cache_root,
     check_call_inputs,
     finish,
     finish_on_gpu,
     load_extension,
+    ninja_on_path,
     project,
     project_on_gpu,
 )
@@ -184,6 +189,51 @@ def test_unsupported_precision_and_sizes_have_reasons(variant):
     too_many_points = IPAConfig(query_points=17)
     assert any("query_points" in r for r in variant.not_supported_reasons(too_many_points,
                                                                           "cuda", "fp32"))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_missing_ninja_is_a_reason(variant, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(shutil, "which", lambda cmd, *args, **kwargs: None)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "ninja" else find_spec(name, *args))
+    reasons = variant.not_supported_reasons(IPAConfig(), "cuda", "fp32")
+    assert any("ninja not found" in r for r in reasons), reasons
+
+
+def test_ninja_of_the_pypi_package_is_put_on_path_for_the_build(monkeypatch, tmp_path):
+    """A venv used without activation: the ninja package's BIN_DIR is not on PATH."""
+    bin_dir = tmp_path / "venv-bin"
+    bin_dir.mkdir()
+    executable = bin_dir / "ninja"
+    executable.write_text("#!/bin/sh\n")
+    executable.chmod(0o755)
+    monkeypatch.setitem(sys.modules, "ninja", types.SimpleNamespace(BIN_DIR=str(bin_dir)))
+    bare = str(tmp_path / "nothing-here")
+    monkeypatch.setenv("PATH", bare)
+    with ninja_on_path():
+        assert shutil.which("ninja") == str(executable)
+    assert os.environ["PATH"] == bare
+    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), bare]))  # already there: untouched
+    with ninja_on_path():
+        assert os.environ["PATH"] == os.pathsep.join([str(bin_dir), bare])
+
+
+def test_extension_builds_into_the_per_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("IPA_BENCH_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "ipa-bench"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    assert cache_root() == tmp_path / "home" / ".cache" / "ipa-bench"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "ipa-bench"
+    monkeypatch.setenv("IPA_BENCH_CACHE", str(tmp_path / "mine"))
+    assert cache_root() == tmp_path / "mine"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
+    directory = build_directory()
+    assert directory.parent == tmp_path / "mine" / "cuda-ext"
+    assert directory.name.startswith(f"sm90-torch{torch.__version__.split('+')[0]}-cuda")
 
 
 def test_fused_limits():

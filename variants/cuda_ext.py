@@ -1,11 +1,13 @@
 """Shared plumbing of the two CUDA variants (`cuda-hybrid`, `cuda-fused`): the lazily built
 extension and the PyTorch side of the computation around the kernels.
 
-Not a variant. The extension is `variants/csrc/` (kernels in `ipa_fused*.cu` / `ipa_hybrid.cu` /
-`ipa_frames.cu`, which compile with nvcc alone, plus the thin torch binding `ipa_binding.cpp`). It is compiled on
-first use with `torch.utils.cpp_extension.load` for the running GPU's architecture only (sm_90 on
-an H200) into `variants/csrc/build/<arch>-torch<version>-cuda<version>-<digest of csrc>/`, so a
-later process, or a later call in this one, never pays the build again; editing any file in
+Not a variant. The extension is `variants/csrc/` (kernels in `ipa_fused*.cu`, `ipa_hybrid.cu`,
+`ipa_frames.cu`, which compile with nvcc alone, plus the thin torch binding `ipa_binding.cpp`).
+It is compiled on first use with `torch.utils.cpp_extension.load` for the running GPU's
+architecture only (sm_90 on an H200) into a per-user cache, never into the source tree (which
+may be a read-only site-packages): `cuda-ext/<arch>-torch<version>-cuda<version>-<digest of
+csrc>/` under `$IPA_BENCH_CACHE`, else `$XDG_CACHE_HOME/ipa-bench`, else `~/.cache/ipa-bench`.
+A later process, or a later call in this one, never pays the build again; editing any file in
 `csrc/` picks a fresh directory. `build_seconds()` says what the first load cost here.
 
 Around the kernels, always in float32 (bf16 inputs are upcast once, so the only bf16 tensor a
@@ -20,8 +22,10 @@ the host 20-40 us each on the H200, more than the attention kernel itself up to 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -49,13 +53,47 @@ _extension = None
 _build_seconds: float | None = None
 
 
+def cache_root() -> Path:
+    """The per-user cache of ipa-bench: $IPA_BENCH_CACHE if set, else $XDG_CACHE_HOME/ipa-bench
+    (an absolute XDG_CACHE_HOME only, as the XDG spec says), else ~/.cache/ipa-bench."""
+    explicit = os.environ.get("IPA_BENCH_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "ipa-bench"
+
+
 def build_directory() -> Path:
     """Where the extension for the current GPU, torch and csrc contents is cached."""
     major, minor = torch.cuda.get_device_capability()
     torch_version = torch.__version__.split("+")[0]
     digest = source_digest([CSRC], (".cu", ".cuh", ".h", ".cpp"))
     tag = f"sm{major}{minor}-torch{torch_version}-cuda{torch.version.cuda}-{digest}"
-    return CSRC / "build" / tag
+    return cache_root() / "cuda-ext" / tag
+
+
+@contextlib.contextmanager
+def ninja_on_path():
+    """torch's cpp_extension runs the `ninja` executable found on PATH. The `ninja` PyPI package
+    installs it in `ninja.BIN_DIR` (a venv's bin/), which is not on PATH when the venv's python
+    runs without activation: put that folder first for the build, and restore PATH after."""
+    saved = os.environ.get("PATH")
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            ninja = None  # torch's own check then says that ninja is missing
+        bin_dir = getattr(ninja, "BIN_DIR", None)
+        if bin_dir and shutil.which("ninja", path=bin_dir):
+            os.environ["PATH"] = os.pathsep.join([bin_dir, saved] if saved else [bin_dir])
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
 
 
 def load_extension():
@@ -68,20 +106,27 @@ def load_extension():
 
         major, minor = torch.cuda.get_device_capability()
         directory = build_directory()
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise RuntimeError(
+                f"cannot create the CUDA extension's build directory {directory} ({err}); set "
+                "IPA_BENCH_CACHE to a writable folder"
+            ) from err
         saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"  # this GPU's architecture only
         start = time.perf_counter()
         try:
-            _extension = load(
-                name=f"ipa_cuda_sm{major}{minor}",
-                sources=[str(CSRC / s) for s in SOURCES],
-                extra_include_paths=[str(CSRC)],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-lineinfo"],
-                build_directory=str(directory),
-                verbose=False,
-            )
+            with ninja_on_path():
+                _extension = load(
+                    name=f"ipa_cuda_sm{major}{minor}",
+                    sources=[str(CSRC / s) for s in SOURCES],
+                    extra_include_paths=[str(CSRC)],
+                    extra_cflags=["-O3"],
+                    extra_cuda_cflags=["-O3", "-lineinfo"],
+                    build_directory=str(directory),
+                    verbose=False,
+                )
         finally:
             if saved is None:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)

@@ -152,7 +152,7 @@ class CudaFused(Variant):
     description = "flash-style CUDA kernel: pair bias, point distances, online softmax fused"
     devices = ("cuda",)
     precisions = ("fp32", "bf16")
-    requires = ("cuda", "nvcc")
+    requires = ("cuda", "nvcc", "ninja")
     # Every config inside these limits (and pair_dim a multiple of 8) fits a kernel class: the
     # C++ dispatch says so at the corners (tests/test_cuda.py).
     limits = {

@@ -60,7 +60,7 @@ class CudaHybrid(Variant):
     description = "CUDA kernel for the (B,H,N,N) attention probabilities; PyTorch around it"
     devices = ("cuda",)
     precisions = ("fp32", "bf16")
-    requires = ("cuda", "nvcc")
+    requires = ("cuda", "nvcc", "ninja")
     limits = {"query_points": (1, 16), "value_points": (1, 16), "head_dim": (8, 128)}
 
     def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
