@@ -2,27 +2,35 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch lies on disk on the dev and CI machines; installing it before the
-# project keeps pip from pulling a multi-GB CUDA build for the bare `torch` requirement.
+# Where no NVIDIA GPU is present, the CPU build of torch is installed before the project, so
+# that pip never pulls a multi-GB CUDA build for the bare `torch` requirement. On this
+# project's dev and CI machines `torch==2.13.0` is the CPU build and lies on local disk; elsewhere
+# point TORCH_INDEX_URL at PyTorch's CPU wheel index (README "Install"), e.g.
+#   make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 CPU_TORCH ?= torch==2.13.0
+TORCH_INDEX_URL ?=
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 OUT ?= gpu-out
 export PYTHONUNBUFFERED := 1
 export TRITON_CACHE_DIR ?= $(CURDIR)/build/triton-cache
 
-.PHONY: test bench gpu lint setup clean
+.PHONY: test bench gpu lint setup clean run
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(if $(HAS_GPU),,$(PY) -m pip install -q $(CPU_TORCH))
+	$(if $(HAS_GPU),,$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) '$(CPU_TORCH)')
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed
 
 lint: setup
-	$(VENV)/bin/ruff check --output-format concise variants harness tests benchmarks
+	$(VENV)/bin/ruff check --output-format concise .
+
+# Any ipa-bench command without activating the venv: make run ARGS="list --device cpu"
+run: setup
+	$(VENV)/bin/ipa-bench $(ARGS)
 
 test: setup lint
 	$(if $(HAS_GPU),,TRITON_INTERPRET=1) $(VENV)/bin/pytest -q -m "not gpu"

@@ -29,10 +29,9 @@ TOML format (every key optional; unknown keys are errors):
 from __future__ import annotations
 
 import itertools
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import tomllib
 
 from variants.problem import PRECISIONS, IPAConfig, IPAInputError
 

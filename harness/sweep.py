@@ -104,7 +104,7 @@ class Sweep:
         self.out_dir = Path(out_dir)
         self.show_progress = show_progress
         self.run_id = uuid.uuid4().hex[:12]
-        self.started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
     def _todo(self, results: ResultsFile) -> list[tuple[Cell, Variant]]:
         todo = []
@@ -150,7 +150,7 @@ class Sweep:
                   "to resume", file=sys.stderr)
             raise
         finally:
-            meta["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+            meta["finished_at"] = datetime.datetime.now(datetime.UTC).isoformat(
                 timespec="seconds")
             meta["finished"] = finished  # False after a crash or Ctrl-C: rerun to resume
             if self.device.type == "cuda":
