@@ -17,7 +17,7 @@ from variants.cuda_fused import CudaFused
 from variants.cuda_hybrid import CudaHybrid
 from variants.problem import IPAInputError
 from variants.reference import Reference
-from variants.triton_ipa import Triton, TritonFullFuse
+from variants.triton.variants import Triton, TritonFullFuse
 
 ENTRY_POINT_GROUP = "ipa_bench.variants"
 

@@ -1,0 +1,253 @@
+"""The `triton` variant's attention kernel: flash-style, one program per (query block, batch,
+head), streaming that head's rows of the (B, H, N, N) pair bias written by `pair_bias.py`.
+
+Idea: FlashAttention-2 (Dao 2023) as in the Triton fused-attention tutorial. A program owns
+BLOCK_M queries of one head, loops over key blocks, keeps a running max and sum in fp32 (online
+softmax in base 2: log2(e) is folded into the q scale and the point weight, `variants/base2.py`,
+and applied to the bias here) and accumulates the scalar values and the global-frame value
+points; the (B, H, N, N) logits and attention are never written. Per key block it reads
+BLOCK_M * BLOCK_N bias elements, BLOCK_N rows of k, v, key and value points.
+
+Point distances: fp32 (IEEE) computes them directly, sum_{p,c} (q - k)^2; the other modes
+(tf32, bf16, fp16) use one 3xTF32 dot of coordinates centred on the query block's first frame
+origin, |q'|^2 + |k'|^2 - 2 q'.k', never the uncentred expansion (SPEC: it cancels
+catastrophically at 100 A offsets). Value points are summed relative to the same origin (keys
+that carry weight lie near the queries, so the summands are small).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from variants import base2
+from variants.triton.common import (
+    Modes,
+    autotuned,
+    cast_f32,
+    check_attention_args,
+    check_tensor,
+    dot_modes,
+    pow2,
+)
+
+LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
+
+
+@triton.jit(do_not_specialize=["N", "N_KEY"])
+def _attention_kernel(
+    Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
+    QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
+    VP,  # (B, H, N, 3*Vp) fp32 global-frame value points
+    TC,  # (B, N, 3) fp32 centred translations
+    BIAS,  # (B, H, N, N) pair bias, input dtype
+    PW,  # (H,) fp32 point weight: -softplus(head_weights) / 2 * log2(e) (negative)
+    OS,  # (B, N, H, D) view: strides (sb, sn, D, 1), input dtype
+    OP,  # (B, N, H, 3*Vp) fp32 aggregated global-frame value points
+    N,
+    q_scale,  # log2(e) / sqrt(D)
+    stride_qb, stride_qn, stride_kb, stride_kn,
+    stride_vb, stride_vn, stride_ob, stride_on,
+    N_KEY,  # autotune bucket, unused in the body
+    H: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    P3: tl.constexpr,
+    P3_PAD: tl.constexpr,
+    VP3: tl.constexpr,
+    VP3_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    PTS_PRECISION: tl.constexpr,
+    POINTS_DOT: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = pid_bh % H
+    bh = b * H + h
+    i0 = pid_m * BLOCK_M
+    offs_m = i0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_e = tl.arange(0, VP3_PAD)
+    m_ok = offs_m < N
+    d_ok = offs_d < D
+    e_ok = offs_e < VP3
+
+    q = tl.load(
+        Q + b * stride_qb + h * D + offs_m[:, None] * stride_qn + offs_d[None, :],
+        mask=m_ok[:, None] & d_ok[None, :], other=0.0,
+    )
+    if CAST_F32:
+        q = q.to(tl.float32)
+    pw = tl.load(PW + h)
+    # Value points are summed relative to this block's first frame origin (small summands).
+    centre = tl.load(TC + (b * N + i0) * 3 + offs_e % 3)
+    qp_base = QP + bh * P3 * N
+    kp_base = KP + bh * P3 * N
+    vp_base = VP + bh * N * VP3
+    bias_rows = BIAS + bh * N * N + offs_m[:, None].to(tl.int64) * N
+    if POINTS_DOT:
+        # Points relative to this block's first frame origin, so that the expanded
+        # |q'|^2 + |k'|^2 - 2 q'.k' (one 3xTF32 dot) does not cancel at 100 A offsets.
+        offs_c = tl.arange(0, P3_PAD)
+        c_ok = offs_c < P3
+        centre_c = tl.load(TC + (b * N + i0) * 3 + offs_c % 3)
+        q_pts = tl.load(
+            qp_base + offs_c[None, :] * N + offs_m[:, None],
+            mask=m_ok[:, None] & c_ok[None, :], other=0.0,
+        )
+        q_pts = tl.where(c_ok[None, :], q_pts - centre_c[None, :], 0.0)
+        q_norm = tl.sum(q_pts * q_pts, 1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_s = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    acc_p = tl.zeros([BLOCK_M, VP3_PAD], dtype=tl.float32)
+    for j0 in range(0, N, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        # scalar term: q . k / sqrt(d), in log2 units
+        kt = tl.load(
+            K + b * stride_kb + h * D + offs_n[None, :] * stride_kn + offs_d[:, None],
+            mask=d_ok[:, None] & n_ok[None, :], other=0.0,
+        )
+        if CAST_F32:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * q_scale
+        if POINTS_DOT:
+            k_pts = tl.load(
+                kp_base + offs_c[:, None] * N + offs_n[None, :],
+                mask=c_ok[:, None] & n_ok[None, :], other=0.0,
+            )
+            k_pts = tl.where(c_ok[:, None], k_pts - centre_c[:, None], 0.0)
+            cross = tl.dot(q_pts, k_pts, input_precision="tf32x3")
+            dist = q_norm[:, None] + tl.sum(k_pts * k_pts, 0)[None, :] - 2.0 * cross
+            dist = tl.maximum(dist, 0.0)
+        else:
+            # squared distances computed directly (IEEE fp32 mode)
+            dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for c in tl.static_range(P3):
+                qc = tl.load(qp_base + c * N + offs_m, mask=m_ok, other=0.0)
+                kc = tl.load(kp_base + c * N + offs_n, mask=n_ok, other=0.0)
+                diff = qc[:, None] - kc[None, :]
+                dist += diff * diff
+        bias = tl.load(
+            bias_rows + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0.0
+        ).to(tl.float32)
+        s = s + bias * LOG2E + pw * dist
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        # online softmax (fp32)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            V + b * stride_vb + h * D + offs_n[:, None] * stride_vn + offs_d[None, :],
+            mask=n_ok[:, None] & d_ok[None, :], other=0.0,
+        )
+        if CAST_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc_s = acc_s * alpha[:, None] + pv
+        vp = tl.load(
+            vp_base + offs_n[:, None] * VP3 + offs_e[None, :],
+            mask=n_ok[:, None] & e_ok[None, :], other=0.0,
+        )
+        vp = tl.where(n_ok[:, None], vp - centre[None, :], 0.0)
+        acc_p = acc_p * alpha[:, None] + tl.dot(p, vp, input_precision=PTS_PRECISION)
+        m_i = m_new
+
+    acc_s = acc_s / l_i[:, None]
+    acc_p = acc_p / l_i[:, None] + centre[None, :]
+    tl.store(
+        OS + b * stride_ob + h * D + offs_m[:, None] * stride_on + offs_d[None, :],
+        acc_s.to(OS.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :],
+    )
+    tl.store(
+        OP + ((b * N + offs_m[:, None]) * H + h) * VP3 + offs_e[None, :],
+        acc_p, mask=m_ok[:, None] & e_ok[None, :],
+    )
+
+
+# Config lists from compiling for sm_90 and reading register/stack use (cuobjdump): only
+# configs without large spills. fp32 IEEE dots run on CUDA cores (FMA), whose Triton lowering
+# holds whole operand slices in registers, hence the smaller tiles.
+_ATTENTION_KEY = ["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_PRECISION",
+                  "POINTS_DOT"]
+_INTERPRETED = {"BLOCK_M": 64, "BLOCK_N": 64}
+_attention_direct = autotuned(  # fp32 IEEE: distances computed directly
+    "attention_direct",
+    _attention_kernel,
+    configs=[
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in [
+            (64, 16, 8, 2), (32, 16, 8, 2), (32, 16, 4, 2), (32, 32, 8, 2),
+            (16, 32, 4, 2), (64, 16, 8, 3),
+        ]
+    ],
+    key=_ATTENTION_KEY,
+    interpreted=_INTERPRETED,
+)
+_attention_dot = autotuned(  # distances as a dot: bf16/fp16, tf32
+    "attention_dot",
+    _attention_kernel,
+    configs=[
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+        for m, n, w, st in [
+            (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2),
+            (64, 64, 8, 2), (128, 32, 8, 3),
+        ]
+    ],
+    key=_ATTENTION_KEY,
+    interpreted=_INTERPRETED,
+)
+
+
+def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
+                     modes: Modes):
+    """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p."""
+    b, n, h, d = q.shape
+    p3, vp3 = q_pts.shape[2], v_pts.shape[3]
+    out_p = torch.empty(b, n, h, vp3, dtype=torch.float32, device=q.device)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)
+    kernel = _attention_dot if modes.points_dot else _attention_direct
+    kernel[grid](
+        q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, out_s, out_p,
+        n, base2.LOG2E / math.sqrt(d),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1), out_s.stride(0), out_s.stride(1),
+        pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
+        VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
+        POINTS_DOT=modes.points_dot, CAST_F32=cast_f32(q.dtype),
+    )
+    return out_p
+
+
+def ipa_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias, *,
+                  math_mode: str = "ieee") -> torch.Tensor:
+    """The IPA attention core with the pair bias given as a tensor.
+
+    q, k, v       (B, N, H, D) views with strides (*, *, D, 1), one dtype (fp32/bf16/fp16);
+                  1 <= H <= 16, 8 <= D <= 128
+    q_pts, k_pts  (B, H, 3*Qp, N) fp32, global frame (centred)
+    v_pts         (B, H, N, 3*Vp) fp32, global frame (centred)
+    centred_t     (B, N, 3) fp32, the frame origins in the same centred frame
+    point_weight  (H,) fp32: -softplus(head_weights) / 2 * log2(e) (`variants.base2`)
+    out_s         (B, N, H, D) view, q's dtype: receives sum_j a_ij v_j
+    bias          (B, H, N, N) contiguous, q's dtype: the pair bias (natural units)
+    math_mode     "ieee" or "tf32" (fp32 only)
+    returns       (B, N, H, 3*Vp) fp32: sum_j a_ij v_pts_j, global (centred) frame
+    """
+    check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s)
+    modes = dot_modes(q.dtype, math_mode)
+    b, n, h, _ = q.shape
+    check_tensor("bias", bias, (b, h, n, n), dtype=q.dtype, device=q.device, contiguous=True)
+    return launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
+                            modes)

@@ -1,0 +1,179 @@
+"""Pieces every Triton kernel family here shares: argument checks, the dot modes of one
+(dtype, math mode), padding, and autotuning on the GPU versus one fixed config under the
+interpreter.
+
+`triton.jit` decides when a kernel is defined whether it is interpreted: it reads
+`TRITON_INTERPRET` then, that is when the kernel modules of this package are first imported.
+`INTERPRET` is read at the same moment (every kernel module imports this one first), so the
+launchers and the kernels agree. The Makefile sets `TRITON_INTERPRET=1` for the whole CPU test
+process; a process that sets it later gets compiled kernels, and the variants say so.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from variants.problem import IPAInputError
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HEADS_PAD = 16  # the bias GEMM's head axis and the fully fused kernel's (tl.dot needs >= 16)
+
+# Every kernel wrapped by `autotuned`, by name (the GPU script prints their chosen configs).
+TUNED: dict[str, object] = {}
+
+
+def pow2(x: int, at_least: int = 16) -> int:
+    """The smallest power of two >= max(x, at_least)."""
+    return max(at_least, 1 << (max(1, x) - 1).bit_length())
+
+
+class _FixedConfig:
+    """A jitted kernel launched with one fixed set of meta-parameters: `kernel[grid](...)`
+    is `kernel[grid](..., **meta)`."""
+
+    def __init__(self, kernel, meta: dict[str, int]):
+        self.kernel = kernel
+        self.meta = meta
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+        return lambda *args, **kwargs: launch(*args, **kwargs, **self.meta)
+
+
+def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: dict[str, int]):
+    """`kernel` autotuned over `configs` (keyed on `key`) on the GPU; under the interpreter,
+    which cannot run several configs (docs: GPU.md), `kernel` with the meta-parameters
+    `interpreted` and no autotuner. Launch either as `result[grid](...)`."""
+    if INTERPRET:
+        tuned = _FixedConfig(kernel, interpreted)
+    else:
+        tuned = triton.autotune(configs=configs, key=key)(kernel)
+    TUNED[name] = tuned
+    return tuned
+
+
+def cast_f32(dtype: torch.dtype) -> bool:
+    """Whether the kernels cast their dot operands to fp32: under the interpreter, whose bf16
+    and fp16 `tl.dot` is wrong, for every input that is not fp32 already."""
+    return INTERPRET and dtype != torch.float32
+
+
+# ---- how the dots run ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Modes:
+    """How each dot of the kernels runs for one (dtype, math mode)."""
+
+    dot: str  # q.k, p.v and the pair bias
+    points: str  # p.v_pts (fp32 operands)
+    points_dot: bool  # distances as a centred 3xTF32 dot (else computed directly)
+    cublas_bias: bool  # the (B, H, N, N) bias by cuBLAS rather than the Triton GEMM
+
+
+def dot_modes(dtype: torch.dtype, math_mode: str) -> Modes:
+    """fp32 "ieee": IEEE dots everywhere, distances computed directly; the bias GEMM by cuBLAS
+    (measured faster than Triton's FMA dot for it). fp32 "tf32": TF32 tensor cores, distances
+    as a centred 3xTF32 dot. bf16/fp16: tensor cores, value points in TF32, distances as a
+    centred 3xTF32 dot. (Every dot as 3xTF32 in fp32 was tried: on triton 3.6 / H200 the
+    per-head kernel with q.k and p.v in 3xTF32 hit an illegal memory access while
+    autotuning, so that mode is not offered; see docs/perf-notes.md.)
+    """
+    require(math_mode in ("ieee", "tf32"),
+            f"math_mode: expected 'ieee' or 'tf32', got {math_mode!r}")
+    if dtype == torch.float32:
+        if math_mode == "ieee":
+            return Modes("ieee", "ieee", False, True)
+        return Modes("tf32", "tf32", True, True)
+    require(math_mode == "ieee", f"math_mode: {math_mode!r} applies to fp32 inputs only")
+    return Modes("ieee", "tf32", True, False)
+
+
+# ---- argument checks -----------------------------------------------------------------------
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise IPAInputError(message)
+
+
+def check_split(split) -> None:
+    require(split is None or (isinstance(split, int) and not isinstance(split, bool)
+                              and split >= 1),
+            f"split: expected None or an int >= 1, got {split!r}")
+
+
+def check_tensor(name, t, shape, *, dtype=None, device=None, contiguous=False):
+    require(
+        isinstance(t, torch.Tensor), f"{name}: expected a torch.Tensor, got {type(t).__name__}"
+    )
+    require(
+        tuple(t.shape) == tuple(shape),
+        f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}",
+    )
+    require(dtype is None or t.dtype == dtype, f"{name}: expected dtype {dtype}, got {t.dtype}")
+    require(
+        device is None or t.device == device, f"{name}: expected device {device}, got {t.device}"
+    )
+    require(
+        not contiguous or t.is_contiguous(),
+        f"{name}: expected a contiguous tensor, got strides {t.stride()}",
+    )
+
+
+def check_pair_repr(pair_repr, weight, *, weight_name: str):
+    """pair_repr (B, N, N, C), any strides; `weight` (H, C) contiguous in its dtype and on its
+    device, 1 <= H <= HEADS_PAD. Returns (B, N, C, H)."""
+    require(isinstance(pair_repr, torch.Tensor) and pair_repr.dim() == 4,
+            f"pair_repr: expected a 4-dim tensor (B, N, N, C), got "
+            f"{tuple(pair_repr.shape) if isinstance(pair_repr, torch.Tensor) else pair_repr}")
+    b, n, _, c = pair_repr.shape
+    check_tensor("pair_repr", pair_repr, (b, n, n, c))
+    require(isinstance(weight, torch.Tensor) and weight.dim() == 2,
+            f"{weight_name}: expected a 2-dim tensor (H, C)")
+    h = weight.shape[0]
+    check_tensor(weight_name, weight, (h, c), dtype=pair_repr.dtype, device=pair_repr.device,
+                 contiguous=True)
+    require(1 <= h <= HEADS_PAD, f"{weight_name}: expected 1..{HEADS_PAD} heads, got {h}")
+    return b, n, c, h
+
+
+def _check_heads_view(name, t, shape, device):
+    """(B, N, H, D) views into a wider row: innermost strides (D, 1) are what the kernels assume."""
+    check_tensor(name, t, shape, device=device)
+    require(
+        t.stride(3) == 1 and t.stride(2) == shape[3],
+        f"{name}: expected strides (*, *, {shape[3]}, 1) (heads packed in a row), got {t.stride()}",
+    )
+
+
+def check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s):
+    """The operands both attention kernels share; see `attention.attention` for their shapes."""
+    require(isinstance(q, torch.Tensor) and q.dim() == 4, "q: expected 4 dims (B, N, H, D)")
+    b, n, h, d = q.shape
+    dev = q.device
+    for name, t in (("q", q), ("k", k), ("v", v), ("out_s", out_s)):
+        _check_heads_view(name, t, (b, n, h, d), dev)
+    require(k.dtype == q.dtype and v.dtype == q.dtype and out_s.dtype == q.dtype,
+            f"k, v, out_s: expected dtype {q.dtype} (as q), got {k.dtype}, {v.dtype}, "
+            f"{out_s.dtype}")
+    require(q_pts.dim() == 4, f"q_pts: expected 4 dims (B, H, 3*Qp, N), got {q_pts.dim()}")
+    p3 = q_pts.shape[2]
+    require(p3 % 3 == 0, f"q_pts: expected 3*Qp point coordinates in dim 2, got {p3}")
+    check_tensor("q_pts", q_pts, (b, h, p3, n), dtype=torch.float32, device=dev, contiguous=True)
+    check_tensor("k_pts", k_pts, (b, h, p3, n), dtype=torch.float32, device=dev, contiguous=True)
+    require(v_pts.dim() == 4, f"v_pts: expected 4 dims (B, H, N, 3*Vp), got {v_pts.dim()}")
+    vp3 = v_pts.shape[3]
+    require(vp3 % 3 == 0, f"v_pts: expected 3*Vp point coordinates in dim 3, got {vp3}")
+    check_tensor("v_pts", v_pts, (b, h, n, vp3), dtype=torch.float32, device=dev,
+                 contiguous=True)
+    check_tensor("centred_t", centred_t, (b, n, 3), dtype=torch.float32, device=dev,
+                 contiguous=True)
+    check_tensor("point_weight", point_weight, (h,), dtype=torch.float32, device=dev,
+                  contiguous=True)
+    require(1 <= h <= HEADS_PAD, f"q: expected 1..{HEADS_PAD} heads, got {h}")
+    require(8 <= d <= 128, f"q: expected head_dim in [8, 128], got {d}")

@@ -1,0 +1,142 @@
+"""The pair bias of the `triton` variant: bias[b, h, i, j] = sum_c z[b, i, j, c] W_b[h, c],
+written once as a (B, H, N, N) tensor in the input dtype for the attention kernel to stream.
+
+Two GEMMs compute it, chosen by `common.dot_modes`: a small Triton kernel (bf16/fp16, and every
+dtype under the interpreter) and cuBLAS (fp32 and tf32 on the GPU: Triton's IEEE fp32 dot runs
+on CUDA-core FMAs, measured 1.4x slower than cuBLAS there). Both read `pair_repr` once, through
+its strides: a non-contiguous pair_repr is never copied first (see `cublas_pair_bias` for the one
+layout torch copies inside cuBLAS's call).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from variants.triton.common import HEADS_PAD, autotuned, cast_f32, check_pair_repr, dot_modes, pow2
+
+
+# Sizes that vary per call are not specialised on (divisibility by 16), so that one compile
+# per config serves every N: compiles, not launches, dominate short runs. The strides are:
+# their divisibility keeps the z loads aligned and the unit channel stride vectorised.
+@triton.jit(do_not_specialize=["ROWS", "NN", "N", "ROWS_KEY"])
+def _pair_bias_kernel(
+    Z,  # (B, N, N, C) pair_repr, strides (stride_zb, stride_zi, stride_zj, stride_zc)
+    WB,  # (H, C) pair_bias.weight, contiguous
+    OUT,  # (B, H, N, N) bias, contiguous, input dtype
+    ROWS,  # B*N*N
+    NN,  # N*N
+    N,
+    C,
+    stride_zb, stride_zi, stride_zj, stride_zc,
+    ROWS_KEY,  # autotune bucket, unused in the body
+    H: tl.constexpr,
+    H_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    # read BLOCK_R * C elements of z, write BLOCK_R * H: memory-bound (C = 128, H = 12).
+    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows (b, i, j)
+    offs_h = tl.arange(0, H_PAD)
+    r_ok = offs_r < ROWS
+    h_ok = offs_h < H
+    b = offs_r // NN
+    rem = offs_r - b * NN  # i * N + j
+    i = rem // N
+    z_rows = Z + b * stride_zb + i * stride_zi + (rem - i * N) * stride_zj
+    acc = tl.zeros([BLOCK_R, H_PAD], dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        offs_c = c0 + tl.arange(0, BLOCK_C)
+        c_ok = offs_c < C
+        z = tl.load(
+            z_rows[:, None] + offs_c[None, :] * stride_zc,
+            mask=r_ok[:, None] & c_ok[None, :], other=0.0,
+        )
+        w = tl.load(
+            WB + offs_h[None, :] * C + offs_c[:, None],
+            mask=h_ok[None, :] & c_ok[:, None], other=0.0,
+        )
+        if CAST_F32:
+            z = z.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(z, w, acc, input_precision=DOT_PRECISION)
+    out = OUT + (b * H)[:, None] * NN + offs_h[None, :] * NN + rem[:, None]
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=r_ok[:, None] & h_ok[None, :])
+
+
+# Config lists from compiling for sm_90 and reading register/stack use (cuobjdump): only
+# configs without large spills. Under the interpreter, large blocks: its cost is per op and
+# per program, not per element.
+_pair_bias = autotuned(
+    "pair_bias",
+    _pair_bias_kernel,
+    configs=[
+        triton.Config({"BLOCK_R": r, "BLOCK_C": c}, num_warps=w, num_stages=s)
+        for r, c, w, s in [
+            (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
+            (256, 32, 8, 3), (256, 64, 8, 2), (128, 128, 8, 2), (64, 128, 4, 2),
+        ]
+    ],
+    key=["ROWS_KEY", "C", "H_PAD", "DOT_PRECISION"],
+    interpreted={"BLOCK_R": 1024, "BLOCK_C": 64},
+)
+
+
+def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: str):
+    """The Triton bias GEMM, unchecked (callers check): (B, N, N, C) any strides, (H, C)
+    -> (B, H, N, N) contiguous in pair_repr's dtype."""
+    b, n, _, c = pair_repr.shape
+    h = weight.shape[0]
+    out = torch.empty(b, h, n, n, dtype=pair_repr.dtype, device=pair_repr.device)
+    rows = b * n * n
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]),)
+    _pair_bias[grid](
+        pair_repr, weight, out, rows, n * n, n, c, *pair_repr.stride(), pow2(rows, 1 << 16),
+        H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
+    )
+    return out
+
+
+def cublas_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, tf32: bool):
+    """The same bias by cuBLAS (torch.matmul / bmm), unchecked: W (H, C) @ z^T, written
+    straight in (B, H, N, N) order. TF32 is set for the call and restored (fp32 'ieee' must
+    not inherit a global TF32 switch).
+
+    When the rows (i, j) of pair_repr merge (contiguous input, or a slice along the channels),
+    one GEMM per batch element covers all N*N rows, through a view. Otherwise (a crop z[:, :n,
+    :n], transposed i and j) one strided-batched GEMM per batch element, batched over i, writes
+    rows (h, i) of the output in place: no copy either. cuBLAS needs a unit stride in one of the
+    two matrix dimensions: a pair_repr whose channel stride is not 1 is copied by torch inside
+    the call.
+    """
+    b, n, _, c = pair_repr.shape
+    h = weight.shape[0]
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_tf32
+    matmul.allow_tf32 = tf32
+    try:
+        if n == 1 or pair_repr.stride(1) == n * pair_repr.stride(2):
+            # (H, C) @ (B, C, N*N): one GEMM over every row
+            return torch.matmul(weight, pair_repr.view(b, n * n, c).transpose(1, 2)).view(
+                b, h, n, n)
+        out = torch.empty(b, h, n, n, dtype=pair_repr.dtype, device=pair_repr.device)
+        w = weight.expand(n, h, c)  # batch stride 0
+        for bi in range(b):
+            # (N_i batches) (H, C) @ (C, N_j) -> out[bi, :, i, :]
+            torch.bmm(w, pair_repr[bi].transpose(1, 2), out=out[bi].transpose(0, 1))
+        return out
+    finally:
+        matmul.allow_tf32 = saved
+
+
+def pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, math_mode: str = "ieee"):
+    """bias[b, h, i, j] = sum_c pair_repr[b, i, j, c] * weight[h, c], by the Triton GEMM.
+
+    pair_repr (B, N, N, C), any strides; weight (H, C) contiguous, H <= 16, same dtype and
+    device -> (B, H, N, N) contiguous in pair_repr's dtype (fp32 accumulation).
+    """
+    check_pair_repr(pair_repr, weight, weight_name="weight")
+    return launch_pair_bias(pair_repr, weight, dot_modes(pair_repr.dtype, math_mode).dot)

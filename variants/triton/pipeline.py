@@ -1,0 +1,209 @@
+"""The two Triton IPA forwards, each a checked public function: `triton_ipa` (the bias GEMM,
+then the streamed attention kernel) and `triton_fullfuse_ipa` (the fully fused kernel).
+
+Both share the O(N) work around their kernels, done in PyTorch: LayerNorm, one GEMM for all six
+projections, the frame transforms in fp32 (translations centred on their per-batch mean first:
+the output is invariant to that shift, and the kernels' points stay small), and after the
+kernels the inverse frame transform of the value points and `out_proj`. The weights are
+rearranged once, at build time (`TritonIPAWeights`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from variants.base2 import base2_units
+from variants.problem import IPAConfig, validate_inputs
+from variants.triton.attention import launch_attention
+from variants.triton.common import (
+    HEADS_PAD,
+    INTERPRET,
+    Modes,
+    check_split,
+    dot_modes,
+    require,
+)
+from variants.triton.fullfuse import launch_fullfuse
+from variants.triton.pair_bias import cublas_pair_bias, launch_pair_bias
+
+
+@dataclass
+class TritonIPAWeights:
+    """The SPEC state_dict, rearranged once for the forward pass."""
+
+    config: IPAConfig
+    ln_weight: torch.Tensor  # (node_dim,)
+    ln_bias: torch.Tensor  # (node_dim,)
+    w_in: torch.Tensor  # (3*H*d + 3*H*(2*Qp + Vp), node_dim): q, k, v, q_pts, k_pts, v_pts
+    w_pair: torch.Tensor  # (H, pair_dim): pair_bias.weight (natural units, input dtype)
+    point_weight: torch.Tensor  # (H,) fp32: -softplus(head_weights) / 2 * log2(e)
+    w_out: torch.Tensor  # (node_dim, H*d + 3*H*Vp)
+    b_out: torch.Tensor  # (node_dim,)
+
+    @classmethod
+    def from_state_dict(cls, state_dict, config: IPAConfig, device, dtype) -> TritonIPAWeights:
+        require(config.heads <= HEADS_PAD,
+                f"heads: expected 1..{HEADS_PAD} (the kernels' head axis), got {config.heads}")
+        require(8 <= config.head_dim <= 128,
+                f"head_dim: expected 8..128, got {config.head_dim}")
+        sd = {k: v.detach() for k, v in state_dict.items()}
+        put = lambda t: t.to(device=device, dtype=dtype).contiguous()
+        w_in = torch.cat([sd[f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "q_pts",
+                                                       "k_pts", "v_pts")])
+        units = base2_units(sd["pair_bias.weight"], sd["head_weights"], config.head_dim)
+        return cls(
+            config, put(sd["layer_norm.weight"]), put(sd["layer_norm.bias"]), put(w_in),
+            put(sd["pair_bias.weight"]), units.point_weight.to(device=device).contiguous(),
+            put(sd["out_proj.weight"]), put(sd["out_proj.bias"]),
+        )
+
+
+# ---- the O(N) work around the kernels ------------------------------------------------------
+
+
+@dataclass
+class Operands:
+    """What the attention kernels read and write, built by the prologue (shapes as
+    `attention.ipa_attention`)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_pts: torch.Tensor
+    k_pts: torch.Tensor
+    v_pts: torch.Tensor
+    centred_t: torch.Tensor
+    point_weight: torch.Tensor
+    out_s: torch.Tensor
+
+
+def _frames(pts, rotations, centred_t):
+    """Local -> global: p @ R + t, elementwise in fp32 (no TF32). pts (B, N, P, 3)."""
+    return (pts.unsqueeze(-1) * rotations.unsqueeze(2)).sum(-2) + centred_t.unsqueeze(2)
+
+
+def _inverse_frames(pts, rotations, centred_t):
+    """Global -> local: (g - t) @ R^T, elementwise in fp32. pts (B, N, P, 3)."""
+    return ((pts - centred_t.unsqueeze(2)).unsqueeze(-2) * rotations.unsqueeze(2)).sum(-1)
+
+
+def _check(weights: TritonIPAWeights, node_repr, pair_repr, translations, rotations):
+    validate_inputs(
+        weights.config, node_repr, pair_repr, translations, rotations,
+        dtypes=(weights.w_in.dtype,), device=weights.w_in.device, check_rotations=False,
+    )
+    require(INTERPRET or node_repr.is_cuda,
+            f"node_repr: expected a CUDA tensor, got device {node_repr.device}: the Triton "
+            "kernels were defined without TRITON_INTERPRET=1 (it is read when "
+            "variants.triton's kernel modules are first imported)")
+
+
+def _around_kernels(
+    weights: TritonIPAWeights,
+    node_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+    kernels: Callable[[Operands], torch.Tensor],
+) -> torch.Tensor:
+    """The forward with `kernels(operands) -> out_p` (B, N, H, 3*Vp) fp32 as its attention
+    core. Inputs are checked by the caller."""
+    cfg = weights.config
+    bsz, n, _ = node_repr.shape
+    h, d, qp, vp = cfg.heads, cfg.head_dim, cfg.query_points, cfg.value_points
+    hd = h * d
+
+    # Prologue: LayerNorm, one GEMM for all six projections, frames in fp32.
+    x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+    proj = F.linear(x, weights.w_in)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
+    q, k, v = (proj[..., i * hd:(i + 1) * hd].view(bsz, n, h, d) for i in range(3))
+    rot = rotations.float()
+    trans = translations.float()
+    centred_t = (trans - trans.mean(dim=1, keepdim=True)).contiguous()
+    pts = _frames(proj[..., 3 * hd:].float().reshape(bsz, n, -1, 3), rot, centred_t)
+    q_pts = pts[:, :, : h * qp].reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1).contiguous()
+    k_pts = pts[:, :, h * qp: 2 * h * qp].reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1)
+    k_pts = k_pts.contiguous()
+    v_pts = pts[:, :, 2 * h * qp:].reshape(bsz, n, h, 3 * vp).transpose(1, 2).contiguous()
+    cat = torch.empty(bsz, n, hd + 3 * h * vp, dtype=node_repr.dtype, device=node_repr.device)
+    out_s = cat[..., :hd].view(bsz, n, h, d)
+
+    # (x and pts stay alive through the kernels, as in the version whose peak memory was
+    # published; freeing them first would lower the peak by their size.)
+    out_p = kernels(Operands(q, k, v, q_pts, k_pts, v_pts, centred_t, weights.point_weight,
+                             out_s))
+
+    # Epilogue: value points back to each query's frame, out_proj of [o_s | o_p local].
+    local = _inverse_frames(out_p.view(bsz, n, h * vp, 3), rot, centred_t)
+    cat[..., hd:] = local.reshape(bsz, n, 3 * h * vp)
+    return F.linear(cat, weights.w_out, weights.b_out)
+
+
+# ---- the public forwards -------------------------------------------------------------------
+
+
+def triton_ipa(
+    weights: TritonIPAWeights,
+    node_repr: torch.Tensor,
+    pair_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+    *,
+    math_mode: str = "ieee",
+) -> torch.Tensor:
+    """IPA forward (SPEC.md), `triton` variant: the pair bias by one GEMM into a (B, H, N, N)
+    tensor, then the streamed flash-style attention kernel.
+
+    node_repr (B, N, node_dim), pair_repr (B, N, N, pair_dim), translations (B, N, 3),
+    rotations (B, N, 3, 3), all in `weights`' dtype and device, any strides (pair_repr is read
+    in place) -> (B, N, node_dim) in that dtype. `math_mode` is "ieee" or "tf32" (tf32: fp32
+    inputs only).
+    """
+    _check(weights, node_repr, pair_repr, translations, rotations)
+    modes = dot_modes(node_repr.dtype, math_mode)
+
+    def kernels(ops: Operands) -> torch.Tensor:
+        # The launchers' own checks are skipped: every operand is built by the prologue.
+        bias = _pair_bias(pair_repr, weights.w_pair, modes)
+        return launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
+                                ops.centred_t, ops.point_weight, ops.out_s, bias, modes)
+
+    return _around_kernels(weights, node_repr, translations, rotations, kernels)
+
+
+def _pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, modes: Modes) -> torch.Tensor:
+    if modes.cublas_bias and pair_repr.is_cuda:
+        return cublas_pair_bias(pair_repr, weight, tf32=modes.dot == "tf32")
+    return launch_pair_bias(pair_repr, weight, modes.dot)
+
+
+def triton_fullfuse_ipa(
+    weights: TritonIPAWeights,
+    node_repr: torch.Tensor,
+    pair_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+    *,
+    math_mode: str = "ieee",
+    split: int | None = None,
+) -> torch.Tensor:
+    """IPA forward (SPEC.md), `triton-fullfuse` variant: one kernel computes the pair bias
+    inside its key loop (pair_repr read once, extra memory O(N)).
+
+    Arguments and result as `triton_ipa`; `split` is the number of key ranges per query block
+    (None: chosen from the grid, about two programs per SM; see `fullfuse.default_split`).
+    """
+    _check(weights, node_repr, pair_repr, translations, rotations)
+    check_split(split)
+    modes = dot_modes(node_repr.dtype, math_mode)
+
+    def kernels(ops: Operands) -> torch.Tensor:
+        # The launcher's own checks are skipped: every operand is built by the prologue.
+        return launch_fullfuse(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
+                               ops.centred_t, ops.point_weight, ops.out_s, pair_repr,
+                               weights.w_pair, modes, split)
+
+    return _around_kernels(weights, node_repr, translations, rotations, kernels)

@@ -1,0 +1,134 @@
+"""Triton IPA: a flash-attention-style kernel for the IPA attention core (issue #4).
+
+What it is. LayerNorm, the six projections (one fused GEMM), the frame transforms and
+`out_proj` stay in PyTorch: they are O(N) work (`pipeline.py`). The O(N^2) part, logits +
+softmax + aggregation of the scalar values and of the global-frame value points, is Triton in
+the style of FlashAttention-2 (Dao 2023; the Triton fused-attention tutorial): a program owns a
+block of queries, loops over key blocks, keeps a running max and sum in fp32 (online softmax,
+base-2 exponentials) and never writes the (B, H, N, N) logits or attention.
+
+Two registered variants, differing in where the pair bias z . W_b comes from:
+
+* `triton`: one GEMM reads `pair_repr` once and writes the bias as a (B, H, N, N) tensor
+  (input dtype; `pair_bias.py`: Triton for bf16/fp16, cuBLAS for fp32/tf32), then the
+  attention kernel (`attention.py`), one program per (query block, batch, head), streams its
+  head's rows. Extra memory is one N x N x H tensor (768 MiB at N = 4096 in fp32), the rest is
+  O(N). This is the fast one.
+* `triton-fullfuse`: one kernel (`fullfuse.py`) computes the bias inside the key loop, so
+  `pair_repr` is read exactly once and no N x N tensor is ever written (extra memory O(N): 118
+  MiB at N = 4096); a program owns a query block for all heads. Triton compiles its 3-D tiles
+  with heavy register spills, so it is 2.5x (bf16) to 1.8x (fp32) slower than `triton` at
+  N = 4096: kept for its memory and as the measured record (docs/perf-notes.md).
+
+What differs from the reference (all of it on purpose, none of it changes the function):
+* Point distances. fp32 (IEEE) mode computes them directly, sum_{p,c} (q - k)^2. The other
+  modes of `triton` (tf32, bf16, fp16) use one 3xTF32 dot of coordinates centred on the query
+  block's first frame origin: |q'|^2 + |k'|^2 - 2 q'.k' in fp32-accurate arithmetic. Never the
+  uncentred expanded form (SPEC: it cancels catastrophically at 100 A offsets). The centred
+  form costs about 2-3e-5 rel_l2 against the oracle (CPU emulation, N = 512-1024), which is
+  why fp32 keeps the direct form (its floor is 2e-5) and which is negligible against the tf32
+  (2e-3) and bf16/fp16 (1e-2, 5e-2) tolerances. `triton-fullfuse` computes them directly in
+  every mode.
+* Global-frame points are always fp32, also for bf16/fp16 inputs (the reference rounds 100 A
+  coordinates to bf16, i.e. to 0.5 A), and translations are centred on their per-batch mean
+  before the frame transform (the output is invariant to that shift). That is most of why
+  bf16 errors are 0.04-0.05 of the bf16 reference's.
+* Value points are aggregated relative to the first query's frame origin of each block (keys
+  that carry weight lie near the queries, so the summands are small); in bf16/fp16 and tf32
+  modes that aggregation runs as a TF32 dot, in fp32 (IEEE) mode as an IEEE dot.
+* Dots: fp32 mode uses `input_precision="ieee"` everywhere, `tf32` mode uses TF32 for the
+  scalar dots and the bias; bf16/fp16 inputs use tensor cores with fp32 accumulation. The
+  softmax and all accumulators are fp32 in every mode.
+* softplus(head_weights) and the 1/sqrt(d) scale are applied in fp32, in base-2 units
+  (`variants/base2.py`).
+
+Caveats. No backward. Heads 1..16, points 1..16, head_dim 8..128 (padded to powers of two, so
+e.g. d = 48 does 64-wide dots). fp32 (IEEE) is slow: Triton lowers IEEE fp32 dots to CUDA-core
+FMAs at ~13 % of FP32 peak here, so N = 4096 takes 11 ms, not the 4 ms target
+(docs/perf-notes.md). At N <= 1024 the forward is bound by host-side launch overhead (~20
+PyTorch ops and two Triton launches), not by the GPU. Under the CPU interpreter
+(`TRITON_INTERPRET=1`, read when the kernel modules are first imported) every dot runs in fp32
+(the interpreter's bf16 `tl.dot` is wrong) and a single block-size config is used instead of
+autotuning. Inputs may have any strides: the kernels read `pair_repr` through its strides
+(no copy), the other inputs go through PyTorch ops.
+
+This module imports no Triton: the kernel modules are imported by `build`, and a missing
+Triton is a reason (`requires`), not an ImportError.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from variants.base import IPAFunction, Variant
+from variants.problem import IPAInputError, Precision, get_precision
+
+
+class Triton(Variant):
+    name = "triton"
+    description = "Triton flash-style IPA core; pair bias by one GEMM, streamed as (B,H,N,N)"
+    devices = ("cpu", "cuda")
+    precisions = ("fp32", "tf32", "bf16", "fp16")
+    requires = ("triton",)
+    limits = {"heads": (1, 16), "query_points": (1, 16), "value_points": (1, 16),
+              "head_dim": (8, 128)}
+
+    def not_supported_reasons(self, config, device, precision):
+        reasons = super().not_supported_reasons(config, device, precision)
+        # The kernels' modules fix interpretation when first imported (see common.py).
+        common = sys.modules.get("variants.triton.common")
+        if (common is not None and torch.device(device).type == "cpu" and not common.INTERPRET
+                and os.environ.get("TRITON_INTERPRET") == "1"):
+            reasons.append("the Triton kernels were defined before TRITON_INTERPRET=1 was set "
+                           "(set it before variants.triton's kernel modules are imported)")
+        return reasons
+
+    @staticmethod
+    def _forward_function():
+        from variants.triton.pipeline import triton_ipa
+
+        return triton_ipa
+
+    def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
+        precision = get_precision(precision)
+        reasons = self.not_supported_reasons(config, device, precision)
+        if reasons:
+            raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
+        # Imports Triton and defines the kernels now, not when timed.
+        from variants.triton.pipeline import TritonIPAWeights
+
+        forward_function = self._forward_function()
+        weights = TritonIPAWeights.from_state_dict(state_dict, config, device, precision.dtype)
+        mode = precision.math_mode
+
+        def forward(node_repr, pair_repr, translations, rotations):
+            return forward_function(weights, node_repr, pair_repr, translations, rotations,
+                                    math_mode=mode)
+
+        return forward
+
+
+class TritonFullFuse(Triton):
+    name = "triton-fullfuse"
+    description = "Triton IPA core with the pair bias computed in-kernel (z read once, O(N) memory)"
+    # The fp32 (IEEE) kernel's one config exceeds the H200's shared memory above this.
+    fp32_max_head_dim = 64
+
+    def not_supported_reasons(self, config, device, precision):
+        reasons = super().not_supported_reasons(config, device, precision)
+        if (torch.device(device).type == "cuda" and get_precision(precision).name == "fp32"
+                and config.head_dim > self.fp32_max_head_dim):
+            reasons.append(
+                f"head_dim={config.head_dim} > {self.fp32_max_head_dim} in fp32: the IEEE "
+                "kernel's one config needs 287 KB of shared memory at head_dim 96 (padded to "
+                "128), over the H200's 227 KB per block (measured 2026-12-02)")
+        return reasons
+
+    @staticmethod
+    def _forward_function():
+        from variants.triton.pipeline import triton_fullfuse_ipa
+
+        return triton_fullfuse_ipa
