@@ -12,14 +12,14 @@ interpreter and a timing means nothing (tests/test_variants.py checks them there
 
 Before timing, each case runs the correctness protocol (one seed, `harness.correctness`):
 the first call (compilation, autotuning) happens there, untimed, and the figures go into
-`extra_info` with the config, dtype and (CUDA) peak memory. A variant outside its tolerance
+`extra_info` with the config, dtype and (CUDA) peak memory, under the names of the sweep's
+CSV columns (`harness.results.COLUMNS`). A variant outside its tolerance
 is still timed, then the test fails. `ipa-bench sweep` is the publishing path; this suite
 is for quick side-by-side tables and `--benchmark-compare` between commits.
 """
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import dataclass
 
@@ -27,7 +27,9 @@ import pytest
 import torch
 
 from harness.correctness import check_variant
+from harness.environment import device_name
 from harness.measure import peak_memory_mib
+from harness.results import COLUMNS
 from variants.problem import IPAConfig, get_precision, make_inputs, math_mode
 from variants.reference import init_state_dict
 from variants.registry import all_variants
@@ -99,16 +101,16 @@ def test_forward(benchmark, timed, case: Case, variant_name: str):
                            device=device, seed=TIMING_SEED).as_tuple()
         benchmark.extra_info.update(
             variant=variant.name, is_baseline=variant.is_baseline, device=device,
-            device_name=(torch.cuda.get_device_name() if device == "cuda"
-                         else platform.processor() or platform.machine()),
+            device_name=device_name(torch.device(device)),
             dtype=precision.name, math_mode=precision.math_mode, batch=case.batch,
             length=case.length, **vars(config),
             rel_l2=check.rel_l2, max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2,
             tol=check.tol, err_ratio=check.err_ratio, correctness_seeds=check.seeds,
-            correctness="pass" if check.passed else "FAIL: " + "; ".join(check.failures),
+            status="ok" if check.passed else "mismatch", reason="; ".join(check.failures),
             peak_mem_mib=(peak_memory_mib(lambda: fn(*args), torch.device(device))
                           if device == "cuda" else None),
         )
+        assert set(benchmark.extra_info) <= set(COLUMNS), "extra_info: the CSV's column names"
         timed(lambda: fn(*args), device, rounds=case.rounds, warmup_rounds=case.warmup_rounds)
     assert check.passed, f"{variant.name} {case.group}: {'; '.join(check.failures)}"
 
