@@ -5,9 +5,10 @@ isolates the kernel from the PyTorch steps around it). Timing is the harness's j
 
 Run from the repository root on the GPU machine:
     PYTHONPATH=. python3 benchmarks/cuda_kernel_diag.py env diag [--out DIR]
-`ab` times the cuda-fused kernel alone (prepared operands, CUDA events, L2 flushed) in each
-kernel class that takes the default config, and the whole variant beside it; `ncu-target` runs
-the kernel once (`--klass`, `--length`, `--precision`) for `ncu`.
+`ab` times the cuda-fused kernel alone (prepared operands) in each kernel class that takes the
+default config, and the whole variant beside it, with the sweep's timer (`harness.measure`:
+CUDA events, L2 flushed before every sample, warm-up, samples until the median is quiet);
+`ncu-target` runs the kernel once (`--klass`, `--length`, `--precision`) for `ncu`.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 
 import torch
 
+from harness.measure import L2Flusher, TimingPolicy, time_cuda
+from variants.base2 import LOG2E, base2_units
 from variants.cuda_ext import Weights, Widths, build_seconds, load_extension, project
-from variants.cuda_fused import AF2, LANES, SMALL, CudaFused, base2_units, kernel_class
+from variants.cuda_fused import AF2, LANES, SMALL, CudaFused, kernel_class
 from variants.cuda_hybrid import attention_probabilities
 from variants.problem import IPAConfig, make_inputs
 from variants.reference import init_state_dict
@@ -38,7 +40,7 @@ def env_report() -> dict:
     props = torch.cuda.get_device_properties(0)
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
     info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "gpu": props.name,
         "sms": props.multi_processor_count,
         "memory_gib": round(props.total_memory / 2**30, 1),
@@ -64,7 +66,7 @@ def _reference_attended(ops, pair, pair_weight, point_weight, widths, log2_units
     bias = (pair.double() @ pair_weight.double().T).permute(0, 3, 1, 2)
     logits = s + point_weight.double().view(1, -1, 1, 1) * dist + bias
     if log2_units:
-        logits = logits * math.log(2.0)
+        logits = logits / LOG2E  # base-2 units back to natural ones
     p = torch.softmax(logits, dim=-1)
     return (p @ v).permute(0, 2, 1, 3)[..., : widths.dv], p
 
@@ -81,9 +83,10 @@ def diag(lengths=(1, 16, 37, 130, 300), configs=None) -> list[dict]:
             for n in lengths:
                 inputs = make_inputs(config, 2, n, dtype=dtype, device="cuda", seed=1)
                 widths = Widths.for_lanes(config, LANES[klass])
-                q_scale, wb, pw = base2_units(weights)
+                units = base2_units(weights.pair_bias, weights.head_weights, config.head_dim)
+                wb, pw = units.pair_weight, units.point_weight
                 ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
-                              widths=widths, q_scale=q_scale)
+                              widths=widths, q_scale=units.q_scale)
                 ref, _ = _reference_attended(ops, inputs.pair_repr, wb, pw, widths, True)
                 for splits in (1, 0):
                     out = torch.full((2, n, config.heads, widths.dv), float("nan"), device="cuda")
@@ -145,34 +148,27 @@ def fused_operands(inputs, klass: int | None = None):
     weights = Weights(init_state_dict(config), config, "cuda")
     klass = kernel_class(config) if klass is None else klass
     widths = Widths.for_lanes(config, LANES[klass])
-    q_scale, wb, pw = base2_units(weights)
-    ops = project(weights, node_repr, translations, rotations, widths=widths, q_scale=q_scale)
+    units = base2_units(weights.pair_bias, weights.head_weights, config.head_dim)
+    ops = project(weights, node_repr, translations, rotations, widths=widths,
+                  q_scale=units.q_scale)
     out = torch.empty(1, pair.shape[1], config.heads, widths.dv, device="cuda")
-    return (ops.q, ops.k, ops.v, pair, wb, pw, out, klass, widths.dqp, widths.dv)
+    return (ops.q, ops.k, ops.v, pair, units.pair_weight, units.point_weight, out, klass,
+            widths.dqp, widths.dv)
 
 
-def _median_ms(fn, args, reps: int, flush: torch.Tensor) -> tuple[float, float]:
-    """Median and minimum of `reps` CUDA-event samples, L2 flushed before each, after 3 warm-ups."""
-    for _ in range(3):
-        fn(*args)
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*args)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return round(statistics.median(times), 4), round(min(times), 4)
+def _timed(fn, args, policy: TimingPolicy, flusher: L2Flusher) -> dict:
+    """`fn(*args)` timed by the sweep's timer: median, p20, p80 (ms), samples, relative noise."""
+    timing = time_cuda(lambda: fn(*args), policy, flusher)
+    return {"median_ms": round(timing.median_ms, 4), "p20_ms": round(timing.p20_ms, 4),
+            "p80_ms": round(timing.p80_ms, 4), "samples": timing.n_samples,
+            "rel_noise": round(timing.rel_noise, 4)}
 
 
-def kernel_ab(lengths, reps: int) -> list[dict]:
+def kernel_ab(lengths, policy: TimingPolicy) -> list[dict]:
     """The cuda-fused kernel alone in each class that takes the default config, then the whole
     variant (PyTorch steps around the kernel included) on the same pair_repr."""
     ext = load_extension()
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # > the 50 MB L2
+    flusher = L2Flusher(torch.device("cuda"))
     config = IPAConfig()
     rows = []
     for precision in ("fp32", "bf16"):
@@ -182,15 +178,15 @@ def kernel_ab(lengths, reps: int) -> list[dict]:
             for klass in (AF2, SMALL):
                 operands = fused_operands(inputs, klass)
                 plan = ext.fused_forward(*operands)
-                median, low = _median_ms(ext.fused_forward, operands, reps, flush)
                 rows.append({"what": "kernel", "klass": klass, "precision": precision, "N": n,
-                             "plan": list(plan), "median_ms": median, "min_ms": low})
+                             "plan": list(plan), **_timed(ext.fused_forward, operands, policy,
+                                                          flusher)})
                 print(json.dumps(rows[-1]), flush=True)
                 del operands
             with torch.no_grad():
-                median, low = _median_ms(forward, inputs, reps, flush)
+                timing = _timed(forward, inputs, policy, flusher)
             rows.append({"what": "variant", "klass": kernel_class(config),
-                         "precision": precision, "N": n, "median_ms": median, "min_ms": low})
+                         "precision": precision, "N": n, **timing})
             print(json.dumps(rows[-1]), flush=True)
             del inputs
             torch.cuda.empty_cache()
@@ -201,7 +197,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("steps", nargs="+", choices=["env", "diag", "ab", "ncu-target"])
     parser.add_argument("--lengths", default="1024,4096", help="ab: comma-separated N")
-    parser.add_argument("--reps", type=int, default=10, help="ab: timed samples per row")
+    parser.add_argument("--min-samples", type=int, default=TimingPolicy.min_samples,
+                        help="ab: at least this many timed samples per row")
+    parser.add_argument("--budget", type=float, default=TimingPolicy.budget_s,
+                        help="ab: seconds of sampling per row once --min-samples are taken")
     parser.add_argument("--length", type=int, default=4096, help="ncu-target: N")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--klass", type=int, default=None,
@@ -217,7 +216,8 @@ def main() -> None:
     if "diag" in opts.steps:
         results["diag"] = diag()
     if "ab" in opts.steps:
-        results["ab"] = kernel_ab([int(x) for x in opts.lengths.split(",")], opts.reps)
+        policy = TimingPolicy(min_samples=opts.min_samples, budget_s=opts.budget)
+        results["ab"] = kernel_ab([int(x) for x in opts.lengths.split(",")], policy)
     if "ncu-target" in opts.steps:
         operands = fused_operands(timing_inputs(opts.length, opts.precision), opts.klass)
         load_extension().fused_forward(*operands)

@@ -18,7 +18,6 @@ import dataclasses
 import importlib.util
 import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -34,6 +33,7 @@ import torch
 
 from harness.correctness import ReferenceCache, check_variant, oracle_forward
 from variants.base import _nvcc_path
+from variants.base2 import LOG2E, base2_units
 from variants.cuda_ext import (
     SOURCES,
     Weights,
@@ -56,7 +56,6 @@ from variants.cuda_fused import (
     MAX_PAIR_DIM,
     SMALL,
     CudaFused,
-    base2_units,
     fused_attention,
     kernel_class,
 )
@@ -455,10 +454,10 @@ def _fused_operands(config: IPAConfig, length: int, batch: int, dtype: torch.dty
     klass = kernel_class(config) if klass is None else klass
     widths = Widths.for_lanes(config, LANES[klass])
     inputs = make_inputs(config, batch, length, dtype=dtype, device="cuda", seed=seed)
-    q_scale, pair_weight, point_weight = base2_units(weights)
+    units = base2_units(weights.pair_bias, weights.head_weights, config.head_dim)
     ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
-                  widths=widths, q_scale=q_scale)
-    return ops, inputs.pair_repr, pair_weight, point_weight, klass, widths
+                  widths=widths, q_scale=units.q_scale)
+    return ops, inputs.pair_repr, units.pair_weight, units.point_weight, klass, widths
 
 
 @pytest.mark.gpu
@@ -609,7 +608,7 @@ def _attend_operands(ops, pair_repr, pair_weight, point_weight, widths, log2_uni
     logits = logits + point_weight.double().view(1, -1, 1, 1) * dist
     logits = logits + (pair_repr.double() @ pair_weight.double().T).permute(0, 3, 1, 2)
     if log2_units:
-        logits = logits * math.log(2.0)
+        logits = logits / LOG2E  # base-2 units back to natural ones
     return (torch.softmax(logits, -1) @ v).permute(0, 2, 1, 3)[..., : widths.dv]
 
 
@@ -674,17 +673,21 @@ def test_frames_kernels_match_the_pytorch_steps(config, lanes):
 def test_operands_and_finish_reproduce_the_reference_on_cpu(config, lanes, log2):
     """The PyTorch plumbing around the kernels (padding, scales, frames, output projection),
     checked on CPU by standing in for the kernel with the same math in float64 (base-2 units
-    for the fused classes, natural units for the hybrid)."""
+    from variants.base2 for the fused classes, natural units for the hybrid)."""
     state_dict = init_state_dict(config)
     weights = Weights(state_dict, config, "cpu")
     inputs = make_inputs(config, 2, 11, seed=4)
     widths = Widths.for_lanes(config, lanes)
-    scale = (1.4426950408889634 if log2 else 1.0) / config.head_dim**0.5
+    if log2:
+        units = base2_units(weights.pair_bias, weights.head_weights, config.head_dim)
+        scale, pair_weight, point_weight = units.q_scale, units.pair_weight, units.point_weight
+        assert scale == LOG2E / config.head_dim**0.5
+    else:
+        scale, pair_weight, point_weight = (
+            1.0 / config.head_dim**0.5, weights.pair_bias, weights.point_weight)
     ops = project(weights, inputs.node_repr, inputs.translations, inputs.rotations,
                   widths=widths, q_scale=scale)
-    factor = 1.4426950408889634 if log2 else 1.0
-    attended = _attend_operands(ops, inputs.pair_repr, weights.pair_bias * factor,
-                                weights.point_weight * factor, widths, log2)
+    attended = _attend_operands(ops, inputs.pair_repr, pair_weight, point_weight, widths, log2)
     out = finish(weights, attended.float(), ops, torch.float32)
     oracle = oracle_forward(state_dict, config, inputs)
     err = ((out.double() - oracle).norm() / oracle.norm()).item()

@@ -23,7 +23,6 @@ the host 20-40 us each on the H200, more than the attention kernel itself up to 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
 import threading
@@ -46,7 +45,6 @@ SOURCES = (
     "ipa_hybrid.cu",
     "ipa_frames.cu",
 )
-LOG2E = 1.0 / math.log(2.0)
 
 _lock = threading.Lock()
 _extension = None
@@ -183,7 +181,8 @@ class Weights:
         qp3, vp3 = 3 * config.query_points, 3 * config.value_points
         self.split_sizes = [h * d, h * d, h * d, h * qp3, h * qp3, h * vp3]
         self.pair_bias = get("pair_bias.weight")  # (H, pair_dim), natural units
-        self.point_weight = -F.softplus(get("head_weights")) / 2.0  # (H,), natural units
+        self.head_weights = get("head_weights")  # (H,), for variants.base2.base2_units
+        self.point_weight = -F.softplus(self.head_weights) / 2.0  # (H,), natural units
         self.out_weight, self.out_bias = get("out_proj.weight"), get("out_proj.bias")
 
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from variants.base import IPAFunction, Variant
+from variants.base2 import base2_units
 from variants.cuda_ext import (
-    LOG2E,
     Weights,
     Widths,
     check_call_inputs,
@@ -74,16 +74,6 @@ CLASS_LIMITS = {
 }
 LANES = {klass: limits.lanes_per_row for klass, limits in CLASS_LIMITS.items()}
 PREFERENCE = (AF2, SMALL, GENERIC)  # a layer runs the first class that fits it
-
-
-def base2_units(weights: Weights) -> tuple[float, torch.Tensor, torch.Tensor]:
-    """The kernel's base-2 units (its softmax runs on exp2): the q scale log2(e) / sqrt(d), and
-    pair_bias.weight and the point weight -softplus(w)/2, each times log2(e)."""
-    return (
-        LOG2E / weights.config.head_dim**0.5,
-        (weights.pair_bias * LOG2E).contiguous(),
-        (weights.point_weight * LOG2E).contiguous(),
-    )
 
 
 def class_fits(klass: int, config: IPAConfig) -> bool:
@@ -176,15 +166,15 @@ class CudaFused(Variant):
         weights = Weights(state_dict, config, device)
         klass = kernel_class(config)
         widths = Widths.for_lanes(config, LANES[klass])
-        q_scale, pair_weight, point_weight = base2_units(weights)
+        units = base2_units(weights.pair_bias, weights.head_weights, config.head_dim)
         device = weights.device
 
         def forward(node_repr, pair_repr, translations, rotations):
             check_call_inputs(config, device, dtype, node_repr, pair_repr, translations, rotations)
             ops = project_on_gpu(weights, node_repr, translations, rotations, widths=widths,
-                                 q_scale=q_scale)
+                                 q_scale=units.q_scale)
             attended = fused_attention(
-                ops.q, ops.k, ops.v, pair_repr, pair_weight, point_weight,
+                ops.q, ops.k, ops.v, pair_repr, units.pair_weight, units.point_weight,
                 klass=klass, dqp=widths.dqp, dv=widths.dv,
             )
             return finish_on_gpu(weights, attended, ops, dtype)
