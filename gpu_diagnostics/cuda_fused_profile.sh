@@ -8,14 +8,14 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu-out}
 PRECISION=${PRECISION:-fp32}
 mkdir -p "$OUT"
-timeout "${LIM_AB:-150}" python3 benchmarks/cuda_kernel_diag.py env ab --lengths "${AB_N:-1024,4096}" \
+timeout "${LIM_AB:-150}" python3 gpu_diagnostics/cuda_kernel_diag.py env ab --lengths "${AB_N:-1024,4096}" \
   --out "$OUT" 2>&1 | tee "$OUT/ab.log"
 for klass in ${NCU_KLASS:-2 0}; do
   rep=/tmp/ncu-fused-$PRECISION-k$klass
   echo "=== ncu, kernel class $klass"
   timeout "${LIM_NCU:-150}" ncu --clock-control none --kernel-name regex:"ipa_fused_(af2_)?kernel" \
     --launch-count 1 --set full --import-source yes -f -o "$rep" \
-    python3 benchmarks/cuda_kernel_diag.py ncu-target --length "${NCU_N:-4096}" \
+    python3 gpu_diagnostics/cuda_kernel_diag.py ncu-target --length "${NCU_N:-4096}" \
     --precision "$PRECISION" --klass "$klass" 2>&1 | tail -n 5
   ncu --import "$rep.ncu-rep" --page details > "$OUT/ncu-$PRECISION-k$klass.txt" 2>&1
   ncu --import "$rep.ncu-rep" --page source --csv --print-source sass \

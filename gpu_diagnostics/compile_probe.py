@@ -6,7 +6,7 @@ with the same module run eagerly, in float64 (so no precision can explain a diff
 through Dynamo and AOTAutograd alone (`aot_eager`), then through Inductor with its defaults
 and with one reduction option switched off at a time.
 
-    PYTHONPATH=. python3 benchmarks/compile_probe.py
+    PYTHONPATH=. python3 gpu_diagnostics/compile_probe.py
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ stage() {  # stage SECONDS LOG CMD...
   echo "=== $* (limit ${limit}s)"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$log" | tail -n "${TAIL:-25}"
 }
-TAIL=60 stage "${LIM_DIAG:-150}" diag.log python3 benchmarks/cuda_kernel_diag.py env diag --out "$OUT"
+TAIL=60 stage "${LIM_DIAG:-150}" diag.log python3 gpu_diagnostics/cuda_kernel_diag.py env diag --out "$OUT"
 stage "${LIM_TEST:-110}" pytest.log python3 -m pytest -q -m gpu tests/test_cuda.py tests/test_variants.py \
   -k "(test_cuda or cuda-fused or cuda-hybrid) and not sanitizer and not other_configs"
 stage "${LIM_SAN:-160}" sanitizer.log python3 -m pytest -q -s -m gpu tests/test_cuda.py -k sanitizer

@@ -4,7 +4,7 @@ isolates the kernel from the PyTorch steps around it). Timing is the harness's j
 `ipa-bench sweep --grid benchmarks/grids/headline.toml --variant cuda-fused ...`.
 
 Run from the repository root on the GPU machine:
-    PYTHONPATH=. python3 benchmarks/cuda_kernel_diag.py env diag [--out DIR]
+    PYTHONPATH=. python3 gpu_diagnostics/cuda_kernel_diag.py env diag [--out DIR]
 `ab` times the cuda-fused kernel alone (prepared operands) in each kernel class that takes the
 default config, and the whole variant beside it, with the sweep's timer (`harness.measure`:
 CUDA events, L2 flushed before every sample, warm-up, samples until the median is quiet);
