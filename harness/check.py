@@ -16,7 +16,7 @@ from rich.table import Table
 from harness import options
 from harness.correctness import DEFAULT_SEEDS, CheckResult, ReferenceCache, check_variant
 from harness.model_new import ModelNewError
-from harness.results import ERR_RATIO_LABEL
+from harness.results import ERR_RATIO_LABEL, format_err_ratio
 from harness.version import __version__
 from variants.problem import get_precision
 from variants.reference import init_state_dict
@@ -70,7 +70,7 @@ def print_check_table(results: list[CheckResult], console=None) -> None:
         if r.skipped or r.seeds == 0:
             figures = ["-"] * 5
         else:
-            figures = [f"{r.rel_l2:.3e}", f"{r.tol:.3e}", f"{r.err_ratio:.2f}",
+            figures = [f"{r.rel_l2:.3e}", f"{r.tol:.3e}", format_err_ratio(r.err_ratio),
                        f"{r.max_abs:.3e}", f"{r.invariance_err:.2e} ({r.invariance_tol:.1e})"]
         if r.skipped:
             verdict = "unsupported: " + "; ".join(r.skipped)

@@ -51,6 +51,13 @@ NO_NUMBER = ("oom", "error", "unsupported")  # statuses that carry no timing
 ERR_RATIO_LABEL = "err/ref"
 
 
+def format_err_ratio(value: float) -> str:
+    """`err_ratio` as every table prints it: 0.04, 1.00, 2.37e+05; '-' when undefined."""
+    if value != value:  # nan
+        return "-"
+    return f"{value:.2f}" if value < 1e4 else f"{value:.2e}"
+
+
 def row_key(row: dict) -> tuple[str, ...]:
     """The key of a row (a dict with at least KEY_COLUMNS), as the strings the CSV holds."""
     return tuple(str(row[k]) for k in KEY_COLUMNS)

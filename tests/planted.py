@@ -162,7 +162,7 @@ RaggedTailBug = planted_variant(DropsRaggedKeyBlock, "planted-ragged-tail")
 HookedExact = planted_variant(HookedReference, "planted-none")
 
 # Every planted bug, with the suspect `diagnose` must name first (a rule name in
-# harness.diagnose.RULES).
+# harness.probes.RULES).
 PLANTED_BUGS: dict[type[Variant], str] = {
     InverseFrameBug: "inverse-frame",
     FrameTransposedBug: "frame-rotation",

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from harness.cli import main as cli_main
-from harness.diagnose import PROBE_NAMES, RULES
+from harness.probes import PROBE_NAMES, RULES
 from harness.version import __version__
 from variants.registry import all_variants
 

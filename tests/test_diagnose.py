@@ -9,15 +9,8 @@ import pytest
 import torch
 
 from harness.cli import main as cli_main
-from harness.diagnose import (
-    PROBE_NAMES,
-    PROBES,
-    RULES,
-    OracleCache,
-    Sizes,
-    diagnose,
-    verdict,
-)
+from harness.diagnose import OracleCache, diagnose
+from harness.probes import PROBE_NAMES, PROBES, RULES, Sizes, verdict
 from tests.planted import PLANTED_BUGS, HookedExact, HookedReference, planted_variant
 from variants.problem import IPAConfig, make_inputs
 from variants.reference import Reference, init_state_dict, make_module

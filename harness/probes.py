@@ -1,0 +1,298 @@
+"""The probes and verdict rules of `ipa-bench diagnose`, as data.
+
+A probe is an experiment on the inputs, the weights or the sizes that switches one part of
+IPA off, makes it dominate, or isolates it. A rule names a suspect part from which probes
+fail and which pass. `harness.diagnose` runs the probes through the oracle comparison and
+applies the rules; `docs/diagnose.md` explains each; the planted-bug tests keep every rule
+honest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from variants.problem import IPAConfig, IPAInputs
+
+StateDict = dict[str, torch.Tensor]
+
+# Very negative head weight: softplus(-40) = 4e-18, so the point term is ~0 at any distance.
+POINT_TERM_OFF_WEIGHT = -40.0
+# softplus(6) ~ 6: about ten times the usual weight, so the point term drowns the others.
+POINT_TERM_DOMINANT_WEIGHT = 6.0
+# pair_bias.weight scale: the bias's std goes from ~0.6 to ~60, above the other logits.
+PAIR_DOMINANT_SCALE = 100.0
+
+
+# ---- probes ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sizes:
+    """The probe sizes: baseline batch, a ragged length, and a length that fills 64-tiles."""
+
+    batch: int = 2
+    length: int = 97
+    aligned_length: int = 128
+
+
+DEFAULT_SIZES = Sizes()
+
+
+def _identity_frames(x: IPAInputs) -> IPAInputs:
+    eye = torch.eye(3, dtype=x.rotations.dtype, device=x.rotations.device)
+    return IPAInputs(x.node_repr, x.pair_repr, torch.zeros_like(x.translations),
+                     eye.expand_as(x.rotations).contiguous())
+
+
+def _rotations_only(x: IPAInputs) -> IPAInputs:
+    return IPAInputs(x.node_repr, x.pair_repr, torch.zeros_like(x.translations), x.rotations)
+
+
+def _translations_only(x: IPAInputs) -> IPAInputs:
+    eye = torch.eye(3, dtype=x.rotations.dtype, device=x.rotations.device)
+    return IPAInputs(x.node_repr, x.pair_repr, x.translations,
+                     eye.expand_as(x.rotations).contiguous())
+
+
+def _pair_zero(x: IPAInputs) -> IPAInputs:
+    return IPAInputs(x.node_repr, torch.zeros_like(x.pair_repr), x.translations, x.rotations)
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values with stride 2 in the last dim; the gaps hold NaN, so a kernel that
+    reads the buffer as if it were contiguous gets NaN into its output."""
+    buffer = torch.full((*t.shape[:-1], 2 * t.shape[-1]), math.nan, dtype=t.dtype,
+                        device=t.device)
+    view = buffer[..., ::2]
+    view.copy_(t)
+    return view
+
+
+def _non_contiguous(x: IPAInputs) -> IPAInputs:
+    return IPAInputs(*(_strided(t) for t in x.as_tuple()))
+
+
+def _with(state_dict: StateDict, **values: Callable[[torch.Tensor], torch.Tensor]) -> StateDict:
+    out = dict(state_dict)
+    for key, fn in values.items():
+        key = key.replace("__", ".")
+        out[key] = fn(state_dict[key])
+    return out
+
+
+def _point_term_off(sd: StateDict) -> StateDict:
+    return _with(sd, head_weights=lambda w: torch.full_like(w, POINT_TERM_OFF_WEIGHT))
+
+
+def _point_term_dominant(sd: StateDict) -> StateDict:
+    return _with(sd, head_weights=lambda w: torch.full_like(w, POINT_TERM_DOMINANT_WEIGHT))
+
+
+def _qk_points_zero(sd: StateDict) -> StateDict:
+    return _with(sd, q_pts__weight=torch.zeros_like, k_pts__weight=torch.zeros_like)
+
+
+def _v_points_zero(sd: StateDict) -> StateDict:
+    return _with(sd, v_pts__weight=torch.zeros_like)
+
+
+def _scalar_term_off(sd: StateDict) -> StateDict:
+    return _with(sd, q_proj__weight=torch.zeros_like)
+
+
+def _pair_dominant(sd: StateDict) -> StateDict:
+    return _with(sd, pair_bias__weight=lambda w: w * PAIR_DOMINANT_SCALE)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One experiment: a config, a (batch, length), an inputs and a weights transform."""
+
+    name: str
+    isolates: str  # what the probe changes, as the table shows it
+    batch: Callable[[Sizes], int] = lambda s: s.batch
+    length: Callable[[Sizes], int] = lambda s: s.length
+    config: Callable[[IPAConfig], IPAConfig] | None = None
+    inputs: Callable[[IPAInputs], IPAInputs] | None = None  # value change (cached, shared)
+    layout: Callable[[IPAInputs], IPAInputs] | None = None  # same values, other memory
+    weights: Callable[[StateDict], StateDict] | None = None
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("baseline", "everything random (B > 1, ragged N)"),
+    Probe("identity-frames", "R = I, t = 0", inputs=_identity_frames),
+    Probe("rotations-only", "random R, t = 0", inputs=_rotations_only),
+    Probe("translations-only", "R = I, random t", inputs=_translations_only),
+    Probe("point-term-off", f"head_weights = {POINT_TERM_OFF_WEIGHT:g} (softplus ~ 0)",
+          weights=_point_term_off),
+    Probe("point-term-dominant", f"head_weights = {POINT_TERM_DOMINANT_WEIGHT:g} (softplus ~ 6)",
+          weights=_point_term_dominant),
+    Probe("qk-points-at-origin", "q_pts = k_pts = 0 and t = 0: point distances 0",
+          inputs=_rotations_only, weights=_qk_points_zero),
+    Probe("v-points-at-origin", "v_pts = 0 and t = 0: the inverse frame gets zeros",
+          inputs=_rotations_only, weights=_v_points_zero),
+    Probe("scalar-term-off", "q_proj = 0: scalar q.k logits 0", weights=_scalar_term_off),
+    Probe("pair-off", "pair_repr = 0: pair bias 0", inputs=_pair_zero),
+    Probe("pair-dominant", f"pair_bias.weight x {PAIR_DOMINANT_SCALE:g}", weights=_pair_dominant),
+    Probe("single-key", "N = 1: softmax trivial, value path only", length=lambda s: 1),
+    Probe("batch-1", "B = 1", batch=lambda s: 1),
+    Probe("aligned-N", "N a multiple of 64 (no ragged tile)", length=lambda s: s.aligned_length),
+    Probe("heads-1", "one head", config=lambda c: dataclasses.replace(c, heads=1)),
+    Probe("points-1", "one query point, one value point",
+          config=lambda c: dataclasses.replace(c, query_points=1, value_points=1)),
+    Probe("non-contiguous", "inputs strided (NaN in the gaps)", layout=_non_contiguous),
+)
+PROBE_NAMES = tuple(p.name for p in PROBES)
+
+
+# ---- verdict rules ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    """A suspect, named when every probe in `fails` fails and every one in `passes` passes.
+
+    Rules are tried in order; the first that matches is the prime suspect, later matches are
+    listed as consistent with it. A probe that did not run (unsupported) matches neither.
+    """
+
+    name: str
+    fails: tuple[str, ...]
+    passes: tuple[str, ...]
+    observation: str
+    suspect: str
+
+    def matches(self, outcomes: dict[str, str]) -> bool:
+        return (all(outcomes.get(p) == "fail" for p in self.fails)
+                and all(outcomes.get(p) == "pass" for p in self.passes))
+
+    def sentence(self) -> str:
+        return f"{self.observation}: {self.suspect}"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("non-contiguous", ("non-contiguous",), ("baseline",),
+         "only with non-contiguous inputs",
+         "stride handling: the kernel reads an input as if it were contiguous "
+         "(honour its strides or call .contiguous())"),
+    Rule("batch", ("baseline",), ("batch-1",),
+         "only with B > 1",
+         "batch indexing: a missing or wrong batch stride (frames, pair_repr, "
+         "node_repr or the output)"),
+    Rule("tail", ("baseline",), ("aligned-N",),
+         "only with ragged N (a multiple of 64 is clean)",
+         "tail handling: the last partial block of keys or queries "
+         "(loop bound, bounds check or mask)"),
+    Rule("heads", ("baseline",), ("heads-1",),
+         "only with several heads",
+         "head indexing: a head stride, or the (head, dim) order of the q/k/v features"),
+    Rule("points", ("baseline",), ("points-1",),
+         "only with several query/value points",
+         "point indexing: the (head, point, xyz) order of the q_pts/k_pts/v_pts features"),
+    Rule("point-weight", ("baseline", "point-term-off"), ("qk-points-at-origin",),
+         "very negative head_weights do not switch the point term off, zero query/key "
+         "points do",
+         "the point weight: softplus(head_weights) missing or wrong"),
+    Rule("pair-bias", ("baseline",), ("pair-off",),
+         "error vanishes with pair_repr = 0",
+         "pair bias: pair_repr read at (j, i) instead of (i, j), the pair_bias projection, "
+         "or the bias layout (B, H, N, N) vs (B, N, N, H)"),
+    Rule("scalar-term", ("baseline",), ("scalar-term-off",),
+         "error vanishes with the scalar q.k term off",
+         "scalar logits: the 1/sqrt(d) scale or the q/k layout"),
+    Rule("point-term", ("baseline",), ("point-term-off",),
+         "error vanishes with the point term off",
+         "point logits: query/key points, their frame transform, the squared distance "
+         "or its factor softplus(w) / 2"),
+    Rule("inverse-frame", ("baseline", "rotations-only"),
+         ("identity-frames", "translations-only", "v-points-at-origin"),
+         "error needs rotations and vanishes when the inverse frame gets only zeros",
+         "the inverse frame (g - t_i) @ R_i^T: R where R^T belongs, or another residue's "
+         "frame"),
+    Rule("frame-rotation", ("baseline", "rotations-only"), ("identity-frames", "translations-only"),
+         "error vanishes with identity frames and with translations only, stays with "
+         "rotations only",
+         "rotation in the frame transform or the inverse frame (R where R^T belongs, "
+         "or row- vs column-vector convention)"),
+    Rule("frame-translation", ("baseline", "translations-only"),
+         ("identity-frames", "rotations-only"),
+         "error vanishes with identity frames and with rotations only, stays with "
+         "translations only",
+         "translation in the frame transform or the inverse frame (+ t, - t_i, or another "
+         "residue's t)"),
+    Rule("frames", ("baseline",), ("identity-frames",),
+         "error vanishes with identity frames",
+         "frame transform or inverse frame"),
+    Rule("value-path", ("single-key", "aligned-N"), (),
+         "fails even with a single key, where softmax is trivial",
+         "value path: LayerNorm, the v / v_pts projections, the inverse frame, the concat "
+         "order or out_proj"),
+    Rule("logits", ("baseline",), ("single-key",),
+         "clean with a single key (value path and out_proj are right)",
+         "attention logits or softmax"),
+    Rule("point-dominant", ("point-term-dominant",), ("baseline",),
+         "only when the point term dominates",
+         "precision of the squared distance (|q|^2 + |k|^2 - 2 q.k cancels at "
+         "Angstrom-scale coordinates) or a saturated softmax"),
+    Rule("pair-dominant", ("pair-dominant",), ("baseline",),
+         "only when the pair bias dominates",
+         "precision or scale of the pair bias (accumulated in low precision, or scaled)"),
+    Rule("single-key-only", ("single-key",), ("baseline",),
+         "only with N = 1",
+         "the N = 1 edge case (an empty tile, a loop that assumes N > 1)"),
+)
+
+
+@dataclass
+class Verdict:
+    mismatch: bool
+    suspects: list[Rule]  # matching rules, prime suspect first
+    lines: list[str]  # the plain-language verdict
+    ran: bool = True  # False when the baseline probe could not run here
+
+    @property
+    def exit_status(self) -> int:
+        """0: checked and clean; 1: a mismatch, or nothing checked (as `check` does for a
+        requested variant that cannot run)."""
+        return 1 if self.mismatch or not self.ran else 0
+
+
+def verdict(
+    outcomes: dict[str, str],
+    errors: dict[str, str] | None = None,
+    unsupported: dict[str, str] | None = None,
+) -> Verdict:
+    """The verdict for probe outcomes ("pass", "fail", or anything else for did-not-run).
+
+    `errors` maps probes that raised to their message; a raise at the baseline is the whole
+    verdict (with the probes that did run), since the rules read arithmetic, not exceptions.
+    `unsupported` maps probes the variant cannot run to its reasons.
+    """
+    errors, unsupported = errors or {}, unsupported or {}
+    if "baseline" in unsupported:
+        return Verdict(False, [], [f"nothing checked: the variant cannot run the baseline "
+                                   f"probe here: {unsupported['baseline']}"], ran=False)
+    failed = [p for p in PROBE_NAMES if outcomes.get(p) == "fail"]
+    if not failed:
+        return Verdict(False, [], ["no mismatch: every probe agrees with the oracle within "
+                                   "its tolerance"])
+    passed = [p for p in PROBE_NAMES if outcomes.get(p) == "pass"]
+    if "baseline" in errors:  # the rules read arithmetic, not exceptions
+        lines = [f"the variant raises at the baseline probe: {errors['baseline']}"]
+        if passed:
+            lines.append(f"it runs in: {', '.join(passed)}")
+        return Verdict(True, [], lines)
+    suspects = [rule for rule in RULES if rule.matches(outcomes)]
+    lines = []
+    if suspects:
+        lines.append(f"suspect: {suspects[0].sentence()}")
+        lines += [f"also consistent: {rule.sentence()}" for rule in suspects[1:]]
+    else:
+        lines.append(
+            f"mismatch in {', '.join(failed)}; no rule isolates it"
+            + (f" (clean: {', '.join(passed)})" if passed else " (no probe is clean: a part "
+               "every probe uses, e.g. LayerNorm, the projections or out_proj)"))
+    return Verdict(True, suspects, lines)
