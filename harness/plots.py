@@ -1,38 +1,80 @@
-"""`ipa-bench plot RESULTS.csv`: latency, speedup, memory, error-vs-latency and % of floor.
+"""`ipa-bench plot RESULTS.csv`: latency, speedup, memory, % of floor, accuracy vs latency.
 
 One figure per metric and dtype, over the N slice of the grid (the rows that share the most
-common batch/heads/points/dims). Titles carry the device name and dtype. Cells that did not
-produce a number (oom, error, unsupported) are drawn as labelled crosses on the bottom
-edge; mismatches keep their timing but are drawn hollow and listed in the legend.
+common batch/heads/points/dims), each written as PNG and SVG. Titles carry the device name
+and dtype. Every variant keeps one colour and marker in every figure of every run
+(`variant_style`). Cells that did not produce a number (oom, error, unsupported) are drawn
+as labelled crosses on the bottom edge; mismatches keep their timing but are drawn hollow
+red and listed in the legend (red is kept for them: no variant is drawn in red).
+
+Latency: log-log, eager lines solid and CUDA-graph replays dashed, each with its p20-p80
+band, and the memory floor (SPEC's minimum bytes over the measured copy bandwidth, column
+`floor_ms`) as a black dashed line. Accuracy vs latency: per dtype, at the smallest, middle
+and largest N, each variant's median latency against its error relative to the eager
+reference's own (`err_ratio`; `rel_l2` against the float64 oracle where that is undefined,
+as in fp64), with the Pareto front of the passing points. A figure with nothing to draw
+(memory on CPU, which is not measured) is not written; `plot_results` says which and why.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-SHAPE_COLUMNS = ["batch", "heads", "node_dim", "pair_dim", "query_points", "value_points"]
-NO_NUMBER = ("oom", "error", "unsupported")
+from harness.results import ERR_RATIO_LABEL, NO_NUMBER, SHAPE_COLUMNS, read_results  # noqa: E402
+
 METRICS = {
-    # name: (column, y label, log y)
-    "latency": ("median_ms", "median latency (ms)", True),
+    # name: (column, y label, log y); drawn against N, eager rows (latency: every mode)
+    "latency": ("median_ms", "median latency (ms); band: p20-p80 of the samples", True),
     "speedup": ("speedup_vs_baseline", "speedup over the baseline (x)", True),
     "memory": ("peak_mem_mib", "extra peak memory (MiB)", True),
     "pct_of_floor": ("pct_of_floor", "% of the memory floor's speed", False),
 }
+FLOOR_LABEL = "memory floor (min bytes / copy bandwidth)"
+MODE_LINES = {"eager": "-", "graph": "--"}
+
+# Registry variants (built-ins in display order) take these in turn: tab10 without its red.
+_FIXED_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#e377c2",
+                 "#bcbd22", "#7f7f7f"]
+_FIXED_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">"]
+# Any other name (a plugin, `model-new:FILE`): a hash of the name into a palette of its own.
+_OTHER_COLORS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
+                 "#666666"]
+_OTHER_MARKERS = ["*", "h", "p", "d", "8", "H"]
 
 
-def load_results(path: str | Path) -> pd.DataFrame:
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"RESULTS.csv: no such file {str(path)!r}")
-    return pd.read_csv(path)
+@functools.cache
+def _registry_order() -> list[str]:
+    """Built-in variant names in registry order (entry points excluded: their order depends
+    on what else is installed, so they take the hashed styles)."""
+    from variants.registry import BUILTIN
+
+    return [cls.name for cls in BUILTIN]
+
+
+def variant_style(name: str) -> dict[str, str]:
+    """The colour and marker of variant `name`, the same in every figure and results folder:
+    the registry's built-ins by their place in the registry, any other name by a hash of it
+    into a separate palette (so it never takes a built-in's colour)."""
+    order = _registry_order()
+    if name in order and order.index(name) < len(_FIXED_COLORS):
+        i = order.index(name)
+        return {"color": _FIXED_COLORS[i], "marker": _FIXED_MARKERS[i]}
+    h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    return {"color": _OTHER_COLORS[h % len(_OTHER_COLORS)],
+            "marker": _OTHER_MARKERS[(h // len(_OTHER_COLORS)) % len(_OTHER_MARKERS)]}
 
 
 def length_slice(df: pd.DataFrame) -> pd.DataFrame:
@@ -49,112 +91,239 @@ def shape_label(df: pd.DataFrame) -> str:
             f"node={r.node_dim} pair={r.pair_dim}")
 
 
-def plot_metric(ax, df: pd.DataFrame, column: str, log_y: bool) -> None:
-    for i, (variant, rows) in enumerate(df.groupby("variant", sort=False)):
-        color = f"C{i}"
-        for mode, style, marker in (("eager", "-", "o"), ("graph", "--", "s")):
+_PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
+
+
+def plot_metric(ax, df: pd.DataFrame, column: str, log_y: bool,
+                bands: bool | None = None) -> None:
+    """`column` against N, one line per variant and mode, in the variant's style. `bands`
+    (default: on for `median_ms`) shades p20-p80 around each line."""
+    if bands is None:
+        bands = column == "median_ms"
+    for variant, rows in df.groupby("variant", sort=False):
+        style = variant_style(variant)
+        for mode, line in MODE_LINES.items():
             mrows = rows[rows["mode"] == mode].sort_values("length")
             good = mrows[mrows["status"] == "ok"].dropna(subset=[column])
             label = variant if mode == "eager" else f"{variant} (graph)"
             if not good.empty:
-                ax.plot(good["length"], good[column], style, marker=marker, color=color,
-                        label=label)
+                ax.plot(good["length"], good[column], line, label=label, ms=5, **style)
+                if bands:
+                    ax.fill_between(good["length"], good["p20_ms"], good["p80_ms"],
+                                    color=style["color"], alpha=0.2, lw=0)
             bad = mrows[mrows["status"] == "mismatch"].dropna(subset=[column])
             if not bad.empty:
-                ax.plot(bad["length"], bad[column], "o", mfc="none", mec="red", mew=2,
-                        label=f"{label}: MISMATCH")
+                ax.plot(bad["length"], bad[column], ls="none", marker=style["marker"],
+                        mfc="none", mec="red", mew=2, ms=8, label=f"{label}: MISMATCH")
         missing = rows[rows["status"].isin(NO_NUMBER) & (rows["mode"] == "eager")]
         if not missing.empty:
             statuses = "/".join(dict.fromkeys(missing["status"]))
-            ax.plot(missing["length"], [0.0] * len(missing), "x", color=color, ms=10, mew=2,
-                    clip_on=False, transform=ax.get_xaxis_transform(),
+            ax.plot(missing["length"], [0.0] * len(missing), "x", color=style["color"], ms=10,
+                    mew=2, clip_on=False, transform=ax.get_xaxis_transform(),
                     label=f"{variant}: {statuses} (no number)")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(_PLAIN)
     if log_y and (df[column].dropna() > 0).any():
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(_PLAIN)
     ax.set_xlabel("sequence length N")
     ax.grid(True, which="both", alpha=0.3)
 
 
+def _plain_log_ticks(ax, which: str) -> None:
+    """Numbers, not powers, on a log axis, with minor ticks labelled where the axis spans
+    few decades: all of them under one, those at 2 and 5 x 10^k under three."""
+    low, high = ax.get_xlim() if which == "x" else ax.get_ylim()
+    keep = None if high < 10 * low else ((2, 5) if high < 1000 * low else ())
+
+    def minor(value, _):
+        mantissa = round(value / 10 ** np.floor(np.log10(value)))
+        return f"{value:g}" if keep is None or mantissa in keep else ""
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_formatter(_PLAIN)
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
+def _devices(df: pd.DataFrame) -> str:
+    return ", ".join(dict.fromkeys(df["device_name"].astype(str)))
+
+
 def _title(df: pd.DataFrame, what: str, dtype: str) -> str:
-    return f"{what}: {df['device_name'].iloc[0]}, {dtype}\n{shape_label(df)}"
+    return f"{what}: {_devices(df)}, {dtype}\n{shape_label(df)}"
 
 
-def plot_results(csv_path: str | Path, out_dir: str | Path) -> list[Path]:
-    """Write every plot for `csv_path` into `out_dir` as PNG and SVG; return the PNG paths."""
-    df = load_results(csv_path)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _statuses(data: pd.DataFrame) -> str:
+    return ", ".join(f"{n} {s}" for s, n in data["status"].value_counts().items())
+
+
+def _why_empty(data: pd.DataFrame, column: str) -> str:
+    if column == "peak_mem_mib" and (data["device"] == "cpu").all():
+        return "peak memory is not measured on CPU (column peak_mem_mib is empty)"
+    return f"no row has a {column} value (rows: {_statuses(data)})"
+
+
+def metric_figure(nslice: pd.DataFrame, name: str, dtype: str) -> Figure | str:
+    """The figure of METRICS[name] over the N slice of one dtype, or why there is none."""
+    column, ylabel, log_y = METRICS[name]
+    data = nslice if name == "latency" else nslice[nslice["mode"] == "eager"]
+    if data[column].isna().all():
+        return _why_empty(data, column)
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    plot_metric(ax, data, column, log_y)
+    if name == "latency":
+        floor = data.groupby("length")["floor_ms"].median().dropna()
+        if not floor.empty:
+            ax.plot(floor.index, floor.values, "--", color="black", lw=1.5, label=FLOOR_LABEL)
+    if name == "speedup":
+        ax.axhline(1.0, color="gray", lw=1)
+    if name == "pct_of_floor":
+        ax.axhline(100.0, color="gray", lw=1, ls=":")
+    ax.set_ylabel(ylabel)
+    ax.set_title(_title(nslice, name.replace("_", " "), dtype), fontsize=9)
+    _legend(ax)
+    return fig
+
+
+def pareto_front(points: pd.DataFrame, x: str = "median_ms",
+                 y: str = "err_ratio") -> pd.DataFrame:
+    """The points no other point beats in both `x` and `y` (lower is better in each; of
+    equal points the first is kept), fastest first."""
+    points = points.sort_values([x, y], kind="stable")
+    keep, best = [], np.inf
+    for index, value in points[y].items():
+        if value < best:
+            keep.append(index)
+            best = value
+    return points.loc[keep]
+
+
+def _error_column(timed: pd.DataFrame) -> tuple[str, str]:
+    """(column, axis label): err_ratio where every timed point has one, else rel_l2."""
+    if timed["err_ratio"].notna().all():
+        return "err_ratio", f"{ERR_RATIO_LABEL}: error over the eager reference's own"
+    return "rel_l2", "rel_l2 vs the float64 oracle (err/ref undefined, e.g. fp64)"
+
+
+def pareto_figure(ddf: pd.DataFrame, dtype: str) -> Figure | str:
+    """Accuracy vs median latency over one dtype's N slice (eager), at its smallest, middle and
+    largest N, with each panel's Pareto front of the passing points; or why there is none."""
+    nslice = length_slice(ddf)
+    timed = nslice[(nslice["mode"] == "eager") & nslice["status"].isin(["ok", "mismatch"])]
+    timed = timed.dropna(subset=["median_ms"])
+    if timed.empty:
+        return f"no eager row with a latency to place (rows: {_statuses(nslice)})"
+    column, ylabel = _error_column(timed)
+    timed = timed.assign(err=timed[column])
+    lengths = sorted(timed["length"].unique())
+    chosen = sorted({lengths[0], lengths[len(lengths) // 2], lengths[-1]})
+    fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen) + 2.2, 4.5),
+                             squeeze=False, layout="constrained")
+    for ax, length in zip(axes[0], chosen, strict=True):
+        at_n = timed[timed["length"] == length]
+        drawable = at_n[np.isfinite(at_n["err"]) & (at_n["err"] > 0)]
+        ok = drawable[drawable["status"] == "ok"]
+        for variant, vrows in ok.groupby("variant", sort=False):
+            ax.scatter(vrows["median_ms"], vrows["err"], s=40, zorder=3, label=variant,
+                       **variant_style(variant))
+        front = pareto_front(ok, y="err")
+        if not front.empty:
+            ax.step(front["median_ms"], front["err"], where="post", color="black", lw=1.2,
+                    zorder=2, label="Pareto front: no other point both faster and more accurate")
+            ax.scatter(front["median_ms"], front["err"], s=180, facecolors="none",
+                       edgecolors="black", zorder=2, label="on the Pareto front")
+        for variant, vrows in drawable[drawable["status"] == "mismatch"].groupby("variant"):
+            ax.scatter(vrows["median_ms"], vrows["err"], s=70, facecolors="none",
+                       edgecolors="red", lw=2, marker=variant_style(variant)["marker"],
+                       zorder=4, label=f"{variant}: MISMATCH")
+        if column == "err_ratio":
+            ax.axhline(1.0, color="gray", ls=":", lw=1, label="as accurate as the reference")
+        lost = len(at_n) - len(drawable)
+        if lost:
+            ax.text(0.02, 0.02, f"{lost} point(s) with an infinite or zero error not drawn",
+                    transform=ax.transAxes, fontsize=7, color="red")
+        ax.set_xscale("log")
+        if not drawable.empty:
+            ax.set_yscale("log")
+        _plain_log_ticks(ax, "x")
+        if not drawable.empty:
+            _plain_log_ticks(ax, "y")
+        ax.tick_params(which="both", labelsize=7)
+        ax.set_xlabel("median latency (ms)")
+        ax.set_title(f"N = {length}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(_title(nslice, "accuracy vs latency (eager)", dtype), fontsize=9)
+    handles = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7, loc="upper left",
+                       bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    return fig
+
+
+def figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure | str]]:
+    """(file stem, figure or the reason it is not drawn) for every figure of every dtype.
+    The caller closes each figure."""
     for dtype, ddf in df.groupby("dtype", sort=False):
         nslice = length_slice(ddf)
-        for name, (column, ylabel, log_y) in METRICS.items():
-            fig, ax = plt.subplots(figsize=(7, 4.5))
-            data = nslice if name == "latency" else nslice[nslice["mode"] == "eager"]
-            if data[column].notna().any() or data["status"].isin(NO_NUMBER).any():
-                plot_metric(ax, data, column, log_y)
-            if data[column].isna().all():
-                ax.text(0.5, 0.5, f"no {column} recorded (e.g. memory is not measured on CPU)",
-                        transform=ax.transAxes, ha="center")
-            if name == "speedup":
-                ax.axhline(1.0, color="gray", lw=1)
-            if name == "pct_of_floor":
-                ax.axhline(100.0, color="gray", lw=1, ls=":")
-            ax.set_ylabel(ylabel)
-            ax.set_title(_title(nslice, name.replace("_", " "), dtype), fontsize=9)
-            _finish(fig, ax, out_dir / f"{name}_{dtype}", written)
-        written.append(_plot_error_vs_latency(ddf, dtype, out_dir))
-    return written
+        for name in METRICS:
+            yield f"{name}_{dtype}", metric_figure(nslice, name, dtype)
+        yield f"error_vs_latency_{dtype}", pareto_figure(ddf, dtype)
 
 
-def _plot_error_vs_latency(ddf: pd.DataFrame, dtype: str, out_dir: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    rows = ddf[(ddf["mode"] == "eager") & ddf["status"].isin(["ok", "mismatch"])]
-    for i, (variant, vrows) in enumerate(rows.groupby("variant", sort=False)):
-        ok = vrows[vrows["status"] == "ok"]
-        ax.scatter(ok["median_ms"], ok["rel_l2"], color=f"C{i}", label=variant, s=18)
-        bad = vrows[vrows["status"] == "mismatch"]
-        if not bad.empty:
-            ax.scatter(bad["median_ms"], bad["rel_l2"], facecolors="none", edgecolors="red",
-                       label=f"{variant}: MISMATCH", s=30)
-    if not rows.empty:
-        ax.set_xscale("log")
-        if (rows["rel_l2"] > 0).any():
-            ax.set_yscale("log")
-        ax.axhline(rows["tol"].max(), color="gray", ls=":", lw=1, label="largest tolerance")
-    ax.set_xlabel("median latency (ms)")
-    ax.set_ylabel("rel_l2 vs float64 oracle")
-    ax.set_title(f"accuracy vs speed: {ddf['device_name'].iloc[0]}, {dtype} (all cells)",
-                 fontsize=9)
-    written: list[Path] = []
-    _finish(fig, ax, out_dir / f"error_vs_latency_{dtype}", written)
-    return written[0]
+class Figures(list):
+    """The PNG paths written (a list, as `plot_results` always returned) and `skipped`: one
+    message per figure not drawn, with the reason."""
+
+    def __init__(self, written=(), skipped=()):
+        super().__init__(written)
+        self.skipped: list[str] = list(skipped)
 
 
-def _finish(fig, ax, stem: Path, written: list[Path]) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    for suffix in (".png", ".svg"):
-        fig.savefig(stem.with_suffix(suffix), dpi=120)
-    plt.close(fig)
-    written.append(stem.with_suffix(".png"))
+def plot_results(csv_path: str | Path, out_dir: str | Path) -> Figures:
+    """Write every figure for `csv_path` into `out_dir` as PNG and SVG (overwriting figures
+    of the same name there); return the PNG paths, with `.skipped` for figures not drawn."""
+    df = read_results(csv_path)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = Figures()
+    for stem, fig in figures(df):
+        if isinstance(fig, str):
+            result.skipped.append(f"{stem}: not drawn: {fig}")
+            continue
+        for suffix in (".png", ".svg"):
+            fig.savefig(out_dir / f"{stem}{suffix}", dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        result.append(out_dir / f"{stem}.png")
+    return result
 
 
 def run_plot(args: argparse.Namespace) -> int:
     out = args.output or Path(args.results).parent / "plots"
-    for path in plot_results(args.results, out):
+    result = plot_results(args.results, out)
+    for path in result:
         print(path)
+    for message in result.skipped:
+        print(message)
     return 0
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "plot", help="draw latency, speedup, memory, error-vs-latency, %% of floor",
-        description="Draw one PNG+SVG per metric and dtype from a sweep's results.csv. "
-        "Failed or unsupported cells are marked, never silently missing.")
+        "plot", help="draw latency, speedup, memory, %% of floor, accuracy vs latency",
+        description="Draw one PNG+SVG per metric and dtype from a sweep's results.csv: "
+        "{latency,speedup,memory,pct_of_floor,error_vs_latency}_{dtype}. Failed or "
+        "unsupported cells are marked, never silently missing; a figure with nothing to draw "
+        "(memory on CPU) is not written and the command says so. Figures of the same name "
+        "in the output folder are overwritten.")
     p.add_argument("results", metavar="RESULTS.csv")
     p.add_argument("-o", "--output", type=Path, help="output folder (default: plots/ beside "
-                   "the CSV)")
+                   "the CSV; use -o to keep a published folder's figures untouched)")
     p.set_defaults(run=run_plot)

@@ -13,13 +13,21 @@ import math
 
 import pandas as pd
 
-from harness.plots import NO_NUMBER, length_slice, load_results, shape_label
+from harness.plots import length_slice, shape_label
+from harness.results import ERR_RATIO_LABEL, NO_NUMBER, read_results
+from variants.problem import IPAInputError
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    """A GitHub markdown table of strings, columns padded to line up (pandas' to_markdown,
+    i.e. tabulate). Cells are printed as given (no number parsing); a `|` in a cell (a
+    reason's joined lines) is escaped so it stays one cell."""
+    def escape(text) -> str:
+        return str(text).replace("|", "\\|")
+
+    frame = pd.DataFrame([[escape(c) for c in r] for r in rows],
+                         columns=[escape(h) for h in header])
+    return frame.to_markdown(index=False, tablefmt="github", disable_numparse=True)
 
 
 def _fmt(value, spec: str = ".3g") -> str:
@@ -52,9 +60,15 @@ def _sections(df: pd.DataFrame):
 
 
 def report(df: pd.DataFrame) -> str:
-    parts = [f"# ipa-bench results: {', '.join(df['device_name'].unique())}", ""]
+    """The markdown summary of results rows (`read_results`' DataFrame, or a part of one)."""
+    if df.empty:
+        raise IPAInputError("report: no rows to summarise")
+    devices = ", ".join(dict.fromkeys(df["device_name"].astype(str)))
+    parts = [f"# ipa-bench results: {devices}", ""]
     runs = df.groupby("run_id")["started_at"].first().sort_values()
     parts.append(f"Runs: {', '.join(f'{r} ({t})' for r, t in runs.items())}.")
+    counts = ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().items())
+    parts.append(f"Rows: {len(df)} ({counts}).")
     for mode, dtype, ddf in _sections(df):
         nslice = length_slice(ddf)
         variants = list(dict.fromkeys(nslice["variant"]))
@@ -70,7 +84,8 @@ def report(df: pd.DataFrame) -> str:
                               _fmt(best["speedup_vs_baseline"], ".2f"),
                               _fmt(best["peak_mem_mib"], ".4g"), _fmt(best["err_ratio"], ".2f")])
         parts.append(markdown_table(
-            ["N", "fastest passing", "median ms", "speedup vs baseline", "peak MiB", "err/ref"],
+            ["N", "fastest passing", "median ms", "speedup vs baseline", "peak MiB",
+             ERR_RATIO_LABEL],
             best_rows))
         tables = [("Median latency (ms)", "median_ms", ".4g")]
         if mode == "eager":  # a graph replay's memory is the eager call's
@@ -80,20 +95,25 @@ def report(df: pd.DataFrame) -> str:
                      for n, rows in nslice.groupby("length")]
             parts += ["", f"{title}:", "", markdown_table(["N"] + variants, table)]
     failed = df[df["status"] != "ok"]
+    untimed = df[(df["status"] == "ok") & df["median_ms"].isna()]
     parts += ["", "## Failures and unsupported cells", ""]
-    if failed.empty:
+    if failed.empty and untimed.empty:
         parts.append("None: every cell passed.")
+    elif failed.empty:
+        parts.append(f"None failed, but {len(untimed)} `ok` row(s) carry no median_ms "
+                     "(an edited or foreign file?).")
     else:
         parts.append(markdown_table(
             ["variant", "dtype", "mode", "B", "N", "H", "Qp", "Vp", "status", "reason"],
             [[r.variant, r.dtype, r.mode, str(r.batch), str(r.length), str(r.heads),
-              str(r.query_points), str(r.value_points), r.status, str(r.reason)]
+              str(r.query_points), str(r.value_points), r.status,
+              "" if pd.isna(r.reason) else str(r.reason)]
              for r in failed.itertuples()]))
     return "\n".join(parts) + "\n"
 
 
 def run_report(args: argparse.Namespace) -> int:
-    print(report(load_results(args.results)), end="")
+    print(report(read_results(args.results)), end="")
     return 0
 
 
