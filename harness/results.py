@@ -160,7 +160,7 @@ def read_results(path: str | Path, what: str = "RESULTS.csv", *,
         raise IPAInputError(f"{what} {path}: unknown status values {unknown or ['(empty)']}; "
                             f"expected {list(STATUSES)} (a truncated or edited file?)")
     for column in ["length", *SHAPE_COLUMNS]:
-        if not pd.api.types.is_integer_dtype(df[column]):
+        if not df.empty and not pd.api.types.is_integer_dtype(df[column]):
             raise IPAInputError(f"{what} {path}: column {column!r} holds values that are not "
                                 "integers (a truncated or edited file?)")
     return df

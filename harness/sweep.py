@@ -287,8 +287,11 @@ def run_sweep(args) -> int:
     path = Sweep(variants, grid, args.device, output, show_progress=not args.no_progress).run()
     print(f"results: {path}")
     if not args.no_plots:
-        for png in plot_results(path, output / "plots"):
+        plots = plot_results(path, output / "plots")
+        for png in plots:
             print(f"plot: {png}")
+        for message in plots.skipped:
+            print(f"plot: {message}")
     statuses = read_results(path)["status"].value_counts()
     print("rows: " + ", ".join(f"{n} {status}" for status, n in statuses.items()))
     return EXIT_FAILED if statuses.get("mismatch", 0) or statuses.get("error", 0) else EXIT_OK
