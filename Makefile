@@ -13,6 +13,9 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 OUT ?= gpu-out
 export PYTHONUNBUFFERED := 1
 export TRITON_CACHE_DIR ?= $(CURDIR)/build/triton-cache
+# The CUDA extension's build cache (default ~/.cache/ipa-bench); in the tree, so that one
+# device call builds once and later calls on a warm machine reuse it.
+export IPA_BENCH_CACHE ?= $(CURDIR)/build/ipa-bench-cache
 
 .PHONY: test bench gpu lint setup clean run
 

@@ -38,7 +38,7 @@ GPU_CASES = [
 
 # Found by these tests and the H200 sweep (torch 2.11.0+cu130, 2026-12-02): Inductor's code for
 # the reference is wrong at some shapes, in float64 too (compiled vs eager rel_l2 3e5 at
-# B=2 N=97, 95 at N=3000; `aot_eager` exact), see benchmarks/compile_probe.py and
+# B=2 N=97, 95 at N=3000; `aot_eager` exact), see gpu_diagnostics/compile_probe.py and
 # docs/perf-notes.md. Not strict: an XPASS says a newer torch fixed it.
 INDUCTOR_MISCOMPILES = {
     ("torch-compile", "B2-N97-H12-Qp4-Vp8-D384"):
