@@ -1,43 +1,55 @@
-"""Tests specific to the Triton variants (`triton`, `triton-fullfuse`).
+"""Tests specific to the Triton variants (`triton`, `triton-fullfuse`; `variants/triton/`).
 
 CPU: the kernels under the Triton interpreter (`TRITON_INTERPRET=1`, which `make test` sets on
 machines without a GPU) at small, ragged sizes, in fp32 and (with the interpreter's dots in
-fp32) bf16/fp16; the split-key path of the fully fused kernel; non-contiguous inputs; bad
-input naming the argument. GPU (marker `gpu`): the correctness protocol up to N = 2048 in
-fp32 and bf16.
+fp32) bf16/fp16; the split-key path of the fully fused kernel; non-contiguous inputs, and a
+strided pair_repr read in place (NaN in its gaps, no copy); bad input naming the argument at
+every public entry point (these need Triton installed, not the interpreter); the variants
+without Triton. GPU (marker `gpu`): the correctness protocol up to N = 2048 in fp32 and bf16,
+tf32, and strided pair_repr (the cuBLAS bias included) without a copy.
 
 Run as a script on the GPU machine for the numbers in docs/perf-notes.md ("## triton"):
-    PYTHONPATH=. python3 tests/test_triton.py [N ...]
-prints correctness figures, then median latency (triton.testing.do_bench, L2 flushed) and
-extra peak memory for the Triton variants against the reference and torch.compile.
+    PYTHONPATH=. python3 tests/test_triton.py [--lengths N ...] [--sections ...]
+prints correctness figures, then latency and extra peak memory for the Triton variants against
+the reference and torch.compile, measured as the sweep measures (`harness.measure`: device
+events, L2 flushed before every sample, noise-adaptive sample count), and a per-kernel
+breakdown of `triton`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from harness.correctness import check_variant, oracle_forward, rel_l2
 from tests.test_variants import case_id, run_check
-from variants.problem import IPAConfig, IPAInputError, make_inputs
+from variants.problem import IPAConfig, IPAInputError, get_precision, make_inputs, math_mode
 from variants.reference import init_state_dict
-from variants.triton_ipa import (
-    Triton,
-    TritonFullFuse,
-    TritonIPAWeights,
-    ipa_attention,
-    pair_bias,
-    triton_ipa,
-)
+from variants.triton.variants import Triton, TritonFullFuse
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parents[1]
 
+if HAS_TRITON:  # the kernel modules import Triton
+    from variants.triton import common
+    from variants.triton.attention import ipa_attention
+    from variants.triton.fullfuse import ipa_fullfuse_attention
+    from variants.triton.pair_bias import cublas_pair_bias, pair_bias
+    from variants.triton.pipeline import TritonIPAWeights, triton_fullfuse_ipa, triton_ipa
+
+    PIPELINES = {"triton": triton_ipa, "triton-fullfuse": triton_fullfuse_ipa}
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 needs_interpreter = pytest.mark.skipif(
     not (HAS_TRITON and INTERPRET),
     reason="CPU tests of the Triton kernels need triton and TRITON_INTERPRET=1 "
@@ -59,6 +71,47 @@ CPU_CASES = [  # (batch, length, config)
     (2, 97, SMALL),
     (1, 128, IPAConfig()),
 ]
+
+
+def in_nan_buffer(pair: torch.Tensor) -> torch.Tensor:
+    """`pair`'s values as a crop (offset in every dim) of a larger buffer filled with NaN:
+    rows (i, j) that do not merge, and NaN wherever a kernel that ignored the strides would
+    read."""
+    b, n, _, c = pair.shape
+    buffer = torch.full((b, n + 3, n + 2, c + 5), float("nan"), dtype=pair.dtype,
+                        device=pair.device)
+    crop = buffer[:, 1:n + 1, 2:n + 2, 3:c + 3]
+    crop.copy_(pair)
+    return crop
+
+
+def transposed_storage(pair: torch.Tensor) -> torch.Tensor:
+    """`pair`'s values stored with i and j swapped."""
+    return pair.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+class CopyWatch(TorchDispatchMode):
+    """Records every op that reads `source`'s memory and returns a tensor at least its size in
+    other memory: a copy of it (`.contiguous()`, `.reshape` that cannot view, `.to`, ...)."""
+
+    def __init__(self, source: torch.Tensor):
+        super().__init__()
+        self.storage = source.untyped_storage().data_ptr()
+        self.numel = source.numel()
+        self.copies: list[str] = []
+
+    def _reads_source(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == self.storage
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(self._reads_source(t) for t in tree_flatten((args, kwargs))[0]):
+            self.copies += [
+                str(func) for t in tree_flatten(out)[0]
+                if isinstance(t, torch.Tensor) and t.numel() >= self.numel
+                and not self._reads_source(t)
+            ]
+        return out
 
 
 # ---- CPU, under the interpreter -------------------------------------------------------------
@@ -91,58 +144,106 @@ def test_fullfuse_split_keys_merge_exactly(split):
     weights = TritonIPAWeights.from_state_dict(sd, SMALL, "cpu", torch.float32)
     inputs = make_inputs(SMALL, 1, 161, seed=11)
     oracle = oracle_forward(sd, SMALL, inputs)
-    whole = triton_ipa(weights, *inputs.as_tuple(), fuse_pair_bias=True, split=1)
-    parts = triton_ipa(weights, *inputs.as_tuple(), fuse_pair_bias=True, split=split)
+    whole = triton_fullfuse_ipa(weights, *inputs.as_tuple(), split=1)
+    parts = triton_fullfuse_ipa(weights, *inputs.as_tuple(), split=split)
     assert rel_l2(parts, oracle) < 2e-6
     assert rel_l2(parts, whole) < 1e-6
 
 
 @needs_interpreter
-@pytest.mark.parametrize("fuse", [False, True], ids=["triton", "triton-fullfuse"])
-def test_non_contiguous_inputs(fuse):
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_non_contiguous_inputs(name):
+    forward = PIPELINES[name]
     sd = init_state_dict(SMALL, seed=5)
     weights = TritonIPAWeights.from_state_dict(sd, SMALL, "cpu", torch.float32)
     inputs = make_inputs(SMALL, 2, 19, seed=2)
     node, pair, trans, rot = inputs.as_tuple()
-    expected = triton_ipa(weights, node, pair, trans, rot, fuse_pair_bias=fuse)
+    expected = forward(weights, node, pair, trans, rot)
     # Same values, other memory layouts: transposed storage and strided slices.
     node_t = node.transpose(0, 1).contiguous().transpose(0, 1)
-    pair_t = pair.transpose(1, 2).contiguous().transpose(1, 2)
+    pair_t = transposed_storage(pair)
     trans_s = torch.cat([trans, trans], dim=-1)[..., :3]
     rot_t = rot.transpose(-1, -2).contiguous().transpose(-1, -2)
     assert not any(t.is_contiguous() for t in (node_t, pair_t, trans_s, rot_t))
-    out = triton_ipa(weights, node_t, pair_t, trans_s, rot_t, fuse_pair_bias=fuse)
+    out = forward(weights, node_t, pair_t, trans_s, rot_t)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
 
 @needs_interpreter
-def test_pair_bias_kernel_matches_einsum():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_strided_pair_repr_is_read_in_place(name, precision):
+    # NaN in every gap of the crop: a kernel that ignored a stride would read one. And no op
+    # may copy pair_repr first (a hidden full read + write).
+    forward = PIPELINES[name]
+    dtype = get_precision(precision).dtype
+    weights = TritonIPAWeights.from_state_dict(init_state_dict(SMALL, seed=6), SMALL, "cpu",
+                                               dtype)
+    node, pair, trans, rot = make_inputs(SMALL, 2, 21, dtype=dtype, seed=4).as_tuple()
+    expected = forward(weights, node, pair, trans, rot)
+    crop = in_nan_buffer(pair)
+    with CopyWatch(crop) as watch:
+        out = forward(weights, node, crop, trans, rot)
+    assert watch.copies == []
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_copy_watch_sees_a_copy():
+    # The no-copy test above is only as good as its detector.
+    crop = in_nan_buffer(torch.randn(1, 4, 4, 3))
+    with CopyWatch(crop) as watch:
+        crop.contiguous()
+        crop.reshape(-1)
+    assert len(watch.copies) == 2, watch.copies
+
+
+@needs_interpreter
+@pytest.mark.parametrize("layout", ["contiguous", "crop", "transposed"])
+def test_pair_bias_kernel_matches_einsum(layout):
     g = torch.Generator().manual_seed(0)
     z = torch.randn(2, 37, 37, 24, generator=g)
     w = torch.randn(5, 24, generator=g)
     expected = torch.einsum("bijc,hc->bhij", z.double(), w.double())
+    z = {"contiguous": z, "crop": in_nan_buffer(z), "transposed": transposed_storage(z)}[layout]
     torch.testing.assert_close(pair_bias(z, w).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("layout", ["contiguous", "crop", "transposed"])
+def test_cublas_pair_bias_forms_match_einsum(layout):
+    # The GPU's fp32 bias: one GEMM over the view where rows (i, j) merge, else a
+    # strided-batched GEMM per batch element written in place. torch runs both on the CPU too.
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(2, 19, 19, 16, generator=g)
+    w = torch.randn(3, 16, generator=g)
+    expected = torch.einsum("bijc,hc->bhij", z.double(), w.double())
+    z = {"contiguous": z, "crop": in_nan_buffer(z), "transposed": transposed_storage(z)}[layout]
+    with CopyWatch(z) as watch:
+        bias = cublas_pair_bias(z, w, tf32=False)
+    assert watch.copies == []
+    assert bias.shape == (2, 3, 19, 19) and bias.is_contiguous()
+    torch.testing.assert_close(bias.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 # ---- bad input ------------------------------------------------------------------------------
 
+BAD_SHAPES = [
+    ("node_repr", lambda x: x[..., :-1]),
+    ("pair_repr", lambda x: x[:, :, :-1]),
+    ("translations", lambda x: x[..., :2]),
+    ("rotations", lambda x: x[..., :2, :]),
+]
 
-@pytest.fixture(scope="module")
-def small_fn():
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def small_fn(request):
     if not (HAS_TRITON and INTERPRET):
         pytest.skip("needs triton and TRITON_INTERPRET=1")
-    return Triton().build(init_state_dict(SMALL), SMALL, "cpu", "fp32")
+    return VARIANTS[request.param].build(init_state_dict(SMALL), SMALL, "cpu", "fp32")
 
 
-@pytest.mark.parametrize(
-    "argument, corrupt",
-    [
-        ("node_repr", lambda x: x[..., :-1]),
-        ("pair_repr", lambda x: x[:, :, :-1]),
-        ("translations", lambda x: x[..., :2]),
-        ("rotations", lambda x: x[..., :2, :]),
-    ],
-)
+@pytest.mark.parametrize("argument, corrupt", BAD_SHAPES)
 def test_bad_shape_names_the_argument(small_fn, argument, corrupt):
     inputs = make_inputs(SMALL, 1, 5)
     names = ("node_repr", "pair_repr", "translations", "rotations")
@@ -160,34 +261,86 @@ def test_bad_dtype_names_the_argument(small_fn):
         small_fn(node, pair.half(), trans, rot)
 
 
-@needs_interpreter
+@needs_triton
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_public_forwards_check_their_arguments(name):
+    # Checked before any kernel runs: needs Triton installed, not the interpreter.
+    forward = PIPELINES[name]
+    weights = TritonIPAWeights.from_state_dict(init_state_dict(SMALL), SMALL, "cpu",
+                                               torch.float32)
+    inputs = make_inputs(SMALL, 1, 5)
+    names = ("node_repr", "pair_repr", "translations", "rotations")
+    for argument, corrupt in BAD_SHAPES:
+        args = dict(zip(names, inputs.as_tuple(), strict=True))
+        args[argument] = corrupt(args[argument])
+        with pytest.raises(IPAInputError, match=argument):
+            forward(weights, *args.values())
+    with pytest.raises(IPAInputError, match="math_mode"):
+        forward(weights, *inputs.as_tuple(), math_mode="tf32x3")
+    bf16 = TritonIPAWeights.from_state_dict(init_state_dict(SMALL), SMALL, "cpu",
+                                            torch.bfloat16)
+    with pytest.raises(IPAInputError, match="math_mode"):
+        forward(bf16, *inputs.to(dtype=torch.bfloat16).as_tuple(), math_mode="tf32")
+    if name == "triton-fullfuse":
+        for split in (0, 1.5, True):
+            with pytest.raises(IPAInputError, match="split"):
+                forward(weights, *inputs.as_tuple(), split=split)
+
+
+@needs_triton
+def test_weights_reject_what_the_kernels_cannot_run():
+    config = IPAConfig(node_dim=136, heads=17)
+    with pytest.raises(IPAInputError, match="heads"):
+        TritonIPAWeights.from_state_dict(init_state_dict(config), config, "cpu", torch.float32)
+
+
+@needs_triton
 def test_launchers_check_their_arguments():
     z = torch.randn(1, 4, 4, 8)
     with pytest.raises(IPAInputError, match="weight"):
         pair_bias(z, torch.randn(2, 8, dtype=torch.float64))
     with pytest.raises(IPAInputError, match="pair_repr"):
-        pair_bias(z.transpose(1, 2), torch.randn(2, 8))
+        pair_bias(z[0], torch.randn(2, 8))
+    with pytest.raises(IPAInputError, match="weight"):
+        pair_bias(z, torch.randn(17, 8))
     b, n, h, d = 1, 4, 2, 8
     q = torch.randn(b, n, h, d)
     pts = torch.randn(b, h, 3, n)
     vpts = torch.randn(b, h, n, 3)
     t = torch.randn(b, n, 3)
-    scale = torch.ones(h)
+    weight = -torch.ones(h)
+    bias = torch.zeros(b, h, n, n)
     with pytest.raises(IPAInputError, match="q_pts"):
-        ipa_attention(q, q, q, pts.double(), pts, vpts, t, scale, q.clone(),
-                      bias=torch.zeros(b, h, n, n))
-    with pytest.raises(IPAInputError, match="bias, pair_repr"):
-        ipa_attention(q, q, q, pts, pts, vpts, t, scale, q.clone())
+        ipa_attention(q, q, q, pts.double(), pts, vpts, t, weight, q.clone(), bias)
+    with pytest.raises(IPAInputError, match="bias"):
+        ipa_attention(q, q, q, pts, pts, vpts, t, weight, q.clone(), bias[..., :-1])
     with pytest.raises(IPAInputError, match="k"):
         ipa_attention(q, q.transpose(2, 3).contiguous().transpose(2, 3), q, pts, pts, vpts, t,
-                      scale, q.clone(), bias=torch.zeros(b, h, n, n))
+                      weight, q.clone(), bias)
+    with pytest.raises(IPAInputError, match="point_weight"):
+        ipa_attention(q, q, q, pts, pts, vpts, t, weight.double(), q.clone(), bias)
 
-
-def test_unknown_math_mode_is_rejected(small_fn):
-    weights = TritonIPAWeights.from_state_dict(init_state_dict(SMALL), SMALL, "cpu",
-                                               torch.float32)
+    pair, pair_weight = torch.randn(b, n, n, 8), torch.randn(h, 8)
+    fused = lambda *extra, **kwargs: ipa_fullfuse_attention(
+        q, q, q, pts, pts, vpts, t, weight, q.clone(), *extra, **kwargs)
+    with pytest.raises(IPAInputError, match="pair_repr"):
+        fused(pair[:, :, :-1], pair_weight)
+    with pytest.raises(IPAInputError, match="pair_repr"):
+        fused(pair.double(), pair_weight)
+    with pytest.raises(IPAInputError, match="pair_weight"):
+        fused(pair, pair_weight.double())
+    with pytest.raises(IPAInputError, match="pair_weight"):
+        fused(pair, torch.randn(h + 1, 8))
+    with pytest.raises(IPAInputError, match="split"):
+        fused(pair, pair_weight, split=0)
     with pytest.raises(IPAInputError, match="math_mode"):
-        triton_ipa(weights, *make_inputs(SMALL, 1, 5).as_tuple(), math_mode="tf32x3")
+        fused(pair, pair_weight, math_mode="tf32x3")
+    with pytest.raises(IPAInputError, match="q_pts"):
+        ipa_fullfuse_attention(q, q, q, pts[..., :-1], pts, vpts, t, weight, q.clone(), pair,
+                               pair_weight)
+
+
+# ---- what the variants declare --------------------------------------------------------------
 
 
 def test_declared_limits_become_reasons():
@@ -198,6 +351,49 @@ def test_declared_limits_become_reasons():
         IPAConfig(node_dim=64, heads=16), "cuda", "fp32"))
     assert any("fp64" in r for r in v.not_supported_reasons(IPAConfig(), "cuda", "fp64"))
     assert any("tf32" in r for r in v.not_supported_reasons(IPAConfig(), "cpu", "tf32"))
+
+
+def test_fullfuse_declares_its_fp32_shared_memory_limit():
+    fullfuse = VARIANTS["triton-fullfuse"]
+    assert any("head_dim=96 > 64" in r
+               for r in fullfuse.not_supported_reasons(IPAConfig(heads=4), "cuda", "fp32"))
+    for config, precision in [(IPAConfig(), "fp32"), (IPAConfig(heads=4), "bf16")]:
+        assert not any("head_dim" in r
+                       for r in fullfuse.not_supported_reasons(config, "cuda", precision))
+
+
+def test_variants_import_and_explain_without_triton():
+    # The registry imports the variant classes, never Triton; a missing Triton is a reason.
+    code = (
+        "import sys\n"
+        "sys.modules['triton'] = None  # import triton now fails\n"
+        "from variants.problem import IPAConfig\n"
+        "from variants.registry import get_variant\n"
+        "for name in ('triton', 'triton-fullfuse'):\n"
+        "    print(get_variant(name).not_supported_reasons(IPAConfig(), 'cuda', 'bf16'))\n"
+        "    try:\n"
+        "        get_variant(name).build({}, IPAConfig(), 'cuda', 'bf16')\n"
+        "    except ValueError as error:\n"
+        "        print(error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("triton is not installed") == 4, result.stdout
+
+
+@needs_triton
+def test_kernels_defined_without_the_interpreter_say_so(monkeypatch):
+    # As if the kernel modules had been imported before TRITON_INTERPRET=1 was set.
+    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert any("before TRITON_INTERPRET=1" in r
+               for r in Triton().not_supported_reasons(SMALL, "cpu", "fp32"))
+    weights = TritonIPAWeights.from_state_dict(init_state_dict(SMALL), SMALL, "cpu",
+                                               torch.float32)
+    for forward in PIPELINES.values():
+        with pytest.raises(IPAInputError, match="node_repr: expected a CUDA tensor"):
+            forward(weights, *make_inputs(SMALL, 1, 5).as_tuple())
 
 
 # ---- GPU ------------------------------------------------------------------------------------
@@ -232,6 +428,32 @@ def test_tf32_matches_oracle_gpu(name, case):
     run_check(name, case, "cuda", "tf32", seeds=3, must_run=True)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_strided_pair_repr_gpu(name, precision):
+    # Strided pair_repr on the GPU paths (fp32/tf32 `triton`: cuBLAS, strided-batched for the
+    # crop and the transpose): same output as the contiguous input, and no copy of it (extra
+    # peak memory well under its size; the bias is H / pair_dim of it).
+    from harness.measure import peak_memory_mib
+
+    config, device = IPAConfig(), torch.device("cuda")
+    dtype = get_precision(precision).dtype
+    with math_mode(precision), torch.no_grad():
+        fn = VARIANTS[name].build(init_state_dict(config, seed=4), config, "cuda", precision)
+        node, pair, trans, rot = make_inputs(config, 2, 257, dtype=dtype, device=device,
+                                             seed=5).as_tuple()
+        expected = fn(node, pair, trans, rot)
+        pair_mib = pair.numel() * pair.element_size() / 2**20
+        for strided in (in_nan_buffer(pair), transposed_storage(pair)):
+            out = fn(node, strided, trans, rot)
+            assert torch.isfinite(out).all()
+            assert rel_l2(out, expected) < {"fp32": 1e-5, "tf32": 1e-4, "bf16": 1e-3}[precision]
+            peak = peak_memory_mib(lambda s=strided: fn(node, s, trans, rot), device)
+            assert peak < 0.5 * pair_mib, (peak, pair_mib)
+
+
 # ---- the numbers for docs/perf-notes.md (run as a script on the GPU machine) ----------------
 
 
@@ -242,10 +464,9 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     import time
 
     import triton
-    from triton.testing import do_bench
 
+    from harness.measure import L2Flusher, TimingPolicy, peak_memory_mib, time_cpu, time_cuda
     from variants.compiled import Compiled
-    from variants.problem import math_mode
     from variants.reference import Reference
 
     parser = argparse.ArgumentParser()
@@ -292,23 +513,21 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                           f"inv {r.invariance_err:.1e} ({time.time() - t0:.0f}s) {r.failures}",
                           flush=True)
 
+    policy = TimingPolicy()
+    flusher = L2Flusher(dev) if cuda else None
+
     def timed(fn, args):
+        """Median ms as the sweep times (harness.measure) and extra peak MiB (CUDA only)."""
+        call = lambda: fn(*args)
         if not cuda:
-            t0 = time.perf_counter()
-            fn(*args)
-            return (time.perf_counter() - t0) * 1e3, float("nan")
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn(*args)
-        torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        ms = do_bench(lambda: fn(*args), warmup=25, rep=200, return_mode="median")
-        return ms, peak
+            return time_cpu(call, policy).median_ms, float("nan")
+        peak = peak_memory_mib(call, dev)
+        return time_cuda(call, policy, flusher).median_ms, peak
 
     builders = {"reference": Reference(), "torch-compile": Compiled(), **VARIANTS}
     if "time" in opts.sections:
-        print("## latency: median ms (do_bench, L2 flushed), extra peak MiB; B=1, default config")
+        print("## latency: median ms (harness.measure: device events, L2 flushed), extra peak "
+              "MiB; B=1, default config")
         for precision in opts.precisions:
             for n in opts.lengths:
                 args = make_inputs(config, 1, n, dtype=dtypes[precision], device=dev,
@@ -332,7 +551,6 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
 
     if "breakdown" in opts.sections:
         print("## triton breakdown: pair-bias kernel, cuBLAS bias for comparison, attention kernel")
-        from variants import triton_ipa as T
         for precision in opts.precisions:
             for n in opts.lengths:
                 if not left():
@@ -345,10 +563,9 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                 print(f"{precision} N={n:5d}: total {ms_all:.3f}  bias used {ms_bias:.3f} "
                       f"(other {ms_cublas:.3f})  attention {ms_attn:.3f}  qkv GEMM {ms_proj:.3f}"
                       f"  rest {ms_all - ms_bias - ms_attn:.3f} ms", flush=True)
-                for k in ("pair_bias", "attn", "attn_fp32", "fullfuse", "fullfuse_fp32"):
-                    kern = getattr(T._kernels(T._interpreting()), k)
+                for name, kern in common.TUNED.items():  # autotuned so far: their choices
                     for key, best in getattr(kern, "cache", {}).items():
-                        print(f"   {k} {key[:3]}... best {best}")
+                        print(f"   {name} {key[:3]}... best {best}")
 
     print(f"# done in {time.time() - start:.0f}s")
 
@@ -365,9 +582,8 @@ def _breakdown(w, args, timed):  # pragma: no cover - GPU only
     z = args[1]
     ms_all, _ = timed(lambda *a: triton_ipa(w, *a), args)
     ms_bias, _ = timed(lambda z: pair_bias(z, w.w_pair), (z,))
-    ms_cublas, _ = timed(
-        lambda z: torch.matmul(w.w_pair, z.view(1, n * n, -1).transpose(1, 2)), (z,)
-    )
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # as math_mode set it
+    ms_cublas, _ = timed(lambda z: cublas_pair_bias(z, w.w_pair, tf32=tf32), (z,))
     bias = pair_bias(z, w.w_pair)
     h, d = cfg.heads, cfg.head_dim
     q = torch.randn(1, n, h, d, device=dev, dtype=dtype)
@@ -376,7 +592,7 @@ def _breakdown(w, args, timed):  # pragma: no cover - GPU only
     t = torch.randn(1, n, 3, device=dev) * 10
     out_s = torch.empty_like(q)
     ms_attn, _ = timed(
-        lambda: ipa_attention(q, q, q, pts, pts, vpts, t, w.head_scale, out_s, bias=bias), ()
+        lambda: ipa_attention(q, q, q, pts, pts, vpts, t, w.point_weight, out_s, bias), ()
     )
     if dtype == torch.float32:
         ms_bias, ms_cublas = ms_cublas, ms_bias  # fp32 forward uses cuBLAS; report the other
@@ -388,11 +604,3 @@ def _breakdown(w, args, timed):  # pragma: no cover - GPU only
 if __name__ == "__main__":  # pragma: no cover
     _bench_main(sys.argv[1:])
 
-
-def test_fullfuse_declares_its_fp32_shared_memory_limit():
-    fullfuse = VARIANTS["triton-fullfuse"]
-    assert any("head_dim=96 > 64" in r
-               for r in fullfuse.not_supported_reasons(IPAConfig(heads=4), "cuda", "fp32"))
-    for config, precision in [(IPAConfig(), "fp32"), (IPAConfig(heads=4), "bf16")]:
-        assert not any("head_dim" in r
-                       for r in fullfuse.not_supported_reasons(config, "cuda", precision))

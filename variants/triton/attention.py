@@ -29,6 +29,7 @@ from variants.triton.common import (
     autotuned,
     cast_f32,
     check_attention_args,
+    check_runnable,
     check_tensor,
     dot_modes,
     pow2,
@@ -249,5 +250,6 @@ def ipa_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, 
     modes = dot_modes(q.dtype, math_mode)
     b, n, h, _ = q.shape
     check_tensor("bias", bias, (b, h, n, n), dtype=q.dtype, device=q.device, contiguous=True)
+    check_runnable("q", q)
     return launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
                             modes)

@@ -46,7 +46,7 @@ class _FixedConfig:
 
 def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: dict[str, int]):
     """`kernel` autotuned over `configs` (keyed on `key`) on the GPU; under the interpreter,
-    which cannot run several configs (docs: GPU.md), `kernel` with the meta-parameters
+    where `triton.autotune` with several configs fails, `kernel` with the meta-parameters
     `interpreted` and no autotuner. Launch either as `result[grid](...)`."""
     if INTERPRET:
         tuned = _FixedConfig(kernel, interpreted)
@@ -54,6 +54,14 @@ def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: 
         tuned = triton.autotune(configs=configs, key=key)(kernel)
     TUNED[name] = tuned
     return tuned
+
+
+def check_runnable(name: str, t: torch.Tensor) -> None:
+    """Compiled kernels need CUDA tensors; only interpreted ones run on the CPU."""
+    require(INTERPRET or t.is_cuda,
+            f"{name}: expected a CUDA tensor, got device {t.device}: the Triton kernels were "
+            "defined without TRITON_INTERPRET=1 (read when variants.triton's kernel modules "
+            "are first imported)")
 
 
 def cast_f32(dtype: torch.dtype) -> bool:

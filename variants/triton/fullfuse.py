@@ -30,10 +30,12 @@ from variants.triton.common import (
     cast_f32,
     check_attention_args,
     check_pair_repr,
+    check_runnable,
     check_split,
     check_tensor,
     dot_modes,
     pow2,
+    require,
 )
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
@@ -281,9 +283,13 @@ def ipa_fullfuse_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight
     check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s)
     modes = dot_modes(q.dtype, math_mode)
     b, n, h, _ = q.shape
+    require(isinstance(pair_repr, torch.Tensor) and pair_repr.dim() == 4,
+            "pair_repr: expected a 4-dim tensor (B, N, N, C)")
+    check_tensor("pair_repr", pair_repr, (b, n, n, pair_repr.shape[3]), dtype=q.dtype,
+                 device=q.device)
     _, _, c, _ = check_pair_repr(pair_repr, pair_weight, weight_name="pair_weight")
-    check_tensor("pair_repr", pair_repr, (b, n, n, c), dtype=q.dtype, device=q.device)
     check_tensor("pair_weight", pair_weight, (h, c))
     check_split(split)
+    check_runnable("q", q)
     return launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,
                            pair_repr, pair_weight, modes, split)

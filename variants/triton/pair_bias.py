@@ -14,7 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.triton.common import HEADS_PAD, autotuned, cast_f32, check_pair_repr, dot_modes, pow2
+from variants.triton.common import (
+    HEADS_PAD,
+    autotuned,
+    cast_f32,
+    check_pair_repr,
+    check_runnable,
+    dot_modes,
+    pow2,
+)
 
 
 # Sizes that vary per call are not specialised on (divisibility by 16), so that one compile
@@ -139,4 +147,6 @@ def pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, math_mode: str =
     device -> (B, H, N, N) contiguous in pair_repr's dtype (fp32 accumulation).
     """
     check_pair_repr(pair_repr, weight, weight_name="weight")
-    return launch_pair_bias(pair_repr, weight, dot_modes(pair_repr.dtype, math_mode).dot)
+    precision = dot_modes(pair_repr.dtype, math_mode).dot
+    check_runnable("pair_repr", pair_repr)
+    return launch_pair_bias(pair_repr, weight, precision)

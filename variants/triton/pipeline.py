@@ -21,8 +21,8 @@ from variants.problem import IPAConfig, validate_inputs
 from variants.triton.attention import launch_attention
 from variants.triton.common import (
     HEADS_PAD,
-    INTERPRET,
     Modes,
+    check_runnable,
     check_split,
     dot_modes,
     require,
@@ -96,10 +96,6 @@ def _check(weights: TritonIPAWeights, node_repr, pair_repr, translations, rotati
         weights.config, node_repr, pair_repr, translations, rotations,
         dtypes=(weights.w_in.dtype,), device=weights.w_in.device, check_rotations=False,
     )
-    require(INTERPRET or node_repr.is_cuda,
-            f"node_repr: expected a CUDA tensor, got device {node_repr.device}: the Triton "
-            "kernels were defined without TRITON_INTERPRET=1 (it is read when "
-            "variants.triton's kernel modules are first imported)")
 
 
 def _around_kernels(
@@ -110,7 +106,8 @@ def _around_kernels(
     kernels: Callable[[Operands], torch.Tensor],
 ) -> torch.Tensor:
     """The forward with `kernels(operands) -> out_p` (B, N, H, 3*Vp) fp32 as its attention
-    core. Inputs are checked by the caller."""
+    core. Arguments are checked by the caller."""
+    check_runnable("node_repr", node_repr)
     cfg = weights.config
     bsz, n, _ = node_repr.shape
     h, d, qp, vp = cfg.heads, cfg.head_dim, cfg.query_points, cfg.value_points
