@@ -84,9 +84,8 @@ def test_forward(benchmark, timed, case: Case, variant_name: str):
     reasons = variant.not_supported_reasons(config, device, precision)
     if reasons:
         pytest.skip("; ".join(reasons))
-    if device == "cpu" and "triton" in variant.requires:
-        pytest.skip("Triton on CPU runs under the interpreter (TRITON_INTERPRET=1): a timing "
-                    "would mean nothing; tests/test_variants.py checks its correctness")
+    if variant.untimed_reason(device):
+        pytest.skip(variant.untimed_reason(device))
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
 

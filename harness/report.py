@@ -14,7 +14,7 @@ import math
 import pandas as pd
 
 from harness.plots import length_slice, shape_label
-from harness.results import ERR_RATIO_LABEL, NO_NUMBER, read_results
+from harness.results import ERR_RATIO_LABEL, FLAGS, NO_NUMBER, has_flag, read_results
 from variants.problem import IPAInputError
 
 
@@ -46,6 +46,8 @@ def _cell(rows: pd.DataFrame, variant: str, column: str, spec: str) -> str:
     if r["status"] in NO_NUMBER:
         return r["status"]
     text = _fmt(r[column], spec)
+    if column == "median_ms" and "noisy" in str(r["flags"]).split(";"):  # as has_flag
+        text += " (noisy)"
     return text + (" (MISMATCH)" if r["status"] == "mismatch" else "")
 
 
@@ -94,14 +96,18 @@ def report(df: pd.DataFrame) -> str:
             table = [[str(n)] + [_cell(rows, v, column, spec) for v in variants]
                      for n, rows in nslice.groupby("length")]
             parts += ["", f"{title}:", "", markdown_table(["N"] + variants, table)]
+    noisy = df[has_flag(df, "noisy")]
+    if not noisy.empty:
+        parts += ["", f"{len(noisy)} timed row(s) are marked `(noisy)`: {FLAGS['noisy']}. "
+                  "Their speed-ups are not to be trusted."]
     failed = df[df["status"] != "ok"]
     untimed = df[(df["status"] == "ok") & df["median_ms"].isna()]
-    parts += ["", "## Failures and unsupported cells", ""]
+    parts += ["", "## Failures, unsupported and untimed cells", ""]
     if failed.empty and untimed.empty:
         parts.append("None: every cell passed.")
     elif failed.empty:
         parts.append(f"None failed, but {len(untimed)} `ok` row(s) carry no median_ms "
-                     "(an edited or foreign file?).")
+                     "(an edited or foreign table?).")
     else:
         parts.append(markdown_table(
             ["variant", "dtype", "mode", "B", "N", "H", "Qp", "Vp", "status", "reason"],

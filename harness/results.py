@@ -12,12 +12,16 @@ A row is one variant x cell (batch, length, layer config, dtype) x timing mode x
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import io
+import json
 import os
 from pathlib import Path
 
 import pandas as pd
 
+from harness.errors import RunFailure
 from variants.problem import IPAInputError
 
 RESULTS_CSV = "results.csv"
@@ -29,8 +33,11 @@ COLUMNS = [
     "device_name", "status", "reason", "build_s", "median_ms", "p20_ms", "p80_ms", "n_samples",
     "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
     "invariance_err", "invariance_tol", "correctness_seeds", "speedup_vs_baseline", "floor_ms",
-    "pct_of_floor", "tflops", "notes",
+    "pct_of_floor", "tflops", "notes", "flags",
 ]
+# Columns added after the first published runs, with the value older files are read with.
+# A file without them still reads; a sweep does not resume into it (its header differs).
+ADDED_COLUMNS = {"flags": ""}
 KEY_COLUMNS = ["variant", "batch", "length", "heads", "node_dim", "pair_dim", "query_points",
                "value_points", "dtype", "mode", "device"]
 SHAPE_COLUMNS = ["batch", "heads", "node_dim", "pair_dim", "query_points", "value_points"]
@@ -43,8 +50,18 @@ STATUSES = {
     "error": "the variant raised",
     "oom": "out of memory",
     "unsupported": "the variant declares it cannot run the cell here",
+    "interpreted": "checked for correctness under an interpreter (Triton on CPU); not timed, "
+                   "since an interpreted latency means nothing",
 }
-NO_NUMBER = ("oom", "error", "unsupported")  # statuses that carry no timing
+NO_NUMBER = ("oom", "error", "unsupported", "interpreted")  # statuses that carry no timing
+TIMED = ("ok", "mismatch")  # statuses that carry a latency (a mismatch may lack one)
+
+# `flags`: `;`-joined marks on a row whose status stands but whose numbers need care.
+NOISY_REL_NOISE = 0.03  # the sampler aims at 0.01; above this the median is not to be trusted
+FLAGS = {
+    "noisy": f"rel_noise above {NOISY_REL_NOISE:g}: the time budget ran out before the median "
+             "settled (typical of CPU rows)",
+}
 
 # The error figure every table shows: the variant's rel_l2 over the reference's own rel_l2
 # in the same precision (1.0 = as accurate as the eager reference). Column `err_ratio`.
@@ -69,27 +86,75 @@ def _refuse_symlink(path: Path, what: str) -> None:
                             f"(-> {os.readlink(path)!r}); pass the real path")
 
 
+def _open_no_follow(path: Path, flags: int) -> int:
+    """os.open that refuses a symbolic link at `path` (no write leaves the output folder)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            _refuse_symlink(path, path.name)
+        raise
+
+
+class SweepLock:
+    """An exclusive `flock` on DIR/.ipa-bench.lock while a sweep writes into DIR: a second
+    sweep into the same folder is refused with the holder's PID instead of interleaving."""
+
+    NAME = ".ipa-bench.lock"
+
+    def __init__(self, out_dir: Path):
+        self.path = Path(out_dir) / self.NAME
+        self.fd: int | None = None
+
+    def __enter__(self) -> SweepLock:
+        fd = _open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise IPAInputError(
+                f"-o/--output {str(self.path.parent)!r}: another sweep (PID {holder}) is "
+                "writing into this folder; wait for it to finish, or use another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
 class ResultsFile:
     """Append-only CSV that survives SIGKILL: each cell's rows go out in one write + fsync.
 
-    Opening an existing file checks that this tool wrote it (the header is `COLUMNS`) before
-    anything is changed; a torn last line (no newline, from a killed write) is then cut off,
-    so the file always parses. `done` holds the keys of every row on disk.
+    Opening an existing file first checks that this tool wrote it: the header is `COLUMNS`,
+    and every row's `run_id` is one of `known_run_ids` (the runs `metadata.json` lists), when
+    given. Only then is a torn last line (no newline, from a killed write) cut off, so the
+    file always parses. A write that fails (a full disk) is undone to the last whole cell.
+    `done` holds the keys of every row on disk.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, known_run_ids: set[str] | None = None):
         self.path = Path(path)
         self.done: set[tuple[str, ...]] = set()
         self.baseline_ms: dict[tuple[str, ...], float] = {}
         _refuse_symlink(self.path, "results file")
         if self.path.exists():
             self._check_header()
+            rows = self._read_rows()
+            if known_run_ids is not None:
+                self._check_run_ids(rows, known_run_ids)
             self._repair()
-            with self.path.open(newline="") as f:
-                for row in csv.DictReader(f):
-                    self._remember(row)
+            for row in rows:
+                self._remember(row)
         else:
-            with self.path.open("x", newline="") as f:
+            fd = _open_no_follow(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "w", newline="") as f:
                 csv.writer(f, lineterminator="\n").writerow(COLUMNS)
                 f.flush()
                 os.fsync(f.fileno())
@@ -97,6 +162,11 @@ class ResultsFile:
     def _check_header(self) -> None:
         with self.path.open(newline="") as f:
             header = f.readline().rstrip("\r\n").split(",")
+        if header == [c for c in COLUMNS if c not in ADDED_COLUMNS]:
+            raise IPAInputError(
+                f"results file {self.path}: written by an earlier ipa-bench (no "
+                f"{', '.join(ADDED_COLUMNS)} column); it still reads, but a sweep does not "
+                "resume into it. Use a new -o DIR")
         if header != COLUMNS:
             missing = [c for c in COLUMNS if c not in header]
             raise IPAInputError(
@@ -104,12 +174,29 @@ class ResultsFile:
                 f"differs: {len(header)} columns, missing {missing[:5]}); nothing was changed. "
                 "Use a new -o DIR")
 
+    def _read_rows(self) -> list[dict]:
+        """Every whole row (a torn last line, which `_repair` cuts, is left out)."""
+        text = self.path.read_text()
+        whole = text[: text.rfind("\n") + 1]
+        return list(csv.DictReader(io.StringIO(whole)))
+
+    def _check_run_ids(self, rows: list[dict], known: set[str]) -> None:
+        unknown = sorted({row["run_id"] for row in rows} - known)
+        if unknown:
+            raise IPAInputError(
+                f"results file {self.path}: rows of run(s) {unknown[:3]} that {METADATA_JSON} "
+                "beside it does not list; a sweep resumes only its own files. Nothing was "
+                "changed. Use a new -o DIR")
+
     def _repair(self) -> None:
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):
-            with self.path.open("r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-                os.fsync(f.fileno())
+            self._truncate(data.rfind(b"\n") + 1)
+
+    def _truncate(self, size: int) -> None:
+        with self.path.open("r+b") as f:
+            f.truncate(size)
+            os.fsync(f.fileno())
 
     def _remember(self, row: dict) -> None:
         key = row_key(row)
@@ -118,7 +205,8 @@ class ResultsFile:
             self.baseline_ms[key[1:]] = float(row["median_ms"])
 
     def append(self, rows: list[dict]) -> None:
-        """Write one cell's rows in a single write, then fsync."""
+        """Write one cell's rows in a single write, then fsync; on a failed write (a full
+        disk) cut the file back to its last whole cell and raise `RunFailure`."""
         unknown = {k for row in rows for k in row} - set(COLUMNS)
         if unknown:
             raise ValueError(f"rows: unknown columns {sorted(unknown)}")
@@ -129,12 +217,36 @@ class ResultsFile:
         rows = [{c: row.get(c, "") for c in COLUMNS} for row in rows]
         buffer = io.StringIO()
         csv.DictWriter(buffer, COLUMNS, lineterminator="\n").writerows(rows)
-        with self.path.open("a", newline="") as f:
-            f.write(buffer.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
+        size = self.path.stat().st_size
+        try:
+            with self.path.open("a", newline="") as f:
+                f.write(buffer.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            try:
+                self._truncate(size)
+            except OSError:
+                pass  # the torn line is cut when the sweep resumes
+            raise RunFailure(
+                f"results file {self.path}: writing a finished cell failed ({exc}); every earlier "
+                "row is on disk and the file is consistent: fix the cause (free space?) and rerun "
+                "the same command to resume") from exc
         for row in rows:
             self._remember({k: str(v) for k, v in row.items()})
+
+
+def known_run_ids(metadata_path: Path) -> set[str]:
+    """The run ids `metadata.json` lists (empty when the file is missing)."""
+    _refuse_symlink(metadata_path, METADATA_JSON)
+    if not metadata_path.exists():
+        return set()
+    try:
+        runs = json.loads(metadata_path.read_text())["runs"]
+        return {run["run_id"] for run in runs}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IPAInputError(f"{metadata_path}: not an ipa-bench {METADATA_JSON} ({exc}); nothing "
+                            "was changed. Use a new -o DIR") from None
 
 
 def read_results(path: str | Path, what: str = "RESULTS.csv", *,
@@ -149,12 +261,23 @@ def read_results(path: str | Path, what: str = "RESULTS.csv", *,
         df = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise IPAInputError(f"{what} {path}: not a readable CSV ({exc})") from None
-    missing = [c for c in COLUMNS if c not in df.columns]
+    missing = [c for c in COLUMNS if c not in df.columns and c not in ADDED_COLUMNS]
     if missing:
         raise IPAInputError(f"{what} {path}: not an ipa-bench results CSV; missing columns "
                             f"{missing}")
+    for column, value in ADDED_COLUMNS.items():
+        if column not in df.columns:
+            df[column] = value
+    df["flags"] = df["flags"].astype("string").fillna("")
     if df.empty and not allow_empty:
         raise IPAInputError(f"{what} {path}: no rows (only a header); nothing to read")
+    untimed = df[(df["status"] == "ok") & ~pd.to_numeric(df["median_ms"], errors="coerce")
+                 .between(0, float("inf"), inclusive="neither")]
+    if not untimed.empty:
+        raise IPAInputError(
+            f"{what} {path}: {len(untimed)} row(s) with status {sorted(set(untimed['status']))} "
+            f"but no finite median_ms (first at CSV line {untimed.index[0] + 2}); a timed row "
+            "always has one (an edited or damaged file?)")
     unknown = sorted(set(df["status"].dropna().astype(str)) - set(STATUSES))
     if unknown or df["status"].isna().any():
         raise IPAInputError(f"{what} {path}: unknown status values {unknown or ['(empty)']}; "
@@ -164,6 +287,11 @@ def read_results(path: str | Path, what: str = "RESULTS.csv", *,
             raise IPAInputError(f"{what} {path}: column {column!r} holds values that are not "
                                 "integers (a truncated or edited file?)")
     return df
+
+
+def has_flag(df: pd.DataFrame, flag: str) -> pd.Series:
+    """Which rows carry `flag` in their `;`-joined `flags`."""
+    return df["flags"].astype("string").fillna("").str.split(";").map(lambda flags: flag in flags)
 
 
 def latest_per_key(df: pd.DataFrame) -> pd.DataFrame:

@@ -25,6 +25,7 @@ import torch
 
 from harness import environment
 from harness.correctness import CheckResult, ReferenceCache, check_variant, rows_per_chunk
+from harness.errors import RunFailure
 from harness.grid import Cell, Grid, load_grid_file, preset_grid
 from harness.measure import (
     L2Flusher,
@@ -47,7 +48,16 @@ from harness.options import (
     selected_variants,
 )
 from harness.plots import plot_results
-from harness.results import METADATA_JSON, RESULTS_CSV, ResultsFile, read_results, row_key
+from harness.results import (
+    METADATA_JSON,
+    NOISY_REL_NOISE,
+    RESULTS_CSV,
+    ResultsFile,
+    SweepLock,
+    known_run_ids,
+    read_results,
+    row_key,
+)
 from variants.base import Variant
 from variants.problem import IPAInputError, get_precision, make_inputs, math_mode
 from variants.reference import init_state_dict
@@ -118,10 +128,14 @@ class Sweep:
 
     def run(self) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        results = ResultsFile(self.out_dir / RESULTS_CSV)
+        with SweepLock(self.out_dir):
+            return self._run_locked()
+
+    def _run_locked(self) -> Path:
+        meta_path = self.out_dir / METADATA_JSON
+        results = ResultsFile(self.out_dir / RESULTS_CSV, known_run_ids(meta_path))
         todo = self._todo(results)
         env, meta = describe_environment(self.device)
-        meta_path = self.out_dir / METADATA_JSON
         runs = json.loads(meta_path.read_text())["runs"] if meta_path.exists() else []
         meta.update(run_id=self.run_id, started_at=self.started_at, grid=self.grid.source,
                     cells_todo=len(todo), finished=False)
@@ -163,9 +177,16 @@ class Sweep:
         """Replace `path` atomically through a fresh temporary file (never a fixed name that
         could be a symbolic link planted beside it)."""
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".metadata-", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"runs": runs}, indent=2, default=str))
-        os.replace(tmp, path)
+        try:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the metadata from other users
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({"runs": runs}, indent=2, default=str))
+            os.replace(tmp, path)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise RunFailure(f"{path}: writing the run's metadata failed ({exc}); the results "
+                             "on disk are intact: fix the cause and rerun the same command to "
+                             "resume") from exc
 
     def _row(self, cell: Cell, variant: Variant, mode: str, env: Environment, **values) -> dict:
         c, precision = cell.config, get_precision(cell.precision)
@@ -224,6 +245,10 @@ class Sweep:
             chunk = rows_per_chunk(cell.config, cell.batch, cell.length)
             if chunk < cell.length:
                 notes.append(f"oracle and reference error computed in chunks of {chunk} query rows")
+            untimed = variant.untimed_reason(device)
+            if untimed:
+                return [self._untimed_row(cell, variant, mode, env, check, build_s, untimed)
+                        for mode in modes]
             peak = peak_memory_mib(lambda: fn(*args), self.device) if device == "cuda" else ""
             if device != "cuda":
                 notes.append("peak memory not measured on CPU")
@@ -232,6 +257,15 @@ class Sweep:
                 rows.append(self._timed_row(cell, variant, mode, env, fn, args, check, build_s,
                                             peak, notes, results))
             return rows
+
+    def _untimed_row(self, cell, variant, mode, env, check: CheckResult, build_s,
+                     why: str) -> dict:
+        return self._row(
+            cell, variant, mode, env, status="interpreted" if check.passed else "mismatch",
+            reason="; ".join([*check.failures, why]), build_s=build_s, rel_l2=check.rel_l2,
+            max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2, tol=check.tol,
+            err_ratio=check.err_ratio, invariance_err=check.invariance_err,
+            invariance_tol=check.invariance_tol, correctness_seeds=check.seeds)
 
     def _timed_row(self, cell, variant, mode, env, fn, args, check: CheckResult, build_s, peak,
                    notes, results) -> dict:
@@ -255,6 +289,7 @@ class Sweep:
             speedup_vs_baseline=(base_ms / timing.median_ms) if base_ms else "",
             tflops=flops(cell.config, cell.batch, cell.length) / (timing.median_ms * 1e-3) / 1e12,
             notes="; ".join(notes),
+            flags="noisy" if timing.rel_noise > NOISY_REL_NOISE else "",
         )
         row["pct_of_floor"] = 100.0 * row["floor_ms"] / timing.median_ms
         return row
@@ -284,6 +319,8 @@ def run_sweep(args) -> int:
         raise IPAInputError(f"-o/--output: expected a folder (new or a sweep's, to resume), got "
                             f"the existing file {str(output)!r}")
     variants = selected_variants(args, with_baseline=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     path = Sweep(variants, grid, args.device, output, show_progress=not args.no_progress).run()
     print(f"results: {path}")
     if not args.no_plots:
@@ -310,6 +347,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-length", type=positive_int, help="drop cells with N above this")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
     p.add_argument("--no-plots", action="store_true", help="skip plotting at the end")
+    p.add_argument("--threads", type=positive_int,
+                   help="torch CPU threads (default: torch's own choice; recorded in "
+                   "metadata.json as torch_threads)")
     add_output_options(p, json_output=False)
     add_selection_options(p)
     p.set_defaults(run=run_sweep)

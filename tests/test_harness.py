@@ -19,7 +19,7 @@ from harness.cli import main as cli_main
 from harness.grid import grid_from_dict, load_grid_file, preset_grid
 from harness.measure import flops, min_bytes, summarize
 from harness.report import report
-from harness.results import COLUMNS, KEY_COLUMNS
+from harness.results import COLUMNS, KEY_COLUMNS, read_results
 from harness.sweep import Sweep
 from tests.fake_variants import FakeOOM, Raising
 from variants.base import source_digest
@@ -153,7 +153,7 @@ def test_smoke_sweep_writes_csv_metadata_plots_and_resumes(tmp_path, capsys):
     assert len(_rows(tmp_path / "results.csv")) == len(rows)
     assert len(json.loads((tmp_path / "metadata.json").read_text())["runs"]) == 2
 
-    text = report(pd.read_csv(tmp_path / "results.csv"))
+    text = report(read_results(tmp_path / "results.csv"))
     assert "| N | fastest passing |" in re.sub(" +", " ", text)
     assert "None: every cell passed." in text
 
@@ -161,7 +161,7 @@ def test_smoke_sweep_writes_csv_metadata_plots_and_resumes(tmp_path, capsys):
 def test_report_shows_cuda_graph_rows_in_their_own_sections():
     """The published H200 quick run has CUDA-graph rows at N = 256: the report gives them
     latency tables of their own (no memory table: a replay's memory is the eager call's)."""
-    text = report(pd.read_csv(REPO / "results" / "h200-2026-12-02-quick" / "results.csv"))
+    text = report(read_results(REPO / "results" / "h200-2026-12-02-quick" / "results.csv"))
     assert "## fp32, eager" in text and "## fp32, CUDA-graph replay" in text
     graph = text.split("## bf16, CUDA-graph replay")[1].split("\n## ")[0]
     assert "| 256 | triton | 0.08429 |" in re.sub(" +", " ", graph)

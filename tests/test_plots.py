@@ -26,7 +26,7 @@ from harness.plots import (
     variant_style,
 )
 from harness.report import markdown_table, report, run_report
-from harness.results import COLUMNS, ERR_RATIO_LABEL
+from harness.results import COLUMNS, ERR_RATIO_LABEL, read_results
 from variants.problem import IPAInputError
 from variants.registry import BUILTIN
 
@@ -35,7 +35,7 @@ SMOKE_CSV = Path(__file__).parent / "data" / "smoke-cpu" / "results.csv"
 
 @pytest.fixture
 def smoke() -> pd.DataFrame:
-    return pd.read_csv(SMOKE_CSV)
+    return read_results(SMOKE_CSV)
 
 
 def _line_colors(fig) -> dict[str, str]:

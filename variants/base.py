@@ -119,6 +119,14 @@ class Variant:
                 reasons.append(f"{key}={sizes[key]} outside the supported range [{low}, {high}]")
         return reasons
 
+    def untimed_reason(self, device: str) -> str | None:
+        """Why a latency of this variant on `device` would mean nothing (None: it is timed).
+        The sweep then checks it for correctness and records it `interpreted`, untimed."""
+        if "triton" in self.requires and torch.device(device).type == "cpu":
+            return ("Triton on CPU runs under its interpreter (TRITON_INTERPRET=1): checked for "
+                    "correctness, not timed")
+        return None
+
     def build(
         self,
         state_dict: dict[str, torch.Tensor],
