@@ -96,6 +96,7 @@ def check_result_json(r: CheckResult) -> dict:
 
 def run_check(args: argparse.Namespace) -> int:
     config = options.config_from_args(args)
+    options.require_inputs_fit(config, args.batch, args.length, args.device)
     variants = options.selected_variants(args)
     precisions = options.selected_precisions(args)
     state_dict = init_state_dict(config, seed=args.weights_seed)

@@ -14,12 +14,21 @@ import sys
 import traceback
 
 from harness import check, compare, diagnose, options, plots, report, sweep
+from harness.errors import RunFailure
 from harness.version import __version__
 from variants.problem import IPAInputError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with usage errors as one line (`prog: error: ...`) and exit status 2; the
+    usage stays in `--help`. Subcommand parsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(options.EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ipa-bench",
         description="Benchmark and check Invariant Point Attention implementations "
         "against a float64 oracle.",
@@ -38,16 +47,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
     except IPAInputError as exc:  # raised by argument and input-file checks, before any run
-        print(f"ipa-bench {args.command}: error: {exc}", file=sys.stderr)
+        print(f"ipa-bench {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return options.EXIT_USAGE
     except BrokenPipeError:  # the reader went away (`ipa-bench list --json | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return options.EXIT_OK
+    except RunFailure as exc:  # stopped by its environment (a full disk), results intact
+        print(f"ipa-bench {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return options.EXIT_FAILED
     except KeyboardInterrupt:
         print(f"ipa-bench {args.command}: interrupted", file=sys.stderr)
         return options.EXIT_INTERRUPTED

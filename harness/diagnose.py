@@ -261,9 +261,12 @@ def run_diagnose(args: argparse.Namespace) -> int:
     else:
         variant = get_variant(args.variant)
     sizes = Sizes(args.batch, args.length, args.aligned_length)
+    config = options.config_from_args(args)
+    options.require_inputs_fit(config, args.batch, max(args.length, args.aligned_length),
+                               args.device)
     with options.progress_bar("diagnose", len(PROBES),
                               enabled=not (args.no_progress or args.json)) as advance:
-        diagnosis = diagnose(variant, options.config_from_args(args), device=args.device,
+        diagnosis = diagnose(variant, config, device=args.device,
                              precision=args.dtype, sizes=sizes, seeds=args.seeds,
                              weights_seed=args.weights_seed, on_probe=advance)
     if args.json:

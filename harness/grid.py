@@ -91,6 +91,16 @@ def grid_from_dict(data: dict, source: str = "") -> Grid:
     for key in AXES:
         if key in base and key != "length":
             _positive_ints("base", key, [base[key]])
+    _positive_ints("base", "seeds", [base["seeds"]])
+    budget = base["budget_s"]
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:
+        raise IPAInputError(f"base.budget_s: expected a positive number of seconds, got {budget!r}")
+    graph_max = base["graph_max_length"]
+    if isinstance(graph_max, bool) or not isinstance(graph_max, int) or graph_max < 0:
+        raise IPAInputError(f"base.graph_max_length: expected an integer >= 0, got {graph_max!r}")
+    for key in ("dtypes", "modes"):
+        if not isinstance(base[key], list) or not base[key]:
+            raise IPAInputError(f"base.{key}: expected a non-empty list, got {base[key]!r}")
     for dtype in base["dtypes"]:
         if dtype not in PRECISIONS:
             raise IPAInputError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from contextlib import contextmanager
 
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from variants.base import Variant
-from variants.problem import PRECISIONS, IPAConfig
+from variants.problem import PRECISIONS, IPAConfig, IPAInputError
 from variants.registry import all_variants, baseline, get_variant
 
 # One exit-code convention for every command (README "CLI").
@@ -101,6 +102,26 @@ def selected_precisions(args: argparse.Namespace) -> list[str]:
     if args.dtype:
         return args.dtype
     return ["fp32", "bf16"] if args.device == "cuda" else ["fp32"]
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of `device`: the GPU's, or the machine's physical memory."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[1]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def require_inputs_fit(config: IPAConfig, batch: int, length: int, device: str) -> None:
+    """Refuse (a usage error, before anything runs) a size whose `pair_repr` alone cannot be
+    held: it is drawn in float32 and upcast to float64 for the oracle, 12 bytes an element."""
+    need = 12 * batch * length * length * config.pair_dim
+    have = device_memory_bytes(device)
+    if need > have:
+        raise IPAInputError(
+            f"--batch {batch}, --length {length}: pair_repr (B x N x N x pair_dim = "
+            f"{batch} x {length} x {length} x {config.pair_dim}) needs {need / 2**30:.1f} GiB in "
+            f"float32 plus its float64 copy for the oracle, more than the {have / 2**30:.1f} GiB "
+            f"of this {device} device")
 
 
 def wide_console() -> Console:

@@ -260,7 +260,8 @@ def read_results(path: str | Path, what: str = "RESULTS.csv", *,
     try:
         df = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise IPAInputError(f"{what} {path}: not a readable CSV ({exc})") from None
+        reason = " ".join(str(exc).split())
+        raise IPAInputError(f"{what} {path}: not a readable CSV ({reason})") from None
     missing = [c for c in COLUMNS if c not in df.columns and c not in ADDED_COLUMNS]
     if missing:
         raise IPAInputError(f"{what} {path}: not an ipa-bench results CSV; missing columns "
