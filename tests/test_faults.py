@@ -1,0 +1,161 @@
+"""Files are sacred: a sweep interrupted, refused or starved of disk leaves a consistent,
+resumable folder and never touches a file it did not write (issue #15, fault injection)."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.errors import RunFailure
+from harness.grid import grid_from_dict
+from harness.results import COLUMNS, KEY_COLUMNS, ResultsFile, SweepLock, read_results
+from harness.sweep import Sweep
+from variants.problem import IPAInputError
+from variants.registry import get_variant
+
+REPO = Path(__file__).resolve().parents[1]
+GRID = {"base": {"node_dim": 32, "pair_dim": 8, "heads": 2, "query_points": 2,
+                 "value_points": 2, "dtypes": ["fp32"], "modes": ["eager"], "seeds": 1,
+                 "budget_s": 0.01},
+        "slice": [{"length": [3, 4, 5, 6]}]}
+
+
+def _sweep(out: Path) -> Path:
+    return Sweep([get_variant("reference")], grid_from_dict(GRID), "cpu", out,
+                 show_progress=False).run()
+
+
+def _keys(path: Path) -> list[tuple[str, ...]]:
+    with path.open(newline="") as f:
+        return [tuple(r[k] for k in KEY_COLUMNS) for r in csv.DictReader(f)]
+
+
+def test_a_second_sweep_into_a_locked_folder_is_refused_with_the_holder(tmp_path):
+    with SweepLock(tmp_path):
+        with pytest.raises(IPAInputError, match=f"another sweep \\(PID {os.getpid()}\\)"):
+            _sweep(tmp_path)
+    assert not (tmp_path / "results.csv").exists()
+    assert len(_keys(_sweep(tmp_path))) == 4  # the lock is released on exit
+
+
+def test_full_disk_leaves_a_resumable_file(tmp_path, monkeypatch):
+    """The third cell's write fails with ENOSPC: the sweep stops with a RunFailure that says
+    how to resume, the file holds the two finished cells exactly, and a rerun completes it."""
+    real_open = Path.open
+    appends = []
+
+    def failing_open(self, mode="r", *args, **kwargs):
+        if self.name == "results.csv" and mode == "a":
+            appends.append(self)
+            if len(appends) == 3:
+                handle = real_open(self, mode, *args, **kwargs)
+                handle.write("reference,partial")  # some bytes land before the disk fills
+
+                def full(*_args, **_kwargs):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+
+                handle.write = full
+                return handle
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", failing_open)
+    with pytest.raises(RunFailure, match="No space left on device.*rerun the same command"):
+        _sweep(tmp_path)
+    monkeypatch.undo()
+    path = tmp_path / "results.csv"
+    assert len(_keys(path)) == 2 and path.read_text().endswith("\n")
+    assert json.loads((tmp_path / "metadata.json").read_text())["runs"][0]["finished"] is False
+    _sweep(tmp_path)
+    keys = _keys(path)
+    assert len(keys) == 4 and len(set(keys)) == 4
+
+
+def test_results_csv_symlink_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "elsewhere.csv"
+    target.write_text("precious\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.csv").symlink_to(target)
+    with pytest.raises(IPAInputError, match="symbolic link"):
+        _sweep(out)
+    assert target.read_text() == "precious\n"
+
+
+def test_metadata_symlink_is_refused(tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metadata.json").symlink_to(target)
+    with pytest.raises(IPAInputError, match="symbolic link"):
+        _sweep(out)
+    assert target.read_text() == "{}"
+
+
+def test_rows_of_a_run_metadata_does_not_list_are_refused_untouched(tmp_path):
+    path = _sweep(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    planted = lines[1].replace(lines[1].split(",")[0], "0123456789ab", 1)
+    path.write_text("".join(lines) + planted + "reference,tor")  # another run's row, a torn line
+    before = path.read_bytes()
+    with pytest.raises(IPAInputError, match="0123456789ab"):
+        _sweep(tmp_path)
+    assert path.read_bytes() == before  # no repair of a file that is not ours
+
+
+def test_a_foreign_results_csv_is_refused_untouched(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text("name,value\nx,1\ny,2")  # no final newline: a repair would cut it
+    with pytest.raises(IPAInputError, match="not written by this version"):
+        ResultsFile(path)
+    assert path.read_text() == "name,value\nx,1\ny,2"
+
+
+def test_an_earlier_versions_file_reads_but_is_not_resumed(tmp_path):
+    old_columns = [c for c in COLUMNS if c != "flags"]
+    path = tmp_path / "results.csv"
+    published = (REPO / "tests" / "data" / "smoke-cpu" / "results.csv").read_text()
+    assert published.splitlines()[0].split(",") == old_columns
+    path.write_text(published)
+    assert (read_results(path)["flags"] == "").all()
+    with pytest.raises(IPAInputError, match="earlier ipa-bench"):
+        ResultsFile(path)
+    assert path.read_text() == published
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_interrupted_sweep_resumes_with_every_cell_once(tmp_path, signum):
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[base]\nnode_dim = 32\npair_dim = 8\nheads = 2\ndtypes = ["fp32"]\n'
+                    'modes = ["eager"]\nseeds = 1\nbudget_s = 0.3\n'
+                    '[[slice]]\nlength = [3, 4, 5, 6, 7, 8]\n')
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "harness.cli", "sweep", "--grid", str(grid), "--device",
+               "cpu", "-o", str(out), "--variant", "reference", "--no-plots", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    csv_path = out / "results.csv"
+    deadline = time.time() + 120  # a loaded CI machine starts Python slowly
+    while time.time() < deadline and proc.poll() is None:
+        if csv_path.exists() and len(csv_path.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    if signum == signal.SIGINT:
+        assert proc.returncode == 130 and "Traceback" not in err
+        assert "finished rows are in" in err
+    assert 2 <= len(_keys(csv_path)) < 6, "the signal should land midway"
+    subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    keys = _keys(csv_path)
+    assert len(keys) == 6 and len(set(keys)) == 6
