@@ -34,6 +34,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from harness.results import ERR_RATIO_LABEL, NO_NUMBER, SHAPE_COLUMNS, read_results  # noqa: E402
+from variants.problem import IPAInputError
 
 METRICS = {
     # name: (column, y label, log y); drawn against N, eager rows (latency: every mode)
@@ -287,19 +288,37 @@ class Figures(list):
         self.skipped: list[str] = list(skipped)
 
 
-def plot_results(csv_path: str | Path, out_dir: str | Path) -> Figures:
-    """Write every figure for `csv_path` into `out_dir` as PNG and SVG (overwriting figures
-    of the same name there); return the PNG paths, with `.skipped` for figures not drawn."""
+def plot_results(csv_path: str | Path, out_dir: str | Path, *, force: bool = True) -> Figures:
+    """Write every figure for `csv_path` into `out_dir` as PNG and SVG; return the PNG paths,
+    with `.skipped` for figures not drawn. Unless `force`, an existing figure file of the same
+    name is an error, checked before anything is written. A symbolic link is never written
+    through."""
     df = read_results(csv_path)
     out_dir = Path(out_dir)
+    if out_dir.is_symlink():
+        raise IPAInputError(f"-o/--output: expected a folder, got a symbolic link {str(out_dir)!r}")
+    drawn = [(stem, fig) for stem, fig in figures(df)]
+    targets = [out_dir / f"{stem}{suffix}" for stem, fig in drawn if not isinstance(fig, str)
+               for suffix in (".png", ".svg")]
+    existing = [t for t in targets if t.exists() or t.is_symlink()]
+    if existing and not force:
+        for _, fig in drawn:
+            if not isinstance(fig, str):
+                plt.close(fig)
+        raise IPAInputError(
+            f"-o/--output {str(out_dir)!r}: {len(existing)} figure(s) exist there already (e.g. "
+            f"{existing[0].name}); nothing was written. Pass --force to replace them, or -o "
+            "another folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     result = Figures()
-    for stem, fig in figures(df):
+    for stem, fig in drawn:
         if isinstance(fig, str):
             result.skipped.append(f"{stem}: not drawn: {fig}")
             continue
         for suffix in (".png", ".svg"):
-            fig.savefig(out_dir / f"{stem}{suffix}", dpi=120, bbox_inches="tight")
+            target = out_dir / f"{stem}{suffix}"
+            target.unlink(missing_ok=True)  # a link is removed, never followed
+            fig.savefig(target, dpi=120, bbox_inches="tight")
         plt.close(fig)
         result.append(out_dir / f"{stem}.png")
     return result
@@ -307,7 +326,7 @@ def plot_results(csv_path: str | Path, out_dir: str | Path) -> Figures:
 
 def run_plot(args: argparse.Namespace) -> int:
     out = args.output or Path(args.results).parent / "plots"
-    result = plot_results(args.results, out)
+    result = plot_results(args.results, out, force=args.force)
     for path in result:
         print(path)
     for message in result.skipped:
@@ -321,9 +340,11 @@ def add_parser(subparsers) -> None:
         description="Draw one PNG+SVG per metric and dtype from a sweep's results.csv: "
         "{latency,speedup,memory,pct_of_floor,error_vs_latency}_{dtype}. Failed or "
         "unsupported cells are marked, never silently missing; a figure with nothing to draw "
-        "(memory on CPU) is not written and the command says so. Figures of the same name "
-        "in the output folder are overwritten.")
+        "(memory on CPU) is not written and the command says so. Existing figures of the same "
+        "name are replaced only with --force.")
     p.add_argument("results", metavar="RESULTS.csv")
     p.add_argument("-o", "--output", type=Path, help="output folder (default: plots/ beside "
-                   "the CSV; use -o to keep a published folder's figures untouched)")
+                   "the CSV)")
+    p.add_argument("--force", action="store_true",
+                   help="replace figures of the same name in the output folder")
     p.set_defaults(run=run_plot)

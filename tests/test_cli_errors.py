@@ -39,6 +39,8 @@ def _files(tmp: Path) -> None:
     (tmp / "seeds0.toml").write_text("[base]\nseeds = 0\n[[slice]]\nlength = [4]\n")
     (tmp / "bad.toml").write_text("[base\nseeds = 1\n")
     (tmp / "no_model.py").write_text("x = 1\n")
+    (tmp / "published-plots").mkdir()
+    (tmp / "published-plots" / "latency_fp32.png").write_bytes(b"a published figure")
 
 
 CASES = [
@@ -69,6 +71,8 @@ CASES = [
      "not written by this version"),
     ("plot-missing", ["plot", "{tmp}/missing.csv"], 2, "no such file"),
     ("plot-header-only", ["plot", "{tmp}/header-only.csv", "-o", "{tmp}/plots"], 2, "no rows"),
+    ("plot-would-overwrite", ["plot", str(SMOKE / "results.csv"), "-o", "{tmp}/published-plots"],
+     2, "Pass --force to replace them"),
     ("report-foreign", ["report", "{tmp}/foreign.csv"], 2, "not an ipa-bench results CSV"),
     ("report-truncated", ["report", "{tmp}/truncated.csv"], 2, "truncated.csv"),
     ("report-binary", ["report", "{tmp}/binary.csv"], 2, "binary.csv"),
@@ -112,6 +116,17 @@ def test_bad_invocation_is_one_clear_line(tmp_path, capsys, argv, code, phrase):
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("ipa-bench") and "error:" in lines[0]
     assert phrase in lines[0]
+
+
+def test_plot_force_replaces_and_nothing_is_written_without_it(tmp_path, capsys):
+    _files(tmp_path)
+    figure = tmp_path / "published-plots" / "latency_fp32.png"
+    argv = ["plot", str(SMOKE / "results.csv"), "-o", str(tmp_path / "published-plots")]
+    assert _run(argv) == 2
+    assert figure.read_bytes() == b"a published figure"
+    assert sorted(p.name for p in figure.parent.iterdir()) == ["latency_fp32.png"]
+    assert _run([*argv, "--force"]) == 0
+    assert figure.read_bytes().startswith(b"\x89PNG")
 
 
 def test_version(capsys):

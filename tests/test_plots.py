@@ -85,7 +85,8 @@ def test_cpu_csv_draws_no_memory_figure_and_says_why(tmp_path, capsys):
     (skipped,) = written.skipped
     assert skipped.startswith("memory_fp32: not drawn") and "not measured on CPU" in skipped
 
-    assert run_plot(argparse.Namespace(results=str(SMOKE_CSV), output=tmp_path / "cli")) == 0
+    assert run_plot(argparse.Namespace(results=str(SMOKE_CSV), output=tmp_path / "cli",
+                                       force=False)) == 0
     out = capsys.readouterr().out
     assert "memory_fp32: not drawn" in out and str(tmp_path / "cli" / "latency_fp32.png") in out
 
