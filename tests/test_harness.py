@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from harness.cli import main as cli_main
