@@ -61,6 +61,8 @@ NOISY_REL_NOISE = 0.03  # the sampler aims at 0.01; above this the median is not
 FLAGS = {
     "noisy": f"rel_noise above {NOISY_REL_NOISE:g}: the time budget ran out before the median "
              "settled (typical of CPU rows)",
+    "known-issue": "the variant declares a known wrong result at this cell (`notes` has the "
+                   "evidence; `Variant.known_issues`)",
 }
 
 # The error figure every table shows: the variant's rel_l2 over the reference's own rel_l2

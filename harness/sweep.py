@@ -241,34 +241,37 @@ class Sweep:
                                   state_dict=state_dict, fn=fn,
                                   references=references)
             _free_memory()
-            notes = []
+            notes = variant.known_issues(cell.config, cell.batch, cell.length, device,
+                                         precision.name)
+            known = "known-issue" if notes else ""
             chunk = rows_per_chunk(cell.config, cell.batch, cell.length)
             if chunk < cell.length:
                 notes.append(f"oracle and reference error computed in chunks of {chunk} query rows")
             untimed = variant.untimed_reason(device)
             if untimed:
-                return [self._untimed_row(cell, variant, mode, env, check, build_s, untimed)
-                        for mode in modes]
+                return [self._untimed_row(cell, variant, mode, env, check, build_s, untimed,
+                                          notes, known) for mode in modes]
             peak = peak_memory_mib(lambda: fn(*args), self.device) if device == "cuda" else ""
             if device != "cuda":
                 notes.append("peak memory not measured on CPU")
             rows = []
             for mode in modes:
                 rows.append(self._timed_row(cell, variant, mode, env, fn, args, check, build_s,
-                                            peak, notes, results))
+                                            peak, notes, results, known))
             return rows
 
     def _untimed_row(self, cell, variant, mode, env, check: CheckResult, build_s,
-                     why: str) -> dict:
+                     why: str, notes: list[str], known: str) -> dict:
         return self._row(
             cell, variant, mode, env, status="interpreted" if check.passed else "mismatch",
             reason="; ".join([*check.failures, why]), build_s=build_s, rel_l2=check.rel_l2,
             max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2, tol=check.tol,
             err_ratio=check.err_ratio, invariance_err=check.invariance_err,
-            invariance_tol=check.invariance_tol, correctness_seeds=check.seeds)
+            invariance_tol=check.invariance_tol, correctness_seeds=check.seeds,
+            notes="; ".join(notes), flags=known)
 
     def _timed_row(self, cell, variant, mode, env, fn, args, check: CheckResult, build_s, peak,
-                   notes, results) -> dict:
+                   notes, results, known: str) -> dict:
         policy = TimingPolicy(budget_s=self.grid.budget_s)
         if self.device.type == "cuda":
             timer = time_cuda_graph if mode == "graph" else time_cuda
@@ -289,7 +292,8 @@ class Sweep:
             speedup_vs_baseline=(base_ms / timing.median_ms) if base_ms else "",
             tflops=flops(cell.config, cell.batch, cell.length) / (timing.median_ms * 1e-3) / 1e12,
             notes="; ".join(notes),
-            flags="noisy" if timing.rel_noise > NOISY_REL_NOISE else "",
+            flags=";".join(f for f in (known, "noisy" if timing.rel_noise > NOISY_REL_NOISE
+                                       else "") if f),
         )
         row["pct_of_floor"] = 100.0 * row["floor_ms"] / timing.median_ms
         return row

@@ -41,3 +41,13 @@ class Slow(Reference):
     def build(self, *args):
         time.sleep(0.4)
         return super().build(*args)
+
+
+class KnownWrongAt4(Reference):
+    """The reference, declaring a known wrong result at N = 4 (as data, like torch-compile)."""
+
+    name = "known-wrong-at-4"
+    is_baseline = False
+
+    def known_issues(self, config, batch, length, device, precision):
+        return ["wrong at N=4 (planted)"] if length == 4 else []

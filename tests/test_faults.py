@@ -39,6 +39,18 @@ def _keys(path: Path) -> list[tuple[str, ...]]:
         return [tuple(r[k] for k in KEY_COLUMNS) for r in csv.DictReader(f)]
 
 
+def test_known_issues_are_carried_by_the_rows(tmp_path):
+    from tests.fake_variants import KnownWrongAt4
+
+    path = Sweep([get_variant("reference"), KnownWrongAt4()], grid_from_dict(GRID), "cpu",
+                 tmp_path, show_progress=False).run()
+    rows = {(r["variant"], r["length"]): r for r in csv.DictReader(path.open())}
+    assert "known-issue" in rows["known-wrong-at-4", "4"]["flags"].split(";")
+    assert "wrong at N=4 (planted)" in rows["known-wrong-at-4", "4"]["notes"]
+    assert "known-issue" not in rows["known-wrong-at-4", "5"]["flags"]
+    assert "known-issue" not in rows["reference", "4"]["flags"]
+
+
 def test_a_second_sweep_into_a_locked_folder_is_refused_with_the_holder(tmp_path):
     with SweepLock(tmp_path):
         with pytest.raises(IPAInputError, match=f"another sweep \\(PID {os.getpid()}\\)"):
