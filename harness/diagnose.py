@@ -39,6 +39,7 @@ from variants.problem import (
     IPAInputError,
     IPAInputs,
     Precision,
+    check_input_values,
     get_precision,
     make_inputs,
     math_mode,
@@ -173,6 +174,7 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
                              seed=seed)
         if probe.inputs:
             inputs = probe.inputs(inputs)
+        check_input_values(*inputs.as_tuple())
         oracle = oracle_forward(weights, config, inputs)
         reference = make_module(weights, config, device, precision.dtype)
         return inputs, oracle, rel_l2(reference(*inputs.as_tuple()), oracle)

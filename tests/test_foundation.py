@@ -109,7 +109,10 @@ def _valid(b=2, n=5, config=SMALL):
         ("translations", lambda t: t.double(), "translations: expected dtype torch.float32"),
         ("rotations", lambda t: t * 1.1, "rotations: expected orthonormal"),
         ("rotations", lambda t: -t, r"rotations: expected proper rotations \(det \+1\)"),
-        ("rotations", lambda t: torch.full_like(t, math.nan), "rotations: expected orthonormal"),
+        ("rotations", lambda t: torch.full_like(t, math.nan),
+         "rotations: expected finite values, got 90 NaN/Inf of 90"),
+        ("pair_repr", lambda t: t.index_fill(1, torch.tensor([2]), math.inf),
+         "pair_repr: expected finite values, got 80 NaN/Inf"),
         ("node_repr", lambda t: t[0], "node_repr: expected 3 dims"),
         ("pair_repr", lambda t: t.numpy(), "pair_repr: expected a torch.Tensor, got ndarray"),
     ],
@@ -257,6 +260,16 @@ def test_planted_inverse_frame_bug_is_caught_with_its_error_figure():
     assert result.err_ratio > 100
     assert any("rel_l2" in f for f in result.failures)
     assert any("invariance" in f for f in result.failures)
+
+
+@pytest.mark.parametrize("name", ["reference", "torch-compile"])
+def test_reference_and_compile_check_their_inputs_before_running(name):
+    fn = get_variant(name).build(init_state_dict(SMALL), SMALL, "cpu", "fp32")
+    node, pair, trans, rot = _valid()
+    with pytest.raises(IPAInputError, match=r"pair_repr: expected shape \(2, 5, 5, 8\)"):
+        fn(node, pair[:, :4], trans, rot)
+    with pytest.raises(IPAInputError, match="translations: expected dtype torch.float32"):
+        fn(node, pair, trans.double(), rot)
 
 
 def test_nan_output_fails():

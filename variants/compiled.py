@@ -16,7 +16,7 @@ import torch
 
 from variants.base import IPAFunction, Variant
 from variants.problem import IPAConfig, Precision, get_precision
-from variants.reference import make_module
+from variants.reference import checked, make_module
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ class Compiled(Variant):
         return [k.evidence for k in KNOWN_WRONG if k.matches(config, batch, length, device)]
 
     def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
-        module = make_module(state_dict, config, device, get_precision(precision).dtype)
+        dtype = get_precision(precision).dtype
+        module = make_module(state_dict, config, device, dtype)
         torch._dynamo.reset()
-        return torch.compile(module, dynamic=False)
+        return checked(torch.compile(module, dynamic=False), config, device, dtype)

@@ -199,7 +199,7 @@ def check_call_inputs(
     pair_repr must be contiguous because the kernels read it in place."""
     validate_inputs(
         config, node_repr, pair_repr, translations, rotations,
-        dtypes=(dtype,), device=device, check_rotations=False,
+        dtypes=(dtype,), device=device, check_values=False,
     )
     if not pair_repr.is_contiguous():
         raise IPAInputError(

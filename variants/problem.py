@@ -7,7 +7,6 @@ imports neither of them.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -191,15 +190,15 @@ def validate_inputs(
     dtypes: tuple[torch.dtype, ...] | None = None,
     device: str | torch.device | None = None,
     require_contiguous: bool = False,
-    check_rotations: bool = True,
+    check_values: bool = True,
 ) -> None:
     """Raise `IPAInputError` unless the four inputs fit `config` and each other.
 
     Checks shapes (B and N agree across inputs, feature sizes match the config), that all
     share one dtype (one of `dtypes` if given) and one device (`device` if given),
-    contiguity if asked, and, if `check_rotations`, that rotations are proper rotations
-    (R R^T = I and det R = +1 within `rotation_tolerance`; this reads the tensor back to the
-    host, so kernels' per-call checks leave it to the harness).
+    contiguity if asked, and, if `check_values`, the values (`check_input_values`). The
+    metadata checks cost microseconds and every variant's callable runs them; the value
+    checks read every element and are left to `check`, `diagnose` and library callers.
     """
     named = {
         "node_repr": node_repr,
@@ -237,21 +236,48 @@ def validate_inputs(
                 f"for shape {tuple(t.shape)} (call .contiguous())"
             )
 
-    if check_rotations and rotations.numel():
-        r = rotations.detach().to(torch.float64)
-        eye = torch.eye(3, dtype=torch.float64, device=r.device)
-        ortho_err = (r @ r.transpose(-1, -2) - eye).abs().amax().item()
-        det_min = torch.linalg.det(r).amin().item()
-        tol = rotation_tolerance(dtype)
-        if not math.isfinite(ortho_err) or ortho_err > tol:
-            raise IPAInputError(
-                f"rotations: expected orthonormal matrices (|R R^T - I| <= {tol:.1e}), "
-                f"got max deviation {ortho_err:.3e}"
-            )
-        if det_min < 1 - 3 * tol:
-            raise IPAInputError(
-                f"rotations: expected proper rotations (det +1), got det as low as {det_min:.4f}"
-            )
+    if check_values:
+        check_input_values(node_repr, pair_repr, translations, rotations)
+
+
+def check_input_values(
+    node_repr: torch.Tensor,
+    pair_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+) -> None:
+    """Raise `IPAInputError` unless every input is finite and the rotations are proper
+    rotations (R R^T = I and det R = +1 within `rotation_tolerance` of their dtype).
+
+    The one place for value checks. It reads every element and synchronises with the device
+    (at N = 4096 a finiteness scan of pair_repr costs about as much as a fused kernel), so it
+    stays out of timed paths: `check`, `diagnose` and `validate_inputs(check_values=True)`
+    call it.
+    """
+    named = {"node_repr": node_repr, "pair_repr": pair_repr, "translations": translations,
+             "rotations": rotations}
+    for name, t in named.items():
+        bad = t.numel() - torch.isfinite(t).sum().item()
+        if bad:
+            raise IPAInputError(f"{name}: expected finite values, got {bad} NaN/Inf of "
+                                f"{t.numel()}")
+    if not rotations.numel():
+        return
+    r = rotations.detach().to(torch.float64)
+    eye = torch.eye(3, dtype=torch.float64, device=r.device)
+    ortho_err = (r @ r.transpose(-1, -2) - eye).abs().amax().item()
+    det_min = torch.linalg.det(r).amin().item()
+    tol = rotation_tolerance(rotations.dtype)
+    if ortho_err > tol:
+        raise IPAInputError(
+            f"rotations: expected orthonormal matrices (|R R^T - I| <= {tol:.1e}), "
+            f"got max deviation {ortho_err:.3e} (a scaled or sheared matrix?)"
+        )
+    if det_min < 1 - 3 * tol:
+        raise IPAInputError(
+            f"rotations: expected proper rotations (det +1), got det as low as {det_min:.4f} "
+            "(a reflection?)"
+        )
 
 
 @contextlib.contextmanager

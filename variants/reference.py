@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from variants.base import IPAFunction, Variant
-from variants.problem import IPAConfig, Precision, get_precision
+from variants.problem import IPAConfig, Precision, get_precision, validate_inputs
 
 
 class IPAReference(nn.Module):
@@ -113,7 +113,23 @@ class Reference(Variant):
     supports_backward = True
 
     def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
-        return make_module(state_dict, config, device, get_precision(precision).dtype)
+        dtype = get_precision(precision).dtype
+        return checked(make_module(state_dict, config, device, dtype), config, device, dtype)
+
+
+def checked(module: torch.nn.Module, config: IPAConfig, device, dtype) -> IPAFunction:
+    """`module` as the timed callable, with the metadata checks every variant runs before
+    any kernel (shapes, dtype, device: `IPAInputError`, a few microseconds); `.module` is the
+    module itself."""
+    device = torch.device(device)
+
+    def forward(node_repr, pair_repr, translations, rotations):
+        validate_inputs(config, node_repr, pair_repr, translations, rotations, dtypes=(dtype,),
+                        device=device, check_values=False)
+        return module(node_repr, pair_repr, translations, rotations)
+
+    forward.module = module
+    return forward
 
 
 def init_state_dict(config: IPAConfig, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -94,7 +94,7 @@ def _inverse_frames(pts, rotations, centred_t):
 def _check(weights: TritonIPAWeights, node_repr, pair_repr, translations, rotations):
     validate_inputs(
         weights.config, node_repr, pair_repr, translations, rotations,
-        dtypes=(weights.w_in.dtype,), device=weights.w_in.device, check_rotations=False,
+        dtypes=(weights.w_in.dtype,), device=weights.w_in.device, check_values=False,
     )
 
 
