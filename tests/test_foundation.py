@@ -272,6 +272,21 @@ def test_reference_and_compile_check_their_inputs_before_running(name):
         fn(node, pair, trans.double(), rot)
 
 
+@pytest.mark.parametrize("wrap", [lambda out: (out,), lambda out: None], ids=["tuple", "None"])
+def test_output_that_is_not_a_tensor_fails(wrap):
+    class NotATensor(InverseFrameBug):
+        name = "not-a-tensor"
+
+        def build(self, *args):
+            fn = get_variant("reference").build(*args)
+            return lambda *inputs: wrap(fn(*inputs))
+
+    result = check_variant(NotATensor(), SMALL, batch=1, length=4, seeds=1)
+    assert not result.passed and math.isinf(result.rel_l2)
+    kind = "tuple" if wrap(0) is not None else "NoneType"
+    assert any(f"output is a {kind}, expected a torch.Tensor" in f for f in result.failures)
+
+
 def test_nan_output_fails():
     class NaNVariant(InverseFrameBug):
         name = "nan"
