@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from variants.base import Variant
@@ -30,17 +28,6 @@ class FakeOOM(Variant):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
 
         return fn
-
-
-class Slow(Reference):
-    """The reference, with a slow build, so a test can kill a sweep midway."""
-
-    name = "slow"
-    is_baseline = False
-
-    def build(self, *args):
-        time.sleep(0.4)
-        return super().build(*args)
 
 
 class KnownWrongAt4(Reference):
