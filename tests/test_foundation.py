@@ -287,6 +287,29 @@ def test_output_that_is_not_a_tensor_fails(wrap):
     assert any(f"output is a {kind}, expected a torch.Tensor" in f for f in result.failures)
 
 
+def test_a_reused_output_buffer_cannot_hide_an_invariance_failure():
+    """A kernel that writes every result into one cached tensor returns the same object for
+    the unmoved and the moved inputs; the check must compare two values, not one buffer."""
+
+    class ReusesOutput(InverseFrameBug):  # not SE(3)-invariant (R where R^T belongs)
+        name = "reuses-output"
+
+        def build(self, *args):
+            fn = super().build(*args)
+            cache = {}
+
+            def forward(*inputs):
+                out = fn(*inputs)
+                buffer = cache.setdefault("out", torch.empty_like(out))
+                return buffer.copy_(out)
+
+            return forward
+
+    result = check_variant(ReusesOutput(), SMALL, batch=1, length=6, seeds=1)
+    assert result.invariance_err > result.invariance_tol
+    assert any("invariance" in f for f in result.failures)
+
+
 def test_nan_output_fails():
     class NaNVariant(InverseFrameBug):
         name = "nan"
