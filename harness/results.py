@@ -52,8 +52,12 @@ STATUSES = {
     "unsupported": "the variant declares it cannot run the cell here",
     "interpreted": "checked for correctness under an interpreter (Triton on CPU); not timed, "
                    "since an interpreted latency means nothing",
+    "suspect": "correct outputs, but a latency no honest run can have (below the memory "
+               "floor: the bytes that must be read over the measured copy bandwidth); never "
+               "ranked",
 }
-NO_NUMBER = ("oom", "error", "unsupported", "interpreted")  # statuses that carry no timing
+# Statuses whose latency is not drawn or ranked as a result (`suspect` keeps its number).
+NO_NUMBER = ("oom", "error", "unsupported", "interpreted", "suspect")
 TIMED = ("ok", "mismatch")  # statuses that carry a latency (a mismatch may lack one)
 
 # `flags`: `;`-joined marks on a row whose status stands but whose numbers need care.

@@ -296,6 +296,12 @@ class Sweep:
                                        else "") if f),
         )
         row["pct_of_floor"] = 100.0 * row["floor_ms"] / timing.median_ms
+        if timing.median_ms < row["floor_ms"]:  # physics: faster than reading the inputs once
+            row["status"] = "suspect"
+            row["reason"] = "; ".join(filter(None, [row["reason"], (
+                f"median {timing.median_ms:.4g} ms is below the memory floor "
+                f"{row['floor_ms']:.4g} ms (min bytes over the measured copy bandwidth): the "
+                "work cannot all have been done in the timed call")]))
         return row
 
 

@@ -38,3 +38,22 @@ class KnownWrongAt4(Reference):
 
     def known_issues(self, config, batch, length, device, precision):
         return ["wrong at N=4 (planted)"] if length == 4 else []
+
+
+class Memoising(Reference):
+    """Right once, then the cached output by input address: the timed calls do no work."""
+
+    name = "memoising"
+    is_baseline = False
+
+    def build(self, *args):
+        fn = super().build(*args)
+        cache = {}
+
+        def forward(*inputs):
+            key = tuple(t.data_ptr() for t in inputs)
+            if key not in cache:
+                cache[key] = fn(*inputs)
+            return cache[key]
+
+        return forward

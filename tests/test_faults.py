@@ -51,6 +51,25 @@ def test_known_issues_are_carried_by_the_rows(tmp_path):
     assert "known-issue" not in rows["reference", "4"]["flags"]
 
 
+def test_a_row_faster_than_the_memory_floor_is_suspect_not_ok(tmp_path):
+    """Memoising by input address passes the correctness check (every seed is a fresh
+    tensor) but its timed calls return a cached tensor: physics flags it, honest rows stay."""
+    from tests.fake_variants import Memoising
+
+    grid = grid_from_dict({**GRID, "slice": [{"length": [48]}]})
+    path = Sweep([get_variant("reference"), Memoising()], grid, "cpu", tmp_path,
+                 show_progress=False).run()
+    rows = {r["variant"]: r for r in csv.DictReader(path.open())}
+    assert rows["reference"]["status"] == "ok"
+    assert rows["memoising"]["status"] == "suspect"
+    assert "below the memory floor" in rows["memoising"]["reason"]
+    from harness.report import report
+
+    text = " ".join(report(read_results(path)).split())
+    assert "| 48 | reference |" in text  # the fastest passing row: never the suspect one
+    assert "| 48 | memoising |" not in text
+
+
 def test_a_second_sweep_into_a_locked_folder_is_refused_with_the_holder(tmp_path):
     with SweepLock(tmp_path):
         with pytest.raises(IPAInputError, match=f"another sweep \\(PID {os.getpid()}\\)"):
