@@ -17,6 +17,7 @@ from harness import options
 from harness.correctness import DEFAULT_SEEDS, CheckResult, ReferenceCache, check_variant
 from harness.model_new import ModelNewError
 from harness.results import ERR_RATIO_LABEL, format_err_ratio
+from harness.scan import scan_variant
 from harness.version import __version__
 from variants.problem import get_precision
 from variants.reference import init_state_dict
@@ -119,6 +120,7 @@ def run_check(args: argparse.Namespace) -> int:
                     results.append(CheckResult(
                         variant.name, precision, args.device, args.batch, args.length, config,
                         failures=[message]))
+    scan = {v.name: scan_variant(v) for v in variants}
     # A variant asked for by name that cannot run is not a pass either.
     failed = [r for r in results if r.failures or (r.skipped and args.variant)]
     code = options.EXIT_FAILED if failed else options.EXIT_OK
@@ -126,9 +128,14 @@ def run_check(args: argparse.Namespace) -> int:
         options.print_json({"schema": CHECK_SCHEMA, "ipa_bench_version": __version__,
                             "device": args.device, "config": dataclasses.asdict(config),
                             "weights_seed": args.weights_seed, "passed": not failed,
-                            "results": [check_result_json(r) for r in results]})
+                            "results": [check_result_json(r) for r in results],
+                            "scan": {name: [dataclasses.asdict(f) for f in found]
+                                     for name, found in scan.items() if found}})
     else:
         print_check_table(results)
+        for found in scan.values():
+            for finding in found:
+                print(f"scan warning: {finding}")
     return code
 
 

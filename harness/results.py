@@ -65,6 +65,8 @@ NOISY_REL_NOISE = 0.03  # the sampler aims at 0.01; above this the median is not
 FLAGS = {
     "noisy": f"rel_noise above {NOISY_REL_NOISE:g}: the time budget ran out before the median "
              "settled (typical of CPU rows)",
+    "scan:<rule>": "the static scan of a --model-new file or entry-point module found the "
+                   "pattern `rule` (harness/scan.py); a pointer for review, not a verdict",
     "known-issue": "the variant declares a known wrong result at this cell (`notes` has the "
                    "evidence; `Variant.known_issues`)",
 }

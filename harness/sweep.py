@@ -58,6 +58,7 @@ from harness.results import (
     read_results,
     row_key,
 )
+from harness.scan import row_flags, scan_variant
 from variants.base import Variant
 from variants.problem import IPAInputError, get_precision, make_inputs, math_mode
 from variants.reference import init_state_dict
@@ -109,6 +110,7 @@ class Sweep:
     def __init__(self, variants: list[Variant], grid: Grid, device: str, out_dir: str | Path,
                  *, show_progress: bool = True):
         self.variants = sorted(variants, key=lambda v: not v.is_baseline)  # baseline first
+        self.scan = {v.name: scan_variant(v) for v in self.variants}
         self.grid = grid
         self.device = torch.device(device)
         self.out_dir = Path(out_dir)
@@ -202,6 +204,8 @@ class Sweep:
                     / (env.bandwidth_gbps * 1e9) * 1e3)
         row["floor_ms"] = floor_ms
         row.update(values)
+        row["flags"] = ";".join(filter(None, [row.get("flags", ""),
+                                              *row_flags(self.scan[variant.name], row["dtype"])]))
         return row
 
     def _run_cell(self, cell: Cell, variant: Variant, references: ReferenceCache,
