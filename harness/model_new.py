@@ -70,6 +70,9 @@ class ModelNewVariant(Variant):
         self._module: ModuleType | None = None
         self._import_error: ModelNewError | None = None
 
+    def code_paths(self) -> list[Path]:
+        return [self.path]
+
     def load_module(self) -> ModuleType:
         """Import the file once (a failure is remembered, so a broken kernel is compiled
         once per run, not once per cell) and return the module."""

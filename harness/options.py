@@ -95,7 +95,12 @@ def selected_variants(args: argparse.Namespace, *, with_baseline: bool = False) 
         chosen = [baseline()] if with_baseline else []
     else:
         chosen = list(all_variants().values())
-    return chosen + [model_new_variant(path) for path in args.model_new]
+    files = [model_new_variant(path) for path in args.model_new]
+    basenames = [v.name for v in files]
+    for variant, path in zip(files, args.model_new, strict=True):
+        if basenames.count(variant.name) > 1:  # same file name in two folders: keep both
+            variant.name = f"model-new:{path}"
+    return chosen + files
 
 
 def selected_precisions(args: argparse.Namespace) -> list[str]:

@@ -33,11 +33,11 @@ COLUMNS = [
     "device_name", "status", "reason", "build_s", "median_ms", "p20_ms", "p80_ms", "n_samples",
     "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
     "invariance_err", "invariance_tol", "correctness_seeds", "speedup_vs_baseline", "floor_ms",
-    "pct_of_floor", "tflops", "notes", "flags",
+    "pct_of_floor", "tflops", "notes", "flags", "code_digest",
 ]
 # Columns added after the first published runs, with the value older files are read with.
 # A file without them still reads; a sweep does not resume into it (its header differs).
-ADDED_COLUMNS = {"flags": ""}
+ADDED_COLUMNS = {"flags": "", "code_digest": ""}
 KEY_COLUMNS = ["variant", "batch", "length", "heads", "node_dim", "pair_dim", "query_points",
                "value_points", "dtype", "mode", "device"]
 SHAPE_COLUMNS = ["batch", "heads", "node_dim", "pair_dim", "query_points", "value_points"]
@@ -144,12 +144,12 @@ class ResultsFile:
     and every row's `run_id` is one of `known_run_ids` (the runs `metadata.json` lists), when
     given. Only then is a torn last line (no newline, from a killed write) cut off, so the
     file always parses. A write that fails (a full disk) is undone to the last whole cell.
-    `done` holds the keys of every row on disk.
+    `done` maps the key of every row on disk to the code digest of its last row.
     """
 
     def __init__(self, path: str | Path, known_run_ids: set[str] | None = None):
         self.path = Path(path)
-        self.done: set[tuple[str, ...]] = set()
+        self.done: dict[tuple[str, ...], str] = {}  # key -> code_digest of its last row
         self.baseline_ms: dict[tuple[str, ...], float] = {}
         _refuse_symlink(self.path, "results file")
         if self.path.exists():
@@ -170,13 +170,14 @@ class ResultsFile:
     def _check_header(self) -> None:
         with self.path.open(newline="") as f:
             header = f.readline().rstrip("\r\n").split(",")
-        if header == [c for c in COLUMNS if c not in ADDED_COLUMNS]:
+        missing = [c for c in COLUMNS if c not in header]
+        if missing and set(missing) <= set(ADDED_COLUMNS) and header == [
+                c for c in COLUMNS if c not in missing]:
             raise IPAInputError(
                 f"results file {self.path}: written by an earlier ipa-bench (no "
-                f"{', '.join(ADDED_COLUMNS)} column); it still reads, but a sweep does not "
+                f"{', '.join(missing)} column); it still reads, but a sweep does not "
                 "resume into it. Use a new -o DIR")
         if header != COLUMNS:
-            missing = [c for c in COLUMNS if c not in header]
             raise IPAInputError(
                 f"results file {self.path}: not written by this version of ipa-bench (its header "
                 f"differs: {len(header)} columns, missing {missing[:5]}); nothing was changed. "
@@ -208,7 +209,7 @@ class ResultsFile:
 
     def _remember(self, row: dict) -> None:
         key = row_key(row)
-        self.done.add(key)
+        self.done[key] = row["code_digest"]
         if row["is_baseline"] == "True" and row["median_ms"]:
             self.baseline_ms[key[1:]] = float(row["median_ms"])
 
@@ -258,10 +259,11 @@ def known_run_ids(metadata_path: Path) -> set[str]:
 
 
 def read_results(path: str | Path, what: str = "RESULTS.csv", *,
-                 allow_empty: bool = False) -> pd.DataFrame:
+                 allow_empty: bool = False, every_row: bool = False) -> pd.DataFrame:
     """A results CSV as a DataFrame, checked: the file exists, parses, has every column of
     `COLUMNS`, holds rows (unless `allow_empty`) and only known statuses. Every failure is an
-    `IPAInputError` naming `what` and the path."""
+    `IPAInputError` naming `what` and the path. A cell measured again (its code changed, so
+    the sweep re-ran it) counts by its last row, unless `every_row`."""
     path = Path(path)
     if not path.is_file():
         raise IPAInputError(f"{what}: no such file {str(path)!r}")
@@ -295,7 +297,7 @@ def read_results(path: str | Path, what: str = "RESULTS.csv", *,
         if not df.empty and not pd.api.types.is_integer_dtype(df[column]):
             raise IPAInputError(f"{what} {path}: column {column!r} holds values that are not "
                                 "integers (a truncated or edited file?)")
-    return df
+    return df if every_row else latest_per_key(df)
 
 
 def has_flag(df: pd.DataFrame, flag: str) -> pd.Series:

@@ -111,6 +111,7 @@ class Sweep:
                  *, show_progress: bool = True):
         self.variants = sorted(variants, key=lambda v: not v.is_baseline)  # baseline first
         self.scan = {v.name: scan_variant(v) for v in self.variants}
+        self.digests = {v.name: v.code_digest() for v in self.variants}
         self.grid = grid
         self.device = torch.device(device)
         self.out_dir = Path(out_dir)
@@ -124,7 +125,8 @@ class Sweep:
             modes = self.grid.modes_for(cell, self.device.type)
             for variant in self.variants:
                 keys = [cell_key(variant.name, cell, m, self.device.type) for m in modes]
-                if not all(k in results.done for k in keys):
+                # A cell counts as done only for the code that measured it.
+                if not all(results.done.get(k) == self.digests[variant.name] for k in keys):
                     todo.append((cell, variant))
         return todo
 
@@ -199,6 +201,7 @@ class Sweep:
             "query_points": c.query_points, "value_points": c.value_points,
             "dtype": precision.name, "math_mode": precision.math_mode, "mode": mode,
             "device": self.device.type, "device_name": env.device_name,
+            "code_digest": self.digests[variant.name],
         }
         floor_ms = (min_bytes(c, cell.batch, cell.length, precision.dtype.itemsize)
                     / (env.bandwidth_gbps * 1e9) * 1e3)

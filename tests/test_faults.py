@@ -70,6 +70,35 @@ def test_a_row_faster_than_the_memory_floor_is_suspect_not_ok(tmp_path):
     assert "| 48 | memoising |" not in text
 
 
+def test_changed_code_is_measured_again_on_resume(tmp_path, monkeypatch):
+    path = _sweep(tmp_path)
+    first = read_results(path)
+    assert (first["code_digest"] == get_variant("reference").code_digest()).all()
+    _sweep(tmp_path)  # same code: nothing to do
+    assert len(read_results(path, every_row=True)) == 4
+    monkeypatch.setattr(type(get_variant("reference")), "code_digest", lambda self: "edited")
+    _sweep(tmp_path)
+    assert len(read_results(path, every_row=True)) == 8
+    latest = read_results(path)
+    assert len(latest) == 4 and (latest["code_digest"] == "edited").all()
+
+
+def test_model_new_files_with_one_name_do_not_collide(tmp_path):
+    import argparse
+
+    from harness.options import selected_variants
+
+    source = (REPO / "tests" / "model_new_files" / "ipa_standalone.py").read_text()
+    paths = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        paths.append(tmp_path / folder / "kernel.py")
+        paths[-1].write_text(source)
+    args = argparse.Namespace(variant=None, model_new=[str(p) for p in paths])
+    names = [v.name for v in selected_variants(args)]
+    assert len(set(names)) == 2 and all(name.endswith("kernel.py") for name in names)
+
+
 def test_a_second_sweep_into_a_locked_folder_is_refused_with_the_holder(tmp_path):
     with SweepLock(tmp_path):
         with pytest.raises(IPAInputError, match=f"another sweep \\(PID {os.getpid()}\\)"):
@@ -142,12 +171,13 @@ def test_a_foreign_results_csv_is_refused_untouched(tmp_path):
 
 
 def test_an_earlier_versions_file_reads_but_is_not_resumed(tmp_path):
-    old_columns = [c for c in COLUMNS if c != "flags"]
+    old_columns = [c for c in COLUMNS if c not in ("flags", "code_digest")]
     path = tmp_path / "results.csv"
     published = (REPO / "tests" / "data" / "smoke-cpu" / "results.csv").read_text()
     assert published.splitlines()[0].split(",") == old_columns
     path.write_text(published)
-    assert (read_results(path)["flags"] == "").all()
+    old = read_results(path)
+    assert (old["flags"] == "").all() and (old["code_digest"] == "").all()
     with pytest.raises(IPAInputError, match="earlier ipa-bench"):
         ResultsFile(path)
     assert path.read_text() == published
@@ -180,3 +210,11 @@ def test_interrupted_sweep_resumes_with_every_cell_once(tmp_path, signum):
     subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
     keys = _keys(csv_path)
     assert len(keys) == 6 and len(set(keys)) == 6
+
+
+def test_a_file_from_before_the_code_digest_column_is_named_as_earlier(tmp_path):
+    path = tmp_path / "results.csv"
+    columns = [c for c in COLUMNS if c != "code_digest"]
+    path.write_text(",".join(columns) + "\n")
+    with pytest.raises(IPAInputError, match="earlier ipa-bench \\(no code_digest column\\)"):
+        ResultsFile(path)

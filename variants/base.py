@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import inspect
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -28,11 +29,16 @@ SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp")
 
 
 def source_digest(roots: Iterable[Path], suffixes: tuple[str, ...] = SOURCE_SUFFIXES) -> str:
-    """Short sha256 of the source files under `roots` (names and contents; build folders and
-    caches skipped): identifies the code that ran where git cannot (a copied tree)."""
+    """Short sha256 of the source files under `roots`, folders or single files (names and
+    contents; build folders and caches skipped): identifies the code that ran where git cannot
+    (a copied tree)."""
     digest = hashlib.sha256()
     for root in roots:
         root = Path(root)
+        if root.is_file():
+            digest.update(root.name.encode())
+            digest.update(root.read_bytes())
+            continue
         for path in sorted(root.rglob("*")):
             parts = path.relative_to(root).parts
             if path.suffix in suffixes and not {"build", "__pycache__"} & set(parts):
@@ -118,6 +124,15 @@ class Variant:
             if not low <= sizes[key] <= high:
                 reasons.append(f"{key}={sizes[key]} outside the supported range [{low}, {high}]")
         return reasons
+
+    def code_paths(self) -> list[Path]:
+        """The files and folders whose contents decide what this variant computes; their
+        digest (`code_digest`) goes into every row, and a sweep re-measures a cell whose
+        digest changed. Default: the module that defines the class."""
+        return [Path(inspect.getsourcefile(type(self)))]
+
+    def code_digest(self) -> str:
+        return source_digest(self.code_paths())
 
     def known_issues(
         self, config: IPAConfig, batch: int, length: int, device: str, precision: str

@@ -11,9 +11,11 @@ sweep never reaches Dynamo's recompile limit, past which it would silently run e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from variants import reference
 from variants.base import IPAFunction, Variant
 from variants.problem import IPAConfig, Precision, get_precision
 from variants.reference import checked, make_module
@@ -56,6 +58,9 @@ class Compiled(Variant):
         if torch.device(device).type == "cpu" and get_precision(precision).name == "fp16":
             reasons.append("Inductor's CPU backend does not handle fp16 matmuls reliably")
         return reasons
+
+    def code_paths(self):
+        return [*super().code_paths(), Path(reference.__file__)]  # it compiles the reference
 
     def known_issues(self, config, batch, length, device, precision) -> list[str]:
         device = torch.device(device).type

@@ -37,6 +37,8 @@ from variants.base import source_digest
 from variants.problem import IPAConfig, IPAInputError, validate_inputs
 
 CSRC = Path(__file__).resolve().parent / "csrc"
+# What the CUDA variants' numbers depend on besides their own module (Variant.code_paths).
+CODE_PATHS = (Path(__file__).resolve(), CSRC)
 SOURCES = (
     "ipa_binding.cpp",
     "ipa_fused.cu",  # cuda-fused: class limits, launch plan, split-K combine

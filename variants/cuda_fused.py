@@ -35,6 +35,7 @@ import torch
 from variants.base import IPAFunction, Variant
 from variants.base2 import base2_units
 from variants.cuda_ext import (
+    CODE_PATHS,
     Weights,
     Widths,
     check_call_inputs,
@@ -152,6 +153,9 @@ class CudaFused(Variant):
         "heads": (1, 16),
         "pair_dim": (8, 128),
     }
+
+    def code_paths(self):
+        return [*super().code_paths(), *CODE_PATHS]
 
     def not_supported_reasons(self, config, device, precision):
         reasons = super().not_supported_reasons(config, device, precision)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from variants.base import IPAFunction, Variant
 from variants.cuda_ext import (
+    CODE_PATHS,
     Weights,
     Widths,
     check_call_inputs,
@@ -62,6 +63,9 @@ class CudaHybrid(Variant):
     precisions = ("fp32", "bf16")
     requires = ("cuda", "nvcc", "ninja")
     limits = {"query_points": (1, 16), "value_points": (1, 16), "head_dim": (8, 128)}
+
+    def code_paths(self):
+        return [*super().code_paths(), *CODE_PATHS]
 
     def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
         precision = get_precision(precision)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -75,6 +76,9 @@ class Triton(Variant):
     requires = ("triton",)
     limits = {"heads": (1, 16), "query_points": (1, 16), "value_points": (1, 16),
               "head_dim": (8, 128)}
+
+    def code_paths(self):
+        return [Path(__file__).resolve().parent]  # the kernels live beside this module
 
     def not_supported_reasons(self, config, device, precision):
         reasons = super().not_supported_reasons(config, device, precision)
