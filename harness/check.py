@@ -19,6 +19,7 @@ from harness.model_new import ModelNewError
 from harness.results import ERR_RATIO_LABEL, format_err_ratio
 from harness.scan import scan_variant
 from harness.version import __version__
+from harness.worker import WorkerFailure, WorkerPool, exception_name
 from variants.problem import get_precision
 from variants.reference import init_state_dict
 from variants.registry import all_variants
@@ -95,6 +96,13 @@ def check_result_json(r: CheckResult) -> dict:
     }
 
 
+def _failure_message(exc: Exception) -> str:
+    """A ModelNewError or a dead worker says what happened itself; others get their type."""
+    if isinstance(exc, WorkerFailure) or exception_name(exc) == ModelNewError.__name__:
+        return str(exc)
+    return f"raised {exception_name(exc)}: {exc}"
+
+
 def run_check(args: argparse.Namespace) -> int:
     config = options.config_from_args(args)
     options.require_inputs_fit(config, args.batch, args.length, args.device)
@@ -104,7 +112,9 @@ def run_check(args: argparse.Namespace) -> int:
     references = ReferenceCache(state_dict)
     results = []
     show = not (args.no_progress or args.json)
-    with options.progress_bar("check", len(variants) * len(precisions), enabled=show) as advance:
+    with (options.progress_bar("check", len(variants) * len(precisions),
+                               enabled=show) as advance,
+          WorkerPool(timeout_s=args.timeout) as workers):
         for variant in variants:
             for precision in precisions:
                 advance(f"{variant.name} {precision}")
@@ -113,13 +123,12 @@ def run_check(args: argparse.Namespace) -> int:
                         variant, config, batch=args.batch, length=args.length,
                         device=args.device, precision=get_precision(precision),
                         seeds=args.seeds, state_dict=state_dict, references=references,
+                        runner=workers.get(variant, args.device, precision),
                     ))
                 except Exception as exc:  # noqa: BLE001 - the variant's failure is its row
-                    message = str(exc) if isinstance(exc, ModelNewError) else (
-                        f"raised {type(exc).__name__}: {exc}")
                     results.append(CheckResult(
                         variant.name, precision, args.device, args.batch, args.length, config,
-                        failures=[message]))
+                        failures=[_failure_message(exc)]))
     scan = {v.name: scan_variant(v) for v in variants}
     # A variant asked for by name that cannot run is not a pass either.
     failed = [r for r in results if r.failures or (r.skipped and args.variant)]
@@ -166,4 +175,5 @@ def add_check_parser(subparsers) -> None:
     p.add_argument("--weights-seed", type=int, default=0, help="seed of the weights (default 0)")
     options.add_output_options(p)
     options.add_config_options(p)
+    options.add_timeout_option(p)
     p.set_defaults(run=run_check)

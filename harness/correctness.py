@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.runner import BuildSpec, InputRecipe, LocalRunner, RunOutput, rigid_motion
+from harness.worker import Worker
 from variants.base import IPAFunction, Variant
 from variants.problem import (
     IPAConfig,
     IPAInputs,
     Precision,
     get_precision,
-    make_inputs,
     math_mode,
-    random_rotations,
     validate_inputs,
 )
 from variants.reference import IPAReference, init_state_dict, make_module
@@ -55,9 +55,6 @@ def tolerance(reference_err: float, precision: Precision) -> float:
     return max(2.0 * reference_err, precision.tol_floor)
 
 
-INPUT_NAMES = ("node_repr", "pair_repr", "translations", "rotations")
-
-
 @dataclass
 class OutputJudgement:
     """One output against the oracle: the error figures and every failure, by one routine
@@ -79,25 +76,20 @@ class OutputJudgement:
 
 
 def judge_output(
-    out: object,
-    oracle: torch.Tensor,
-    reference_err: float,
-    precision: Precision,
-    *,
-    inputs: IPAInputs,
-    pristine: IPAInputs,
+    result: RunOutput, oracle: torch.Tensor, reference_err: float, precision: Precision
 ) -> OutputJudgement:
-    """Judge a variant's `out` for `inputs` against the float64 `oracle`.
+    """Judge one call's `result` against the float64 `oracle` of its inputs.
 
-    Fails outright: not a tensor, a wrong shape or dtype, NaN/Inf, an input modified in place
-    (`inputs` after the call against `pristine`, a copy taken before it). Otherwise the error
-    fails when `rel_l2 > tolerance(reference_err, precision)`.
+    Fails outright: not a tensor, a wrong shape or dtype, NaN/Inf, an input modified in
+    place. Otherwise the error fails when `rel_l2 > tolerance(reference_err, precision)`.
     """
     tol = tolerance(reference_err, precision)
     failures = []
-    if not isinstance(out, torch.Tensor):
-        failures.append(f"output is a {type(out).__name__}, expected a torch.Tensor")
+    out = result.out
+    if out is None:
+        failures.append(f"output is a {result.returned}, expected a torch.Tensor")
         return OutputJudgement(math.inf, math.inf, reference_err, tol, failures)
+    out = out.to(oracle.device)
     if tuple(out.shape) != tuple(oracle.shape):
         failures.append(f"output shape {tuple(out.shape)} != {tuple(oracle.shape)}")
     if out.dtype != precision.dtype:
@@ -105,10 +97,7 @@ def judge_output(
     bad = (~torch.isfinite(out)).sum().item()
     if bad:
         failures.append(f"{bad} NaN/Inf values in the output")
-    for name, now, before in zip(INPUT_NAMES, inputs.as_tuple(), pristine.as_tuple(),
-                                 strict=True):
-        if not torch.equal(now, before):
-            failures.append(f"the variant modified its input {name}")
+    failures += [f"the variant modified its input {name}" for name in result.modified]
     err = rel_l2(out, oracle)
     if not err <= tol and not failures:
         failures.append(f"rel_l2 {err:.3e} > tol {tol:.3e}")
@@ -152,22 +141,6 @@ def oracle_forward(
         return chunked_forward(module, inputs.to(dtype=torch.float64))
 
 
-def rigid_motion(inputs: IPAInputs, seed: int, shift_angstrom: float = 50.0) -> IPAInputs:
-    """Apply one global rigid motion (R_g, t_g) to every frame: R_i -> R_i R_g,
-    t_i -> t_i R_g + t_g (computed in float64, then stored in the inputs' dtype)."""
-    g = torch.Generator().manual_seed(10_007 + seed)
-    r_g = random_rotations(1, g)[0]
-    t_g = torch.randn(3, generator=g, dtype=torch.float64)
-    t_g = shift_angstrom * t_g / t_g.norm()
-    device, dtype = inputs.node_repr.device, inputs.node_repr.dtype
-    r_g, t_g = r_g.to(device), t_g.to(device)
-    rot = inputs.rotations.double() @ r_g
-    trans = inputs.translations.double() @ r_g + t_g
-    return IPAInputs(
-        inputs.node_repr, inputs.pair_repr, trans.to(dtype), rot.to(dtype)
-    )
-
-
 @dataclass
 class CheckResult:
     """Correctness figures of one variant on one (config, batch, length, precision)."""
@@ -209,10 +182,8 @@ class ReferenceFigures:
 
 class ReferenceCache:
     """Builds each (config, device, precision) reference once, and computes the oracle and
-    reference figures of each seed's inputs once, for every variant checked with this cache.
-
-    Entries are keyed by (config, precision, batch, length, seed, origin offset): the inputs
-    those describe must be the same for every variant, as `check_variant` draws them."""
+    reference figures of each recipe's inputs once, for every variant checked with it (the
+    inputs a recipe describes are the same for every variant)."""
 
     def __init__(self, state_dict: dict[str, torch.Tensor]):
         self.state_dict = state_dict
@@ -225,20 +196,32 @@ class ReferenceCache:
             self._built[key] = make_module(self.state_dict, config, device, precision.dtype)
         return self._built[key]
 
-    def figures(self, key: tuple, config: IPAConfig, precision: Precision, inputs: IPAInputs,
-                moved: IPAInputs | None) -> ReferenceFigures:
-        """The oracle's output and the reference's errors on `inputs` (and on `moved`, the
-        same inputs under a rigid motion, when given)."""
-        device = str(inputs.node_repr.device)
-        key = (config, device, precision.name, *key, moved is not None)
+    def figures(self, recipe: InputRecipe, motion_seed: int | None = None) -> ReferenceFigures:
+        """The oracle's output and the reference's error on `recipe`'s inputs, and with
+        `motion_seed` the reference's own invariance error under that rigid motion."""
+        key = (recipe, motion_seed)
         if key not in self._figures:
-            oracle = oracle_forward(self.state_dict, config, inputs)
-            reference = self.get(config, device, precision)
-            ref_out = chunked_forward(reference, inputs)
-            invariance = (rel_l2(chunked_forward(reference, moved), ref_out)
-                          if moved is not None else math.nan)
+            precision = get_precision(recipe.precision)
+            inputs = recipe.values()
+            validate_inputs(recipe.config, *inputs.as_tuple())
+            with math_mode(precision), torch.no_grad():
+                oracle = oracle_forward(self.state_dict, recipe.config, inputs)
+                reference = self.get(recipe.config, recipe.device, precision)
+                ref_out = chunked_forward(reference, inputs)
+                invariance = math.nan
+                if motion_seed is not None:
+                    moved = chunked_forward(reference, rigid_motion(inputs, motion_seed))
+                    invariance = rel_l2(moved, ref_out)
             self._figures[key] = ReferenceFigures(oracle, rel_l2(ref_out, oracle), invariance)
         return self._figures[key]
+
+
+def correctness_recipes(config: IPAConfig, batch: int, length: int, device: str,
+                        precision: Precision, seeds: int, first_seed: int = 0,
+                        origin_offset: float = 100.0) -> list[InputRecipe]:
+    """The inputs of the correctness protocol: one fresh draw per seed."""
+    return [InputRecipe(config, batch, length, precision.name, torch.device(device).type, seed,
+                        origin_offset) for seed in range(first_seed, first_seed + seeds)]
 
 
 def check_variant(
@@ -255,46 +238,42 @@ def check_variant(
     fn: IPAFunction | None = None,
     references: ReferenceCache | None = None,
     origin_offset: float = 100.0,
+    runner: LocalRunner | Worker | None = None,
+    build: BuildSpec | None = None,
 ) -> CheckResult:
     """Run the correctness protocol for `variant` and return its figures.
 
-    `fn` may pass an already-built callable (the harness builds once and times it too);
-    `state_dict` defaults to `init_state_dict(config)`.
+    The variant runs through `runner` (a `harness.worker.Worker` keeps it out of this
+    process; default: in this process), built from `build` (default: `state_dict`, itself
+    defaulting to `init_state_dict(config)`). `fn` passes an already built callable to the
+    in-process runner. The oracle and the verdict are always computed here.
     """
     precision = get_precision(precision)
     result = CheckResult(variant.name, precision.name, device, batch, length, config)
     result.skipped = variant.not_supported_reasons(config, device, precision)
     if result.skipped:
         return result
-    if state_dict is None:
-        state_dict = init_state_dict(config)
-    references = references or ReferenceCache(state_dict)
-    if fn is None:
-        fn = variant.build(state_dict, config, device, precision)
+    if build is None:
+        state_dict = init_state_dict(config) if state_dict is None else state_dict
+        build = BuildSpec(("check", config), state_dict, config, precision.name)
+    references = references or ReferenceCache(build.state_dict)
+    if runner is None:
+        runner = LocalRunner(variant, device)
+        if fn is not None:
+            runner.adopt(build.key, fn)
 
-    judged: list[tuple[int, OutputJudgement]] = []
-    with math_mode(precision), torch.no_grad():
-        for seed in range(first_seed, first_seed + seeds):
-            inputs = make_inputs(
-                config, batch, length, dtype=precision.dtype, device=device, seed=seed,
-                origin_offset=origin_offset,
-            )
-            validate_inputs(config, *inputs.as_tuple())
-            moved = rigid_motion(inputs, seed) if seed == first_seed else None
-            figures = references.figures((batch, length, seed, origin_offset), config,
-                                         precision, inputs, moved)
-            pristine = inputs.clone()
-            out = fn(*inputs.as_tuple())
-            judgement = judge_output(out, figures.oracle, figures.reference_err, precision,
-                                     inputs=inputs, pristine=pristine)
-            del pristine
-            judged.append((seed, judgement))
-            if moved is not None:
-                # The first output is copied: a variant that returns one reused buffer must
-                # not compare that buffer with itself.
-                first = out.detach().clone() if isinstance(out, torch.Tensor) else out
-                result.invariance_err = rel_l2(fn(*moved.as_tuple()), first)
-                result.invariance_tol = tolerance(figures.reference_invariance_err, precision)
+    recipes = correctness_recipes(config, batch, length, device, precision, seeds, first_seed,
+                                  origin_offset)
+    figures = [references.figures(r, motion_seed=first_seed if i == 0 else None)
+               for i, r in enumerate(recipes)]
+    # One more call on the first inputs under a rigid motion; every output is its own copy,
+    # so a variant that returns one reused buffer cannot compare that buffer with itself.
+    runs = runner.outputs(build, [*recipes, recipes[0].moved(first_seed)])
+    judged = [(r.seed, judge_output(run, f.oracle, f.reference_err, precision))
+              for r, f, run in zip(recipes, figures, runs, strict=False)]
+    first, moved = runs[0].out, runs[-1].out
+    result.invariance_err = rel_l2(moved, first) if first is not None else math.inf
+    result.invariance_tol = tolerance(figures[0].reference_invariance_err, precision)
 
     worst = max((j for _, j in judged), key=lambda j: j.err_over_tol)
     result.seeds = len(judged)
@@ -317,4 +296,3 @@ def check_variant(
             f"SE(3) invariance error {result.invariance_err:.3e} > {result.invariance_tol:.3e}"
         )
     return result
-

@@ -21,30 +21,21 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from harness import options
-from harness.correctness import judge_output, oracle_forward, rel_l2
+from harness.correctness import ReferenceCache, judge_output
 from harness.model_new import model_new_variant
-from harness.probes import DEFAULT_SIZES, PROBES, Probe, Sizes, Verdict, verdict
+from harness.probes import DEFAULT_SIZES, PROBES, Probe, Sizes, StateDict, Verdict, verdict
 from harness.results import ERR_RATIO_LABEL, format_err_ratio
+from harness.runner import BuildSpec, InputRecipe, LocalRunner
 from harness.version import __version__
-from variants.base import IPAFunction, Variant
-from variants.problem import (
-    PRECISIONS,
-    IPAConfig,
-    IPAInputError,
-    IPAInputs,
-    Precision,
-    check_input_values,
-    get_precision,
-    make_inputs,
-    math_mode,
-)
-from variants.reference import init_state_dict, make_module
+from harness.worker import Worker, exception_name
+from variants.base import Variant
+from variants.problem import PRECISIONS, IPAConfig, IPAInputError, Precision, get_precision
+from variants.reference import init_state_dict
 from variants.registry import get_variant
 
 DIAGNOSE_SCHEMA = "ipa-bench.diagnose/1"
@@ -94,21 +85,21 @@ class Diagnosis:
 
 
 class OracleCache:
-    """Inputs, oracle output and the reference's own error per (probe inputs, seed): they do
-    not depend on the variant, so diagnosing several variants computes them once."""
+    """A `ReferenceCache` per probe weights: the inputs, oracle outputs and reference errors
+    do not depend on the variant, so diagnosing several variants computes them once."""
 
     def __init__(self):
-        self._entries: dict[tuple, tuple[IPAInputs, torch.Tensor, float]] = {}
+        self._caches: dict[tuple, ReferenceCache] = {}
 
-    def get(self, key: tuple, make: Callable[[], tuple[IPAInputs, torch.Tensor, float]]):
-        if key not in self._entries:
-            self._entries[key] = make()
-        return self._entries[key]
+    def get(self, key: tuple, make_weights: Callable[[], StateDict]) -> ReferenceCache:
+        if key not in self._caches:
+            self._caches[key] = ReferenceCache(make_weights())
+        return self._caches[key]
 
 
 def _message(exc: BaseException) -> str:
     """The exception as the table shows it (a compiler log can be long: cut at 2000)."""
-    text = f"{type(exc).__name__}: {exc}".strip()
+    text = f"{exception_name(exc)}: {exc}".strip()
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
@@ -124,29 +115,32 @@ def diagnose(
     probes: tuple[Probe, ...] = PROBES,
     cache: OracleCache | None = None,
     on_probe: Callable[[str], None] | None = None,
+    runner: LocalRunner | Worker | None = None,
 ) -> Diagnosis:
     """Run every probe on `variant` and return the figures; `.verdict` names the suspect.
 
-    An exception from the variant's build or forward (a kernel that fails to compile, a
-    `view` on non-contiguous input) makes that probe an `error`, which counts as a failure.
+    The variant runs through `runner` (a `harness.worker.Worker`, or by default in this
+    process). An exception from the variant's build or forward (a kernel that fails to
+    compile, a `view` on non-contiguous input), or its worker dying, makes that probe an
+    `error`, which counts as a failure.
     """
     config = config or IPAConfig()
     precision = get_precision(precision)
     cache = cache or OracleCache()
+    runner = runner or LocalRunner(variant, device)
     diagnosis = Diagnosis(variant.name, device, precision.name, config, sizes)
-    built: dict[tuple, IPAFunction | Exception] = {}
-    with math_mode(precision), torch.no_grad():
-        for probe in probes:
-            diagnosis.results.append(_run_probe(
-                variant, probe, config, device, precision, sizes, seeds, weights_seed,
-                cache, built))
-            if on_probe:
-                on_probe(probe.name)
+    failed_builds: dict[tuple, str] = {}
+    for probe in probes:
+        diagnosis.results.append(_run_probe(
+            variant, probe, config, device, precision, sizes, seeds, weights_seed,
+            cache, runner, failed_builds))
+        if on_probe:
+            on_probe(probe.name)
     return diagnosis
 
 
 def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, weights_seed,
-               cache, built) -> ProbeResult:
+               cache, runner, failed_builds) -> ProbeResult:
     config = probe.config(base_config) if probe.config else base_config
     batch, length = probe.batch(sizes), probe.length(sizes)
     result = ProbeResult(probe, config, batch, length)
@@ -154,47 +148,34 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
     if reasons:
         result.status, result.message = "unsupported", "; ".join(reasons)
         return result
-    weights = init_state_dict(config, seed=weights_seed)
-    if probe.weights:
-        weights = probe.weights(weights)
 
-    build_key = (config, probe.weights)
-    if build_key not in built:
+    def make_weights():
+        weights = init_state_dict(config, seed=weights_seed)
+        return probe.weights(weights) if probe.weights else weights
+
+    references = cache.get((config, probe.weights, weights_seed), make_weights)
+    build = BuildSpec((config, probe.weights and probe.name), references.state_dict, config,
+                      precision.name)
+    if build.key not in failed_builds:
         try:
-            built[build_key] = variant.build(weights, config, device, precision)
+            runner.build(build)
         except Exception as exc:  # recorded as this probe's error row, never dropped
-            built[build_key] = exc
-    fn = built[build_key]
-    if isinstance(fn, Exception):
-        result.status, result.message = "error", f"build: {_message(fn)}"
+            failed_builds[build.key] = f"build: {_message(exc)}"
+    if build.key in failed_builds:
+        result.status, result.message = "error", failed_builds[build.key]
         return result
 
-    def make_entry(seed):
-        inputs = make_inputs(config, batch, length, dtype=precision.dtype, device=device,
-                             seed=seed)
-        if probe.inputs:
-            inputs = probe.inputs(inputs)
-        check_input_values(*inputs.as_tuple())
-        oracle = oracle_forward(weights, config, inputs)
-        reference = make_module(weights, config, device, precision.dtype)
-        return inputs, oracle, rel_l2(reference(*inputs.as_tuple()), oracle)
-
+    recipes = [InputRecipe(config, batch, length, precision.name, device, seed,
+                           probe=probe.name) for seed in range(seeds)]
+    figures = [references.figures(recipe) for recipe in recipes]
+    try:
+        runs = runner.outputs(build, recipes)
+    except Exception as exc:  # recorded as this probe's error row, never dropped
+        result.status, result.message = "error", f"forward: {_message(exc)}"
+        return result
     worst = None
-    for seed in range(seeds):
-        key = (config, batch, length, probe.inputs, probe.weights, weights_seed, seed,
-               device, precision.name)
-        inputs, oracle, ref_err = cache.get(key, lambda seed=seed: make_entry(seed))
-        pristine = inputs  # cached; the variant gets a copy, so it can spoil no cache entry
-        inputs = inputs.clone()
-        if probe.layout:
-            inputs = probe.layout(inputs)
-        try:
-            out = fn(*inputs.as_tuple())
-        except Exception as exc:  # recorded as this probe's error row, never dropped
-            result.status, result.message = "error", f"forward: {_message(exc)}"
-            return result
-        judgement = judge_output(out, oracle, ref_err, precision, inputs=inputs,
-                                 pristine=pristine)
+    for run, figure in zip(runs, figures, strict=True):
+        judgement = judge_output(run, figure.oracle, figure.reference_err, precision)
         if worst is None or judgement.err_over_tol > worst.err_over_tol:
             worst = judgement
         if not judgement.passed:
@@ -266,11 +247,16 @@ def run_diagnose(args: argparse.Namespace) -> int:
     config = options.config_from_args(args)
     options.require_inputs_fit(config, args.batch, max(args.length, args.aligned_length),
                                args.device)
-    with options.progress_bar("diagnose", len(PROBES),
-                              enabled=not (args.no_progress or args.json)) as advance:
-        diagnosis = diagnose(variant, config, device=args.device,
-                             precision=args.dtype, sizes=sizes, seeds=args.seeds,
-                             weights_seed=args.weights_seed, on_probe=advance)
+    worker = Worker(variant, args.device, timeout_s=args.timeout)
+    try:
+        with options.progress_bar("diagnose", len(PROBES),
+                                  enabled=not (args.no_progress or args.json)) as advance:
+            diagnosis = diagnose(variant, config, device=args.device,
+                                 precision=args.dtype, sizes=sizes, seeds=args.seeds,
+                                 weights_seed=args.weights_seed, on_probe=advance,
+                                 runner=worker)
+    finally:
+        worker.close()
     if args.json:
         options.print_json(diagnosis_json(diagnosis))
     else:
@@ -305,4 +291,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--weights-seed", type=int, default=0, help="seed of the weights (default 0)")
     options.add_output_options(p)
     options.add_config_options(p)
+    options.add_timeout_option(p)
     p.set_defaults(run=run_diagnose)

@@ -69,7 +69,13 @@ class L2Flusher:
         self.buffer.zero_()
 
 
-def _sample_until_quiet(run_once: Callable[[], float], policy: TimingPolicy) -> Timing:
+# Called with a sample's index before that sample (untimed): the integrity checks refill the
+# inputs and read the previous sample's output there (harness.runner).
+BeforeSample = Callable[[int], None]
+
+
+def _sample_until_quiet(run_once: Callable[[], float], policy: TimingPolicy,
+                        before_sample: BeforeSample | None = None) -> Timing:
     """Warm up, then collect samples from `run_once` (returns ms) until quiet or out of time."""
     start = time.perf_counter()
     count = 0
@@ -79,6 +85,8 @@ def _sample_until_quiet(run_once: Callable[[], float], policy: TimingPolicy) -> 
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < policy.max_samples:
+        if before_sample:
+            before_sample(len(samples))
         samples.append(run_once())
         if len(samples) >= policy.min_samples:
             if summarize(samples).rel_noise < policy.target_noise:
@@ -88,7 +96,8 @@ def _sample_until_quiet(run_once: Callable[[], float], policy: TimingPolicy) -> 
     return summarize(samples)
 
 
-def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher) -> Timing:
+def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher,
+              before_sample: BeforeSample | None = None) -> Timing:
     """Device-event timing of `fn()` with an L2 flush before every sample."""
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
@@ -100,11 +109,12 @@ def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher
         end.synchronize()
         return begin.elapsed_time(end)
 
-    return _sample_until_quiet(run_once, policy)
+    return _sample_until_quiet(run_once, policy, before_sample)
 
 
-def time_cuda_graph(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher) -> Timing:
-    """Capture `fn()` in a CUDA graph and time its replays (launch overhead removed)."""
+def capture_cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:
+    """`fn()` captured in a CUDA graph (after two warm-up calls on a side stream); returns the
+    graph's replay. What `fn` returned during capture is rewritten by every replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -114,16 +124,17 @@ def time_cuda_graph(fn: Callable[[], object], policy: TimingPolicy, flusher: L2F
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return time_cuda(graph.replay, policy, flusher)
+    return graph.replay
 
 
-def time_cpu(fn: Callable[[], object], policy: TimingPolicy) -> Timing:
+def time_cpu(fn: Callable[[], object], policy: TimingPolicy,
+             before_sample: BeforeSample | None = None) -> Timing:
     def run_once() -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
 
-    return _sample_until_quiet(run_once, policy)
+    return _sample_until_quiet(run_once, policy, before_sample)
 
 
 def peak_memory_mib(fn: Callable[[], object], device: torch.device) -> float:

@@ -14,6 +14,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from harness.worker import DEFAULT_TIMEOUT_S
 from variants.base import Variant
 from variants.problem import PRECISIONS, IPAConfig, IPAInputError
 from variants.registry import all_variants, baseline, get_variant
@@ -173,3 +174,20 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
 
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def add_timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
+        help=f"seconds a variant's worker process may take for one step (a build, the "
+        f"correctness calls, a cell's timing) before it is killed and the step recorded as an "
+        f"error (default {DEFAULT_TIMEOUT_S:g}: covers a first CUDA build)")

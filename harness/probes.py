@@ -149,6 +149,11 @@ PROBES: tuple[Probe, ...] = (
 PROBE_NAMES = tuple(p.name for p in PROBES)
 
 
+def probe_named(name: str) -> Probe:
+    """The probe called `name` (a worker gets probes by name: their functions stay here)."""
+    return PROBES[PROBE_NAMES.index(name)]
+
+
 # ---- verdict rules ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)

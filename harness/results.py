@@ -33,11 +33,11 @@ COLUMNS = [
     "device_name", "status", "reason", "build_s", "median_ms", "p20_ms", "p80_ms", "n_samples",
     "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
     "invariance_err", "invariance_tol", "correctness_seeds", "speedup_vs_baseline", "floor_ms",
-    "pct_of_floor", "tflops", "notes", "flags", "code_digest",
+    "pct_of_floor", "tflops", "notes", "flags", "code_digest", "kernel",
 ]
 # Columns added after the first published runs, with the value older files are read with.
 # A file without them still reads; a sweep does not resume into it (its header differs).
-ADDED_COLUMNS = {"flags": "", "code_digest": ""}
+ADDED_COLUMNS = {"flags": "", "code_digest": "", "kernel": ""}
 KEY_COLUMNS = ["variant", "batch", "length", "heads", "node_dim", "pair_dim", "query_points",
                "value_points", "dtype", "mode", "device"]
 SHAPE_COLUMNS = ["batch", "heads", "node_dim", "pair_dim", "query_points", "value_points"]
@@ -62,6 +62,8 @@ TIMED = ("ok", "mismatch")  # statuses that carry a latency (a mismatch may lack
 
 # `flags`: `;`-joined marks on a row whose status stands but whose numbers need care.
 NOISY_REL_NOISE = 0.03  # the sampler aims at 0.01; above this the median is not to be trusted
+# A row this many times faster than the best built-in variant at its cell is flagged `review`.
+REVIEW_SPEEDUP = 10.0
 FLAGS = {
     "noisy": f"rel_noise above {NOISY_REL_NOISE:g}: the time budget ran out before the median "
              "settled (typical of CPU rows)",
@@ -69,6 +71,8 @@ FLAGS = {
                    "pattern `rule` (harness/scan.py); a pointer for review, not a verdict",
     "known-issue": "the variant declares a known wrong result at this cell (`notes` has the "
                    "evidence; `Variant.known_issues`)",
+    "review": f"more than {REVIEW_SPEEDUP:g}x faster than the best built-in variant at this "
+              "cell: check the kernel before believing the number",
 }
 
 # The error figure every table shows: the variant's rel_l2 over the reference's own rel_l2
@@ -144,13 +148,15 @@ class ResultsFile:
     and every row's `run_id` is one of `known_run_ids` (the runs `metadata.json` lists), when
     given. Only then is a torn last line (no newline, from a killed write) cut off, so the
     file always parses. A write that fails (a full disk) is undone to the last whole cell.
-    `done` maps the key of every row on disk to the code digest of its last row.
+    `done` maps the key of every row on disk to the code digest of its last row; `ok_ms` and
+    `baseline_ms` hold the medians the next rows are compared with.
     """
 
     def __init__(self, path: str | Path, known_run_ids: set[str] | None = None):
         self.path = Path(path)
         self.done: dict[tuple[str, ...], str] = {}  # key -> code_digest of its last row
-        self.baseline_ms: dict[tuple[str, ...], float] = {}
+        self.baseline_ms: dict[tuple[str, ...], float] = {}  # cell key without the variant
+        self.ok_ms: dict[tuple[str, ...], float] = {}  # median of every `ok` row by key
         _refuse_symlink(self.path, "results file")
         if self.path.exists():
             self._check_header()
@@ -210,6 +216,8 @@ class ResultsFile:
     def _remember(self, row: dict) -> None:
         key = row_key(row)
         self.done[key] = row["code_digest"]
+        if row["status"] == "ok" and row["median_ms"]:
+            self.ok_ms[key] = float(row["median_ms"])
         if row["is_baseline"] == "True" and row["median_ms"]:
             self.baseline_ms[key[1:]] = float(row["median_ms"])
 

@@ -1,11 +1,15 @@
 """Resumable sweeps: every variant over a grid, one tidy CSV row per
 variant x config x dtype x mode, written and fsync'ed as each cell finishes.
 
-Per cell: unsupported -> a row with the reasons; otherwise build (build and first-call time
-recorded as `build_s`), the correctness protocol against the float64 oracle, timing for each
-mode, peak memory. Out of memory -> `oom` (cache freed, the sweep goes on); an exception ->
-`error` with its message; numbers outside tolerance -> `mismatch` (timing still recorded).
-A rerun into the same directory skips every cell already on disk.
+Per cell: unsupported -> a row with the reasons; otherwise, in the variant's worker process
+(`harness.worker`), build (build and first-call time recorded as `build_s`), the
+correctness protocol against the float64 oracle (computed here), timing for each mode, peak
+memory. Out of memory -> `oom` (the sweep goes on); an exception, or a worker that dies or
+hangs past `--timeout` -> `error` with its message; numbers outside tolerance -> `mismatch`
+(timing still recorded). Timed calls are verified (docs/integrity.md): refilled inputs'
+outputs against the oracle, the host clock against the device events, the median against
+the memory floor; a row that fails one is `suspect`. A rerun into the same directory skips
+every cell already on disk for the same code.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import math
 import os
+import random
 import sys
 import tempfile
 import time
@@ -24,25 +30,29 @@ from pathlib import Path
 import torch
 
 from harness import environment
-from harness.correctness import CheckResult, ReferenceCache, check_variant, rows_per_chunk
+from harness.correctness import (
+    CheckResult,
+    ReferenceCache,
+    check_variant,
+    judge_output,
+    rows_per_chunk,
+)
 from harness.errors import RunFailure
 from harness.grid import Cell, Grid, load_grid_file, preset_grid
 from harness.measure import (
     L2Flusher,
+    Timing,
     TimingPolicy,
     copy_bandwidth_gbps,
     flops,
     min_bytes,
-    peak_memory_mib,
-    time_cpu,
-    time_cuda,
-    time_cuda_graph,
 )
 from harness.options import (
     EXIT_FAILED,
     EXIT_OK,
     add_output_options,
     add_selection_options,
+    add_timeout_option,
     positive_int,
     progress_bar,
     selected_variants,
@@ -52,16 +62,28 @@ from harness.results import (
     METADATA_JSON,
     NOISY_REL_NOISE,
     RESULTS_CSV,
+    REVIEW_SPEEDUP,
     ResultsFile,
     SweepLock,
     known_run_ids,
     read_results,
     row_key,
 )
+from harness.runner import BuildSpec, InputRecipe
 from harness.scan import row_flags, scan_variant
+from harness.worker import (
+    DEFAULT_TIMEOUT_S,
+    VariantRaised,
+    Worker,
+    WorkerFailure,
+    WorkerPool,
+    exception_name,
+    is_oom,
+)
 from variants.base import Variant
-from variants.problem import IPAInputError, get_precision, make_inputs, math_mode
+from variants.problem import IPAInputError, get_precision
 from variants.reference import init_state_dict
+from variants.registry import BUILTIN
 
 
 def cell_key(variant: str, cell: Cell, mode: str, device: str) -> tuple[str, ...]:
@@ -72,13 +94,26 @@ def cell_key(variant: str, cell: Cell, mode: str, device: str) -> tuple[str, ...
                         device=device))
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+TIMING_SEED = 10_000  # the timed inputs' seed (refills bring fresh values from the OS)
+_RANDOM = random.SystemRandom()  # refill seeds and sample indices no variant can predict
+BUILTIN_NAMES = frozenset(cls.name for cls in BUILTIN)
+# Wall-clock cross-check: a batch of about WALL_BATCH_S seconds of back-to-back calls; each
+# may take up to WALL_SLACK x the event median plus WALL_ALLOWANCE_MS by the host clock.
+WALL_BATCH_S = 0.05
+WALL_SLACK = 1.5
+WALL_ALLOWANCE_MS = 0.05
 
 
 def _short(exc: BaseException, limit: int = 400) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " | ")
+    text = f"{exception_name(exc)}: {exc}".strip().replace("\n", " | ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _seconds(fn) -> float:
+    """Seconds `fn()` takes by this process's clock."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def _free_memory() -> None:
@@ -108,7 +143,8 @@ class Sweep:
     """Runs `variants` over `grid` on one device into `out_dir`, resuming what is there."""
 
     def __init__(self, variants: list[Variant], grid: Grid, device: str, out_dir: str | Path,
-                 *, show_progress: bool = True):
+                 *, show_progress: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 threads: int | None = None):
         self.variants = sorted(variants, key=lambda v: not v.is_baseline)  # baseline first
         self.scan = {v.name: scan_variant(v) for v in self.variants}
         self.digests = {v.name: v.code_digest() for v in self.variants}
@@ -116,6 +152,8 @@ class Sweep:
         self.device = torch.device(device)
         self.out_dir = Path(out_dir)
         self.show_progress = show_progress
+        self.timeout_s, self.threads = timeout_s, threads
+        self._refill_seeds: dict[Cell, list[int]] = {}
         self.run_id = uuid.uuid4().hex[:12]
         self.started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
@@ -148,6 +186,7 @@ class Sweep:
         state_dicts: dict = {}
         references_cell, references = None, None
         finished = False
+        workers = WorkerPool(timeout_s=self.timeout_s, threads=self.threads)
         try:
             with progress_bar("sweep", len(todo), enabled=self.show_progress) as advance:
                 for cell, variant in todo:
@@ -159,7 +198,7 @@ class Sweep:
                     if references_cell != cell:  # the oracle is computed once per cell
                         references_cell = cell
                         references = ReferenceCache(state_dicts[cell.config])
-                    rows = self._run_cell(cell, variant, references, env, results)
+                    rows = self._run_cell(cell, variant, references, env, results, workers)
                     results.append(rows)
                     advance(advance_label)
             finished = True
@@ -168,6 +207,7 @@ class Sweep:
                   "to resume", file=sys.stderr)
             raise
         finally:
+            workers.close()
             meta["finished_at"] = datetime.datetime.now(datetime.UTC).isoformat(
                 timespec="seconds")
             meta["finished"] = finished  # False after a crash or Ctrl-C: rerun to resume
@@ -212,7 +252,7 @@ class Sweep:
         return row
 
     def _run_cell(self, cell: Cell, variant: Variant, references: ReferenceCache,
-                  env: Environment, results: ResultsFile) -> list[dict]:
+                  env: Environment, results: ResultsFile, workers: WorkerPool) -> list[dict]:
         modes = self.grid.modes_for(cell, self.device.type)
         device = self.device.type
         reasons = variant.not_supported_reasons(cell.config, device, cell.precision)
@@ -220,52 +260,109 @@ class Sweep:
             return [self._row(cell, variant, m, env, status="unsupported",
                               reason="; ".join(reasons)) for m in modes]
         precision = get_precision(cell.precision)
+        worker = workers.get(variant, device, precision.name)
         try:
-            return self._measure(cell, variant, references, env, modes, precision, results)
+            return self._measure(cell, variant, references, env, modes, precision, results,
+                                 worker)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row
-            status = "oom" if _is_oom(exc) else "error"
+            status = "oom" if is_oom(exc) else "error"
             return [self._row(cell, variant, m, env, status=status, reason=_short(exc))
                     for m in modes]
         finally:
+            try:
+                worker.release()
+            except (VariantRaised, WorkerFailure):
+                pass  # a broken worker is replaced at its next call
             _free_memory()
 
-    def _measure(self, cell, variant, references, env, modes, precision, results) -> list[dict]:
-        state_dict = references.state_dict
+    def _measure(self, cell, variant, references, env, modes, precision, results,
+                 worker: Worker) -> list[dict]:
         device = self.device.type
-        with math_mode(precision), torch.no_grad():
-            t0 = time.perf_counter()
-            fn = variant.build(state_dict, cell.config, device, precision)
-            inputs = make_inputs(cell.config, cell.batch, cell.length, dtype=precision.dtype,
-                                 device=device, seed=10_000)
-            args = inputs.as_tuple()
-            fn(*args)
+        build = BuildSpec(("cell", cell.config), references.state_dict, cell.config,
+                          precision.name)
+        timing_inputs = InputRecipe(cell.config, cell.batch, cell.length, precision.name,
+                                    device, seed=TIMING_SEED)
+        build_s = worker.build(build, first_call=timing_inputs)
+        check = check_variant(variant, cell.config, batch=cell.batch, length=cell.length,
+                              device=device, precision=precision, seeds=self.grid.seeds,
+                              references=references, runner=worker, build=build)
+        _free_memory()
+        notes = variant.known_issues(cell.config, cell.batch, cell.length, device,
+                                     precision.name)
+        known = "known-issue" if notes else ""
+        chunk = rows_per_chunk(cell.config, cell.batch, cell.length)
+        if chunk < cell.length:
+            notes.append(f"oracle and reference error computed in chunks of {chunk} query rows")
+        untimed = variant.untimed_reason(device)
+        if untimed:
+            kernel = worker.kernel(build)
+            return [{**self._untimed_row(cell, variant, mode, env, check, build_s, untimed,
+                                         notes, known), "kernel": kernel} for mode in modes]
+        if device != "cuda":
+            notes.append("peak memory not measured on CPU")
+        policy = TimingPolicy(budget_s=self.grid.budget_s)
+        refills = self._refills(cell, policy)
+        timed = worker.time(build, timing_inputs, modes, policy, refills)
+        kernel = worker.kernel(build)
+        rows = []
+        for mode in modes:
+            row = self._timed_row(cell, variant, mode, env, timed.timings[mode], check,
+                                  build_s, timed.peak_mib, notes, results, known)
+            suspicions = self._verify_refills(refills, timed.refill_outputs[mode], references,
+                                              precision)
             if device == "cuda":
-                torch.cuda.synchronize()
-            build_s = time.perf_counter() - t0
+                suspicions += self._cross_check_wall_clock(worker, mode, timed.timings[mode])
+            if suspicions and row["status"] == "ok":
+                row["status"] = "suspect"
+            row["reason"] = "; ".join(filter(None, [row["reason"], *suspicions]))
+            row["kernel"] = kernel
+            rows.append(row)
+        return rows
 
-            check = check_variant(variant, cell.config, batch=cell.batch, length=cell.length,
-                                  device=device, precision=precision, seeds=self.grid.seeds,
-                                  state_dict=state_dict, fn=fn,
-                                  references=references)
-            _free_memory()
-            notes = variant.known_issues(cell.config, cell.batch, cell.length, device,
-                                         precision.name)
-            known = "known-issue" if notes else ""
-            chunk = rows_per_chunk(cell.config, cell.batch, cell.length)
-            if chunk < cell.length:
-                notes.append(f"oracle and reference error computed in chunks of {chunk} query rows")
-            untimed = variant.untimed_reason(device)
-            if untimed:
-                return [self._untimed_row(cell, variant, mode, env, check, build_s, untimed,
-                                          notes, known) for mode in modes]
-            peak = peak_memory_mib(lambda: fn(*args), self.device) if device == "cuda" else ""
-            if device != "cuda":
-                notes.append("peak memory not measured on CPU")
-            rows = []
-            for mode in modes:
-                rows.append(self._timed_row(cell, variant, mode, env, fn, args, check, build_s,
-                                            peak, notes, results, known))
-            return rows
+    def _refills(self, cell: Cell, policy: TimingPolicy) -> list[tuple[int, InputRecipe]]:
+        """Two samples, drawn now from the OS's randomness, at which the timed inputs are
+        refilled in place with fresh values (one pair of seeds per cell, so the oracle of
+        the new values is computed once for every variant of the cell)."""
+        if cell not in self._refill_seeds:
+            self._refill_seeds = {cell: [_RANDOM.randrange(1 << 40) for _ in range(2)]}
+        first = _RANDOM.randrange(policy.min_samples - 3)
+        second = _RANDOM.randrange(first + 2, policy.min_samples - 1)
+        return [(index, InputRecipe(cell.config, cell.batch, cell.length, cell.precision,
+                                    self.device.type, seed=seed))
+                for index, seed in zip((first, second), self._refill_seeds[cell], strict=True)]
+
+    @staticmethod
+    def _verify_refills(refills, outputs, references: ReferenceCache,
+                        precision) -> list[str]:
+        """Judge the outputs of the refilled timed calls against the oracle of the new
+        values: a memoised, stale or unwritten output fails here."""
+        if len(outputs) != len(refills):
+            return [f"{len(outputs)} of {len(refills)} refilled timed calls came back"]
+        for (index, recipe), output in zip(refills, outputs, strict=True):
+            figures = references.figures(recipe)
+            judgement = judge_output(output, figures.oracle, figures.reference_err, precision)
+            if not judgement.passed:
+                return [f"timed call {index} after its inputs were refilled in place with "
+                        f"fresh values does not match the oracle of those values "
+                        f"({'; '.join(judgement.failures)}): a stale, memoised or unwritten "
+                        "output"]
+        return []
+
+    @staticmethod
+    def _cross_check_wall_clock(worker: Worker, mode: str, timing: Timing) -> list[str]:
+        """Host wall clock over a batch of back-to-back calls between two device-wide
+        synchronisations, against the event median: work on another stream (or a patched
+        timer) shows up as calls that take longer than the timer said."""
+        calls = max(3, min(200, math.ceil(WALL_BATCH_S * 1e3 / timing.median_ms)))
+        round_trip = min(_seconds(worker.ping) for _ in range(3))
+        per_call_ms = (_seconds(lambda: worker.wall(mode, calls)) - round_trip) / calls * 1e3
+        limit_ms = WALL_SLACK * timing.median_ms + WALL_ALLOWANCE_MS
+        if per_call_ms > limit_ms:
+            return [f"work outside the timed stream: {calls} back-to-back calls took "
+                    f"{per_call_ms:.4g} ms each by the host clock around a device-wide "
+                    f"synchronize, the device events {timing.median_ms:.4g} ms (limit "
+                    f"{limit_ms:.4g} ms)"]
+        return []
 
     def _untimed_row(self, cell, variant, mode, env, check: CheckResult, build_s,
                      why: str, notes: list[str], known: str) -> dict:
@@ -277,30 +374,28 @@ class Sweep:
             invariance_tol=check.invariance_tol, correctness_seeds=check.seeds,
             notes="; ".join(notes), flags=known)
 
-    def _timed_row(self, cell, variant, mode, env, fn, args, check: CheckResult, build_s, peak,
-                   notes, results, known: str) -> dict:
-        policy = TimingPolicy(budget_s=self.grid.budget_s)
-        if self.device.type == "cuda":
-            timer = time_cuda_graph if mode == "graph" else time_cuda
-            timing = timer(lambda: fn(*args), policy, env.flusher)
-        else:
-            timing = time_cpu(lambda: fn(*args), policy)
+    def _timed_row(self, cell, variant, mode, env, timing: Timing, check: CheckResult,
+                   build_s, peak, notes, results: ResultsFile, known: str) -> dict:
         status = "ok" if check.passed else "mismatch"
         key = cell_key(variant.name, cell, mode, self.device.type)
         base_ms = timing.median_ms if variant.is_baseline else results.baseline_ms.get(key[1:])
+        best_builtin = min((ms for k, ms in results.ok_ms.items()
+                            if k[1:] == key[1:] and k[0] in BUILTIN_NAMES), default=None)
+        review = (variant.name not in BUILTIN_NAMES and best_builtin is not None
+                  and timing.median_ms * REVIEW_SPEEDUP < best_builtin)
         row = self._row(
             cell, variant, mode, env, status=status, reason="; ".join(check.failures),
             build_s=build_s, median_ms=timing.median_ms, p20_ms=timing.p20_ms,
             p80_ms=timing.p80_ms, n_samples=timing.n_samples, rel_noise=timing.rel_noise,
-            peak_mem_mib=peak, rel_l2=check.rel_l2, max_abs=check.max_abs,
-            reference_rel_l2=check.reference_rel_l2, tol=check.tol, err_ratio=check.err_ratio,
-            invariance_err=check.invariance_err, invariance_tol=check.invariance_tol,
-            correctness_seeds=check.seeds,
+            peak_mem_mib="" if peak is None else peak, rel_l2=check.rel_l2,
+            max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2, tol=check.tol,
+            err_ratio=check.err_ratio, invariance_err=check.invariance_err,
+            invariance_tol=check.invariance_tol, correctness_seeds=check.seeds,
             speedup_vs_baseline=(base_ms / timing.median_ms) if base_ms else "",
             tflops=flops(cell.config, cell.batch, cell.length) / (timing.median_ms * 1e-3) / 1e12,
             notes="; ".join(notes),
             flags=";".join(f for f in (known, "noisy" if timing.rel_noise > NOISY_REL_NOISE
-                                       else "") if f),
+                                       else "", "review" if review else "") if f),
         )
         row["pct_of_floor"] = 100.0 * row["floor_ms"] / timing.median_ms
         if timing.median_ms < row["floor_ms"]:  # physics: faster than reading the inputs once
@@ -338,7 +433,8 @@ def run_sweep(args) -> int:
     variants = selected_variants(args, with_baseline=True)
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = Sweep(variants, grid, args.device, output, show_progress=not args.no_progress).run()
+    path = Sweep(variants, grid, args.device, output, show_progress=not args.no_progress,
+                 timeout_s=args.timeout, threads=args.threads).run()
     print(f"results: {path}")
     if not args.no_plots:
         plots = plot_results(path, output / "plots")
@@ -369,4 +465,5 @@ def add_parser(subparsers) -> None:
                    "metadata.json as torch_threads)")
     add_output_options(p, json_output=False)
     add_selection_options(p)
+    add_timeout_option(p)
     p.set_defaults(run=run_sweep)

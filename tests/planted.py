@@ -149,6 +149,7 @@ def planted_variant(module_cls: type[IPAReference], name: str) -> type[Variant]:
 
     Planted.name = name
     Planted.__qualname__ = Planted.__name__ = f"Planted_{module_cls.__name__}"
+    globals()[Planted.__name__] = Planted  # found by name when pickled for a worker process
     return Planted
 
 

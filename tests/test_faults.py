@@ -17,7 +17,14 @@ import pytest
 
 from harness.errors import RunFailure
 from harness.grid import grid_from_dict
-from harness.results import COLUMNS, KEY_COLUMNS, ResultsFile, SweepLock, read_results
+from harness.results import (
+    ADDED_COLUMNS,
+    COLUMNS,
+    KEY_COLUMNS,
+    ResultsFile,
+    SweepLock,
+    read_results,
+)
 from harness.sweep import Sweep
 from variants.problem import IPAInputError
 from variants.registry import get_variant
@@ -171,13 +178,13 @@ def test_a_foreign_results_csv_is_refused_untouched(tmp_path):
 
 
 def test_an_earlier_versions_file_reads_but_is_not_resumed(tmp_path):
-    old_columns = [c for c in COLUMNS if c not in ("flags", "code_digest")]
+    old_columns = [c for c in COLUMNS if c not in ADDED_COLUMNS]
     path = tmp_path / "results.csv"
     published = (REPO / "tests" / "data" / "smoke-cpu" / "results.csv").read_text()
     assert published.splitlines()[0].split(",") == old_columns
     path.write_text(published)
     old = read_results(path)
-    assert (old["flags"] == "").all() and (old["code_digest"] == "").all()
+    assert all((old[column] == "").all() for column in ADDED_COLUMNS)
     with pytest.raises(IPAInputError, match="earlier ipa-bench"):
         ResultsFile(path)
     assert path.read_text() == published

@@ -23,6 +23,8 @@ import torch
 
 from variants.problem import IPAConfig, Precision, get_precision
 
+# What `Variant.build` returns. It may carry `kernel_info`, a callable returning which kernel
+# the last call ran (a kernel class, the autotuner's choice); rows record it in `kernel`.
 IPAFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp")

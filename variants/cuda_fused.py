@@ -183,4 +183,5 @@ class CudaFused(Variant):
             )
             return finish_on_gpu(weights, attended, ops, dtype)
 
+        forward.kernel_info = lambda: f"kernel class {klass} (dqp={widths.dqp}, dv={widths.dv})"
         return forward

@@ -39,8 +39,11 @@ class _FixedConfig:
         self.kernel = kernel
         self.meta = meta
 
+        self.launched = False
+
     def __getitem__(self, grid):
         launch = self.kernel[grid]
+        self.launched = True
         return lambda *args, **kwargs: launch(*args, **kwargs, **self.meta)
 
 
@@ -54,6 +57,20 @@ def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: 
         tuned = triton.autotune(configs=configs, key=key)(kernel)
     TUNED[name] = tuned
     return tuned
+
+
+def chosen_configs() -> str:
+    """The meta-parameters of every autotuned kernel launched so far in this process (the
+    autotuner's choice for its last key): which kernel a row's timing measured. A worker
+    process runs one variant, so there these are that variant's kernels."""
+    chosen = []
+    for name, tuned in TUNED.items():
+        if isinstance(tuned, _FixedConfig):
+            if tuned.launched:
+                chosen.append(f"{name}: interpreted {tuned.meta}")
+        elif getattr(tuned, "best_config", None) is not None:
+            chosen.append(f"{name}: {tuned.best_config}")
+    return "; ".join(chosen)
 
 
 def check_runnable(name: str, t: torch.Tensor) -> None:

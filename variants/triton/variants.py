@@ -112,6 +112,9 @@ class Triton(Variant):
             return forward_function(weights, node_repr, pair_repr, translations, rotations,
                                     math_mode=mode)
 
+        from variants.triton.common import chosen_configs
+
+        forward.kernel_info = chosen_configs
         return forward
 
 

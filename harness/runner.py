@@ -1,0 +1,269 @@
+"""Running one variant: build it, call it on recipes of inputs, time it.
+
+`LocalRunner` does this in the calling process. `harness.worker.Worker` runs a `LocalRunner`
+in a worker process, so that the harness (inputs' seeds, the float64 oracle, the tolerance,
+the verdict) never shares an interpreter with a variant's code. Everything that crosses
+between them is picklable: a `BuildSpec` and `InputRecipe`s go in (the worker draws the
+tensors from the recipe's seed), and outputs (on the CPU), timings and failures come back.
+
+The timed calls are verified (`LocalRunner.time`): at sample indices the caller draws and the
+variant cannot predict, the inputs are refilled in place (same storage, fresh values) and
+that sample's output is sent back, for the caller to judge against the oracle of the new
+values. A variant that memoises by address or leaves its output unwritten fails there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from dataclasses import dataclass
+
+import torch
+
+from harness.measure import (
+    L2Flusher,
+    Timing,
+    TimingPolicy,
+    capture_cuda_graph,
+    peak_memory_mib,
+    time_cpu,
+    time_cuda,
+)
+from variants.base import IPAFunction, Variant
+from variants.problem import (
+    IPAConfig,
+    IPAInputs,
+    get_precision,
+    make_inputs,
+    math_mode,
+    random_rotations,
+)
+
+INPUT_NAMES = ("node_repr", "pair_repr", "translations", "rotations")
+
+
+def rigid_motion(inputs: IPAInputs, seed: int, shift_angstrom: float = 50.0) -> IPAInputs:
+    """Apply one global rigid motion (R_g, t_g) to every frame: R_i -> R_i R_g,
+    t_i -> t_i R_g + t_g (computed in float64, then stored in the inputs' dtype)."""
+    g = torch.Generator().manual_seed(10_007 + seed)
+    r_g = random_rotations(1, g)[0]
+    t_g = torch.randn(3, generator=g, dtype=torch.float64)
+    t_g = shift_angstrom * t_g / t_g.norm()
+    device, dtype = inputs.node_repr.device, inputs.node_repr.dtype
+    r_g, t_g = r_g.to(device), t_g.to(device)
+    rot = inputs.rotations.double() @ r_g
+    trans = inputs.translations.double() @ r_g + t_g
+    return IPAInputs(
+        inputs.node_repr, inputs.pair_repr, trans.to(dtype), rot.to(dtype)
+    )
+
+
+@dataclass(frozen=True)
+class InputRecipe:
+    """How to draw one set of inputs: the seeded generator's arguments, an optional rigid
+    motion of the frames, and an optional `diagnose` probe (by name) that changes the values
+    and the memory layout the variant sees."""
+
+    config: IPAConfig
+    batch: int
+    length: int
+    precision: str
+    device: str
+    seed: int
+    origin_offset: float = 100.0
+    motion_seed: int | None = None
+    probe: str | None = None
+
+    def _probe(self):
+        from harness.probes import probe_named  # the probes import nothing of the harness
+
+        return probe_named(self.probe) if self.probe else None
+
+    def values(self) -> IPAInputs:
+        """The input values (the oracle sees these, upcast)."""
+        inputs = make_inputs(self.config, self.batch, self.length,
+                             dtype=get_precision(self.precision).dtype, device=self.device,
+                             seed=self.seed, origin_offset=self.origin_offset)
+        probe = self._probe()
+        if probe and probe.inputs:
+            inputs = probe.inputs(inputs)
+        if self.motion_seed is not None:
+            inputs = rigid_motion(inputs, self.motion_seed)
+        return inputs
+
+    def presented(self, values: IPAInputs) -> IPAInputs:
+        """A copy of `values` as the variant gets them (in the probe's layout, if any)."""
+        probe = self._probe()
+        copy = values.clone()
+        return probe.layout(copy) if probe and probe.layout else copy
+
+    def moved(self, motion_seed: int) -> InputRecipe:
+        return dataclasses.replace(self, motion_seed=motion_seed)
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What to build: `key` names the built function within one runner."""
+
+    key: tuple
+    state_dict: dict[str, torch.Tensor]
+    config: IPAConfig
+    precision: str
+
+
+@dataclass
+class RunOutput:
+    """One call's result: the output (detached copy; on the CPU when it crossed from a
+    worker), the type of what was returned, and the inputs the call modified in place."""
+
+    out: torch.Tensor | None
+    returned: str
+    modified: list[str]
+
+
+@dataclass
+class TimedRun:
+    """`LocalRunner.time`: a Timing per mode, the peak memory (MiB, CUDA only), and per mode
+    the outputs of the refilled samples, in the order of the refills asked for."""
+
+    timings: dict[str, Timing]
+    peak_mib: float | None
+    refill_outputs: dict[str, list[RunOutput]]
+
+
+def modified_inputs(after: IPAInputs, before: IPAInputs) -> list[str]:
+    return [name for name, now, then in zip(INPUT_NAMES, after.as_tuple(), before.as_tuple(),
+                                            strict=True) if not torch.equal(now, then)]
+
+
+def _run_output(out: object, modified: list[str], to_cpu: bool) -> RunOutput:
+    if not isinstance(out, torch.Tensor):
+        return RunOutput(None, type(out).__name__, modified)
+    out = out.detach()
+    return RunOutput(out.cpu() if to_cpu else out.clone(), "Tensor", modified)
+
+
+class LocalRunner:
+    """Builds and runs one variant on one device in this process. `to_cpu` moves outputs to
+    the CPU (a worker sends them across a pipe); otherwise they are copies on the device."""
+
+    def __init__(self, variant: Variant, device: str, *, to_cpu: bool = False):
+        self.variant = variant
+        self.device = torch.device(device).type
+        self.to_cpu = to_cpu
+        self._built: dict[tuple, IPAFunction] = {}
+        self._timed: tuple[tuple, dict] | None = None  # (build key, mode -> timed callable)
+        self._flusher: L2Flusher | None = None
+
+    def adopt(self, key: tuple, fn: IPAFunction) -> None:
+        """Use an already built `fn` under `key`."""
+        self._built[key] = fn
+
+    def _function(self, spec: BuildSpec) -> IPAFunction:
+        if spec.key not in self._built:
+            self._built[spec.key] = self.variant.build(spec.state_dict, spec.config, self.device,
+                                                       get_precision(spec.precision))
+        return self._built[spec.key]
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def build(self, spec: BuildSpec, first_call: InputRecipe | None = None) -> float:
+        """Build (if not built yet) and make one call on `first_call`'s inputs; returns the
+        seconds both took (a CUDA build, Triton compilation, lazy initialisation)."""
+        with math_mode(spec.precision), torch.no_grad():
+            t0 = time.perf_counter()
+            fn = self._function(spec)
+            if first_call is not None:
+                fn(*first_call.presented(first_call.values()).as_tuple())
+            self._sync()
+            return time.perf_counter() - t0
+
+    def outputs(self, spec: BuildSpec, recipes: list[InputRecipe]) -> list[RunOutput]:
+        """One call per recipe, each on fresh tensors, with the inputs it modified."""
+        results = []
+        with math_mode(spec.precision), torch.no_grad():
+            fn = self._function(spec)
+            for recipe in recipes:
+                pristine = recipe.values()
+                inputs = recipe.presented(pristine)
+                out = fn(*inputs.as_tuple())
+                results.append(_run_output(out, modified_inputs(inputs, pristine), self.to_cpu))
+                del inputs, pristine, out
+        return results
+
+    def time(self, spec: BuildSpec, recipe: InputRecipe, modes: list[str],
+             policy: TimingPolicy, refills: list[tuple[int, InputRecipe]]) -> TimedRun:
+        """Time each mode on `recipe`'s inputs. Before sample `i` of each `(i, r)` in
+        `refills` the inputs are refilled in place with `r`'s values, and sample i's output
+        is kept (copied after the sample, outside the timed region)."""
+        with math_mode(spec.precision), torch.no_grad():
+            fn = self._function(spec)
+            args = recipe.presented(recipe.values()).as_tuple()
+            holder: list = [None]
+
+            def call():
+                holder[0] = fn(*args)
+
+            refill_at = dict(refills)
+            timings, kept, callables = {}, {}, {}
+            peak = None
+            if self.device == "cuda":
+                self._flusher = self._flusher or L2Flusher(torch.device("cuda"))
+                peak = peak_memory_mib(lambda: fn(*args), torch.device("cuda"))
+            for mode in modes:
+                outputs: list[RunOutput] = []
+                pending = [False]
+
+                def before_sample(i: int, outputs=outputs, pending=pending) -> None:
+                    if pending[0]:  # the previous sample ran on refilled inputs
+                        self._sync()
+                        outputs.append(_run_output(holder[0], [], self.to_cpu))
+                        pending[0] = False
+                    if i in refill_at:
+                        for target, fresh in zip(args, refill_at[i].values().as_tuple(),
+                                                 strict=True):
+                            target.copy_(fresh)
+                        self._sync()
+                        pending[0] = True
+
+                timed = capture_cuda_graph(call) if mode == "graph" else call
+                callables[mode] = timed
+                if self.device == "cuda":
+                    timings[mode] = time_cuda(timed, policy, self._flusher, before_sample)
+                else:
+                    timings[mode] = time_cpu(timed, policy, before_sample)
+                kept[mode] = outputs
+            self._timed = (spec.key, callables)
+            return TimedRun(timings, peak, kept)
+
+    def wall(self, mode: str, calls: int) -> None:
+        """`calls` back-to-back calls of the last timed `mode`, between two device-wide
+        synchronisations: the caller times this with its own clock."""
+        if self._timed is None:
+            raise RuntimeError("wall() before time()")
+        timed = self._timed[1][mode]
+        with torch.no_grad():
+            self._sync()
+            for _ in range(calls):
+                timed()
+            self._sync()
+
+    def kernel(self, spec: BuildSpec) -> str:
+        """Which kernel the built function's last call ran (its `kernel_info`), or ''."""
+        info = getattr(self._function(spec), "kernel_info", None)
+        return str(info()) if info else ""
+
+    def ping(self) -> None:
+        """Nothing: the caller measures the round trip."""
+
+    def release(self) -> None:
+        """Drop every built function and timed input, and return memory to the device."""
+        self._built.clear()
+        self._timed = None
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+

@@ -1,0 +1,234 @@
+"""Worker processes: every variant runs in a process of its own, never in the harness's.
+
+A `Worker` is a `spawn`ed process serving one `LocalRunner` (one variant on one device, in
+one dtype group), reused across cells. The parent sends method calls with picklable
+arguments and waits for the answer with a timeout. The parent keeps the inputs' seeds, the
+float64 oracle, the tolerance and the verdict, so nothing the variant imports or patches
+(`torch.softmax`, `harness.*`, frames on the stack) reaches the reference's or another
+variant's numbers.
+
+Failures are named: an exception inside the variant comes back as `VariantRaised` (its type,
+message and whether it ran out of memory); a worker that exits, is killed by a signal (a
+segfault, a CUDA fault that poisons its context) or does not answer within the timeout is a
+`WorkerFailure` carrying the exit code or signal and the last lines of its output. The next
+call then starts a fresh worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+
+from harness.measure import TimingPolicy
+from harness.runner import BuildSpec, InputRecipe, LocalRunner, RunOutput, TimedRun
+from variants.base import Variant
+
+DEFAULT_TIMEOUT_S = 600.0  # per call: covers a first CUDA extension build (1-2 min on the H200)
+STOP = "stop"
+LOG_TAIL_LINES = 12
+
+
+class WorkerFailure(Exception):
+    """The worker process died or hung; the message says how, with its last output lines."""
+
+
+class VariantRaised(Exception):
+    """An exception raised by the variant inside its worker, re-raised in the parent."""
+
+    def __init__(self, type_name: str, message: str, oom: bool, trace: str = ""):
+        super().__init__(message)
+        self.type_name, self.oom, self.trace = type_name, oom, trace
+
+    def __reduce__(self):
+        return VariantRaised, (self.type_name, str(self), self.oom, self.trace)
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, VariantRaised):
+        return exc.oom
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def exception_name(exc: BaseException) -> str:
+    """The exception's type name, for a `VariantRaised` the original one."""
+    return exc.type_name if isinstance(exc, VariantRaised) else type(exc).__name__
+
+
+def _serve(conn, variant: Variant, device: str, threads: int | None, log_path: str) -> None:
+    """The worker's main loop: answer (method, args, kwargs) until told to stop or the parent
+    goes away. Its stdout and stderr go to `log_path` (the parent quotes its tail)."""
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if threads:
+        torch.set_num_threads(threads)
+    runner = LocalRunner(variant, device, to_cpu=True)
+    while True:
+        try:
+            method, args, kwargs = pickle.loads(conn.recv_bytes())
+        except EOFError:  # the parent is gone
+            return
+        if method == STOP:
+            return
+        try:
+            reply = ("ok", getattr(runner, method)(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent
+            reply = ("raised", VariantRaised(type(exc).__name__, str(exc), is_oom(exc),
+                                             traceback.format_exc(limit=-8)))
+        conn.send_bytes(pickle.dumps(reply))
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class Worker:
+    """A worker process for one variant on one device; `call(method, ...)` runs
+    `LocalRunner.method(...)` there. Started on first use and again after a failure."""
+
+    def __init__(self, variant: Variant, device: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 threads: int | None = None):
+        self.variant, self.device = variant, device
+        self.timeout_s, self.threads = timeout_s, threads
+        self.process = None
+        self.conn = None
+        self.log_path: Path | None = None
+        self.starts = 0
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        fd, log_path = tempfile.mkstemp(prefix="ipa-bench-worker-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(log_path)
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_serve, args=(child, self.variant, self.device, self.threads, log_path),
+            name=f"ipa-bench worker {self.variant.name}")
+        self.process.start()
+        child.close()
+        self.starts += 1
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def call(self, method: str, *args, **kwargs):
+        if not self.alive:
+            self._cleanup()
+            self._start()
+        try:
+            self.conn.send_bytes(pickle.dumps((method, args, kwargs)))
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._failure(method, "its pipe closed") from None
+        if not self.conn.poll(self.timeout_s):
+            raise self._failure(method, f"no answer within {self.timeout_s:g} s (--timeout); "
+                                "killed it")
+        try:
+            status, value = pickle.loads(self.conn.recv_bytes())
+        except EOFError:
+            raise self._failure(method, "it ended without answering") from None
+        if status == "raised":
+            raise value
+        return value
+
+    # The LocalRunner's methods, run in the worker.
+    def build(self, spec: BuildSpec, first_call: InputRecipe | None = None) -> float:
+        return self.call("build", spec, first_call)
+
+    def outputs(self, spec: BuildSpec, recipes: list[InputRecipe]) -> list[RunOutput]:
+        return self.call("outputs", spec, recipes)
+
+    def time(self, spec: BuildSpec, recipe: InputRecipe, modes: list[str],
+             policy: TimingPolicy, refills: list[tuple[int, InputRecipe]]) -> TimedRun:
+        return self.call("time", spec, recipe, modes, policy, refills)
+
+    def wall(self, mode: str, calls: int) -> None:
+        self.call("wall", mode, calls)
+
+    def kernel(self, spec: BuildSpec) -> str:
+        return self.call("kernel", spec)
+
+    def ping(self) -> None:
+        self.call("ping")
+
+    def release(self) -> None:
+        if self.alive:  # nothing to release in a worker that is not running
+            self.call("release")
+
+    def _failure(self, method: str, what: str) -> WorkerFailure:
+        process = self.process
+        if process.is_alive():
+            process.kill()
+        process.join(10)
+        code = process.exitcode
+        if code is None:
+            how = "still running"
+        elif code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exit code {code}"
+        tail = self._log_tail()
+        self._cleanup()
+        return WorkerFailure(
+            f"worker process of {self.variant.name} failed during {method}: {what} ({how})"
+            + (f"; its last output: {tail}" if tail else ""))
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(lines[-LOG_TAIL_LINES:])[-1500:]
+
+    def _cleanup(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        if self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+        self.process = self.conn = self.log_path = None
+
+    def close(self) -> None:
+        """Ask the worker to stop; kill it if it does not within a few seconds."""
+        if self.alive:
+            try:
+                self.conn.send_bytes(pickle.dumps((STOP, (), {})))
+            except OSError:
+                pass
+            self.process.join(5)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        self._cleanup()
+
+
+class WorkerPool:
+    """One `Worker` per (variant, device, dtype) group, kept for the pool's life."""
+
+    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, threads: int | None = None):
+        self.timeout_s, self.threads = timeout_s, threads
+        self._workers: dict[tuple[str, str, str], Worker] = {}
+
+    def get(self, variant: Variant, device: str, dtype: str) -> Worker:
+        key = (variant.name, device, dtype)
+        if key not in self._workers:
+            self._workers[key] = Worker(variant, device, timeout_s=self.timeout_s,
+                                        threads=self.threads)
+        return self._workers[key]
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

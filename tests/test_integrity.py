@@ -1,0 +1,130 @@
+"""Planted attacks on the measurement (issue #14): each attack file in tests/attack_files/
+is a KernelBench-style ModelNew that fakes its speed or its correctness, or harms the
+others. Each must end non-`ok` with a reason (or a scan flag) that names it, while the honest
+variants in the same sweep stay `ok` with their usual numbers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.grid import grid_from_dict
+from harness.model_new import model_new_variant
+from harness.sweep import Sweep
+from variants.registry import get_variant
+
+REPO = Path(__file__).resolve().parents[1]
+ATTACKS = REPO / "tests" / "attack_files"
+HONEST = REPO / "tests" / "model_new_files" / "ipa_standalone.py"
+GRID = {"base": {"node_dim": 32, "pair_dim": 8, "heads": 2, "query_points": 2,
+                 "value_points": 2, "dtypes": ["fp32"], "modes": ["eager"], "seeds": 2,
+                 "budget_s": 0.05},
+        "slice": [{"length": [6, 9]}]}
+CPU_ATTACKS = ["memo_by_address", "poison_softmax", "exit_on_third_call", "oracle_from_frames",
+               "timer_aware", "patches_harness", "low_precision", "segfault"]
+
+
+@pytest.fixture(scope="module")
+def attacked_sweep(tmp_path_factory) -> dict[tuple[str, str], dict]:
+    """One sweep of the reference, an honest ModelNew file and every CPU attack: rows by
+    (variant, length)."""
+    out = tmp_path_factory.mktemp("attacked")
+    variants = [get_variant("reference"), model_new_variant(HONEST),
+                *(model_new_variant(ATTACKS / f"{name}.py") for name in CPU_ATTACKS)]
+    path = Sweep(variants, grid_from_dict(GRID), "cpu", out, show_progress=False).run()
+    with path.open(newline="") as f:
+        return {(r["variant"], r["length"]): r for r in csv.DictReader(f)}
+
+
+def _rows(rows: dict, attack: str) -> list[dict]:
+    found = [row for (variant, _), row in rows.items()
+             if variant == f"model-new:{attack}.py"]
+    assert len(found) == 2, sorted(rows)
+    return found
+
+
+def test_honest_variants_stay_ok_beside_the_attacks(attacked_sweep):
+    for name in ("reference", f"model-new:{HONEST.name}"):
+        for length in ("6", "9"):
+            row = attacked_sweep[name, length]
+            assert row["status"] == "ok", (name, length, row["reason"])
+            assert float(row["err_ratio"]) < 3 or name == "reference"
+
+
+@pytest.mark.parametrize("attack, statuses, named", [
+    # The timed calls return the output of other inputs once those are refilled in place.
+    ("memo_by_address", {"suspect", "mismatch"}, "stale, memoised or unwritten output"),
+    # Its own softmax is broken (in its own worker only): a mismatch, nothing more.
+    ("poison_softmax", {"mismatch"}, "rel_l2"),
+    ("exit_on_third_call", {"error"}, "ended without answering (exit code 0)"),
+    # No oracle on the worker's stack: zeros, and the scan names the frame walking.
+    ("oracle_from_frames", {"mismatch"}, "scan:introspection"),
+    # Honest when checked, a cached output when timed: the refilled timed call shows it.
+    ("timer_aware", {"suspect"}, "stale, memoised or unwritten output"),
+    # The patched CheckResult lives in the worker; the verdict is made in the parent.
+    ("patches_harness", {"mismatch"}, "scan:patching"),
+    ("low_precision", {"mismatch"}, "scan:low-precision"),
+    ("segfault", {"error"}, "killed by SIGSEGV"),
+])
+def test_each_attack_ends_non_ok_and_is_named(attacked_sweep, attack, statuses, named):
+    for row in _rows(attacked_sweep, attack):
+        assert row["status"] in statuses, (attack, row["status"], row["reason"])
+        assert named in row["reason"] + " " + row["flags"], (attack, row["reason"], row["flags"])
+
+
+def test_poisoning_softmax_does_not_reach_the_reference_or_the_oracle(attacked_sweep):
+    """The poisoner was imported before the second cell; in one shared interpreter the
+    reference's rows (and the oracle) after it would use uniform attention weights."""
+    for length in ("6", "9"):
+        reference = attacked_sweep["reference", length]
+        assert reference["status"] == "ok"
+        assert float(reference["rel_l2"]) < 1e-5
+
+
+def test_a_hanging_variant_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path):
+    variants = [get_variant("reference"), model_new_variant(ATTACKS / "infinite_loop.py")]
+    path = Sweep(variants, grid_from_dict(GRID), "cpu", tmp_path, show_progress=False,
+                 timeout_s=20).run()
+    with path.open(newline="") as f:
+        rows = {(r["variant"], r["length"]): r for r in csv.DictReader(f)}
+    for length in ("6", "9"):  # each cell gets a fresh worker, which hangs again
+        row = rows["model-new:infinite_loop.py", length]
+        assert row["status"] == "error"
+        assert "no answer within 20 s (--timeout); killed it" in row["reason"]
+        assert rows["reference", length]["status"] == "ok"
+
+
+def test_check_names_a_process_exit_instead_of_ending_silently():
+    command = [sys.executable, "-m", "harness.cli", "check", "--device", "cpu", "--variant",
+               "reference", "--model-new", str(ATTACKS / "exit_on_third_call.py"),
+               "--node-dim", "32", "--pair-dim", "8", "--heads", "2", "--length", "7",
+               "--seeds", "3", "--json", "--no-progress"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1, proc.stderr
+    results = {r["variant"]: r for r in json.loads(proc.stdout)["results"]}
+    assert results["reference"]["status"] == "pass"
+    failure = results["model-new:exit_on_third_call.py"]
+    assert failure["status"] == "fail"
+    assert "ended without answering (exit code 0)" in failure["failures"][0]
+
+
+@pytest.mark.gpu
+def test_work_on_a_side_stream_is_named(tmp_path):
+    grid = grid_from_dict({"base": {"dtypes": ["fp32"], "modes": ["eager"], "seeds": 2,
+                                    "budget_s": 0.2}, "slice": [{"length": [512]}]})
+    variants = [get_variant("reference"), model_new_variant(ATTACKS / "side_stream.py")]
+    path = Sweep(variants, grid, "cuda", tmp_path, show_progress=False).run()
+    with path.open(newline="") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert rows["reference"]["status"] == "ok", rows["reference"]["reason"]
+    row = rows["model-new:side_stream.py"]
+    assert row["status"] != "ok"
+    assert ("work outside the timed stream" in row["reason"]
+            or "below the memory floor" in row["reason"]), row["reason"]
+    assert "scan:streams" in row["flags"]
