@@ -14,7 +14,8 @@ Before timing, each case runs the correctness protocol (one seed, `harness.corre
 the first call (compilation, autotuning) happens there, untimed, and the figures go into
 `extra_info` with the config, dtype and (CUDA) peak memory, under the names of the sweep's
 CSV columns (`harness.results.COLUMNS`). A variant outside its tolerance
-is still timed, then the test fails. `ipa-bench sweep` is the publishing path; this suite
+is still timed, then the test fails (an expected failure where the variant declares the cell
+in `known_issues`). `ipa-bench sweep` is the publishing path; this suite
 is for quick side-by-side tables and `--benchmark-compare` between commits.
 """
 
@@ -77,13 +78,16 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("variant_name", list(VARIANTS))
 
 
-def test_forward(benchmark, timed, case: Case, variant_name: str):
+def test_forward(benchmark, timed, case: Case, variant_name: str, request):
     variant = VARIANTS[variant_name]
     config, device = case.config, case.device
     precision = get_precision(case.precision)
     reasons = variant.not_supported_reasons(config, device, precision)
     if reasons:
         pytest.skip("; ".join(reasons))
+    known = variant.known_issues(config, case.batch, case.length, device, precision.name)
+    if known:  # the variant's own evidence: timed all the same, its failure expected
+        request.applymarker(pytest.mark.xfail(reason="; ".join(known)))
     if variant.untimed_reason(device):
         pytest.skip(variant.untimed_reason(device))
     if device == "cuda" and not torch.cuda.is_available():

@@ -15,13 +15,16 @@ from variants.base import Variant
 from variants.compiled import Compiled
 from variants.cuda_fused import CudaFused
 from variants.cuda_hybrid import CudaHybrid
+from variants.flex_attention import FlexAttention
 from variants.problem import IPAInputError
 from variants.reference import Reference
+from variants.sdpa_decomposition import SdpaDecomposition
 from variants.triton.variants import Triton, TritonFullFuse
 
 ENTRY_POINT_GROUP = "ipa_bench.variants"
 
-# The built-in variants, in display order. Adding a variant: one file, one line here.
+# The built-in variants, in display order. Adding a variant: one file, one line here, at the
+# end (a variant's colour and marker in every figure are its place in this list).
 BUILTIN: list[type[Variant]] = [
     Reference,
     Compiled,
@@ -29,6 +32,8 @@ BUILTIN: list[type[Variant]] = [
     TritonFullFuse,
     CudaHybrid,
     CudaFused,
+    FlexAttention,
+    SdpaDecomposition,
 ]
 
 
