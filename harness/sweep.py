@@ -14,6 +14,7 @@ every cell already on disk for the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import json
@@ -34,6 +35,7 @@ from harness.correctness import (
     CheckResult,
     ReferenceCache,
     check_variant,
+    correctness_recipes,
     judge_output,
     rows_per_chunk,
 )
@@ -94,7 +96,6 @@ def cell_key(variant: str, cell: Cell, mode: str, device: str) -> tuple[str, ...
                         device=device))
 
 
-TIMING_SEED = 10_000  # the timed inputs' seed (refills bring fresh values from the OS)
 _RANDOM = random.SystemRandom()  # refill seeds and sample indices no variant can predict
 BUILTIN_NAMES = frozenset(cls.name for cls in BUILTIN)
 # Wall-clock cross-check: a batch of about WALL_BATCH_S seconds of back-to-back calls; each
@@ -153,7 +154,7 @@ class Sweep:
         self.out_dir = Path(out_dir)
         self.show_progress = show_progress
         self.timeout_s, self.threads = timeout_s, threads
-        self._refill_seeds: dict[Cell, list[int]] = {}
+        self._refill_seeds: dict[Cell, int] = {}
         self.run_id = uuid.uuid4().hex[:12]
         self.started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
@@ -280,8 +281,9 @@ class Sweep:
         device = self.device.type
         build = BuildSpec(("cell", cell.config), references.state_dict, cell.config,
                           precision.name)
-        timing_inputs = InputRecipe(cell.config, cell.batch, cell.length, precision.name,
-                                    device, seed=TIMING_SEED)
+        # The timed inputs are the first correctness draw, whose oracle is already computed.
+        timing_inputs = correctness_recipes(cell.config, cell.batch, cell.length, device,
+                                            precision, seeds=1)[0]
         build_s = worker.build(build, first_call=timing_inputs)
         check = check_variant(variant, cell.config, batch=cell.batch, length=cell.length,
                               device=device, precision=precision, seeds=self.grid.seeds,
@@ -301,7 +303,7 @@ class Sweep:
         if device != "cuda":
             notes.append("peak memory not measured on CPU")
         policy = TimingPolicy(budget_s=self.grid.budget_s)
-        refills = self._refills(cell, policy)
+        refills = self._refills(cell, policy, timing_inputs)
         timed = worker.time(build, timing_inputs, modes, policy, refills)
         kernel = worker.kernel(build)
         rows = []
@@ -319,17 +321,18 @@ class Sweep:
             rows.append(row)
         return rows
 
-    def _refills(self, cell: Cell, policy: TimingPolicy) -> list[tuple[int, InputRecipe]]:
-        """Two samples, drawn now from the OS's randomness, at which the timed inputs are
-        refilled in place with fresh values (one pair of seeds per cell, so the oracle of
-        the new values is computed once for every variant of the cell)."""
+    def _refills(self, cell: Cell, policy: TimingPolicy,
+                 timing_inputs: InputRecipe) -> list[tuple[int, InputRecipe]]:
+        """Two samples, drawn now from the OS's randomness, before which the timed inputs
+        are refilled in place: first with fresh values (a seed drawn once per cell, so its
+        oracle is computed once for every variant of the cell), then back to the timed
+        inputs' own values."""
         if cell not in self._refill_seeds:
-            self._refill_seeds = {cell: [_RANDOM.randrange(1 << 40) for _ in range(2)]}
+            self._refill_seeds = {cell: _RANDOM.randrange(1 << 40)}
+        fresh = dataclasses.replace(timing_inputs, seed=self._refill_seeds[cell])
         first = _RANDOM.randrange(policy.min_samples - 3)
         second = _RANDOM.randrange(first + 2, policy.min_samples - 1)
-        return [(index, InputRecipe(cell.config, cell.batch, cell.length, cell.precision,
-                                    self.device.type, seed=seed))
-                for index, seed in zip((first, second), self._refill_seeds[cell], strict=True)]
+        return [(first, fresh), (second, timing_inputs)]
 
     @staticmethod
     def _verify_refills(refills, outputs, references: ReferenceCache,

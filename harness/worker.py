@@ -16,6 +16,7 @@ call then starts a fresh worker.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -23,6 +24,7 @@ import signal
 import sys
 import tempfile
 import traceback
+import types
 from pathlib import Path
 
 import torch
@@ -89,6 +91,19 @@ def _serve(conn, variant: Variant, device: str, threads: int | None, log_path: s
         sys.stderr.flush()
 
 
+@contextlib.contextmanager
+def _main_module_hidden():
+    """`spawn` imports the parent's `__main__` in every child (for `ipa-bench`: the CLI with
+    every command, pandas and matplotlib, seconds per worker); a worker needs none of it, so
+    the child is started while `__main__` is an empty module."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 class Worker:
     """A worker process for one variant on one device; `call(method, ...)` runs
     `LocalRunner.method(...)` there. Started on first use and again after a failure."""
@@ -111,7 +126,8 @@ class Worker:
         self.process = context.Process(
             target=_serve, args=(child, self.variant, self.device, self.threads, log_path),
             name=f"ipa-bench worker {self.variant.name}")
-        self.process.start()
+        with _main_module_hidden():
+            self.process.start()
         child.close()
         self.starts += 1
 
