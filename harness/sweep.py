@@ -189,6 +189,10 @@ class Sweep:
         finished = False
         workers = WorkerPool(timeout_s=self.timeout_s, threads=self.threads)
         try:
+            workers.prestart(sorted({
+                (variant, self.device.type, cell.precision) for cell, variant in todo
+                if not variant.not_supported_reasons(cell.config, self.device.type,
+                                                     cell.precision)}, key=str))
             with progress_bar("sweep", len(todo), enabled=self.show_progress) as advance:
                 for cell, variant in todo:
                     advance_label = (f"{variant.name} {cell.precision} B={cell.batch} "

@@ -135,10 +135,14 @@ class Worker:
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
 
-    def call(self, method: str, *args, **kwargs):
+    def start(self) -> None:
+        """Start the process unless it runs (returns at once: the first call waits for it)."""
         if not self.alive:
             self._cleanup()
             self._start()
+
+    def call(self, method: str, *args, **kwargs):
+        self.start()
         try:
             self.conn.send_bytes(pickle.dumps((method, args, kwargs)))
         except (BrokenPipeError, ConnectionResetError):
@@ -237,6 +241,15 @@ class WorkerPool:
             self._workers[key] = Worker(variant, device, timeout_s=self.timeout_s,
                                         threads=self.threads)
         return self._workers[key]
+
+    def prestart(self, groups: list[tuple[Variant, str, str]]) -> None:
+        """Start the workers of every (variant, device, dtype) group at once and wait until
+        each answers: the processes import torch in parallel, before anything is timed."""
+        workers = [self.get(*group) for group in groups]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.ping()
 
     def close(self) -> None:
         for worker in self._workers.values():
