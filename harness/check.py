@@ -17,6 +17,7 @@ from harness import options
 from harness.correctness import DEFAULT_SEEDS, CheckResult, ReferenceCache, check_variant
 from harness.model_new import ModelNewError
 from harness.results import ERR_RATIO_LABEL, format_err_ratio
+from harness.runner import PASSES
 from harness.scan import scan_variant
 from harness.version import __version__
 from harness.worker import WorkerFailure, WorkerPool, exception_name
@@ -64,16 +65,24 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def print_check_table(results: list[CheckResult], console=None) -> None:
-    table = Table(title="Correctness against the float64 oracle")
-    for column in ("variant", "dtype", "device", "B", "N", "rel_l2", "tol", ERR_RATIO_LABEL,
-                   "max_abs", "invariance (tol)", "result"):
+    training = any(r.pass_name != "forward" for r in results)
+    table = Table(title="Correctness against the float64 oracle"
+                  + (" (training step: output and every gradient)" if training else ""))
+    columns = ["variant", "dtype", "device", "B", "N", "rel_l2", "tol", ERR_RATIO_LABEL,
+               "max_abs", "invariance (tol)"]
+    if training:
+        columns += ["worst gradient", "grad rel_l2 (tol)", f"grad {ERR_RATIO_LABEL}"]
+    for column in [*columns, "result"]:
         table.add_column(column, overflow="fold")
     for r in results:
         if r.skipped or r.seeds == 0:
-            figures = ["-"] * 5
+            figures = ["-"] * (len(columns) - 5)
         else:
             figures = [f"{r.rel_l2:.3e}", f"{r.tol:.3e}", format_err_ratio(r.err_ratio),
                        f"{r.max_abs:.3e}", f"{r.invariance_err:.2e} ({r.invariance_tol:.1e})"]
+            if training:
+                figures += [r.grad_worst, f"{r.grad_rel_l2:.3e} ({r.grad_tol:.1e})",
+                            format_err_ratio(r.grad_err_ratio)]
         if r.skipped:
             verdict = "unsupported: " + "; ".join(r.skipped)
         else:
@@ -92,7 +101,11 @@ def check_result_json(r: CheckResult) -> dict:
         "reference_rel_l2": n(r.reference_rel_l2), "tol": n(r.tol),
         "err_ratio": n(r.err_ratio), "invariance_err": n(r.invariance_err),
         "invariance_tol": n(r.invariance_tol), "failures": list(r.failures),
-        "unsupported_reasons": list(r.skipped),
+        "unsupported_reasons": list(r.skipped), "pass": r.pass_name,
+        "grad_rel_l2": n(r.grad_rel_l2), "grad_tol": n(r.grad_tol),
+        "grad_worst": r.grad_worst or None, "grad_err_ratio": n(r.grad_err_ratio),
+        "gradients": {name: {k: n(v) for k, v in figures.items()}
+                      for name, figures in r.gradients.items()},
     }
 
 
@@ -124,11 +137,12 @@ def run_check(args: argparse.Namespace) -> int:
                         device=args.device, precision=get_precision(precision),
                         seeds=args.seeds, state_dict=state_dict, references=references,
                         runner=workers.get(variant, args.device, precision),
+                        pass_name=args.pass_name,
                     ))
                 except Exception as exc:  # noqa: BLE001 - the variant's failure is its row
                     results.append(CheckResult(
                         variant.name, precision, args.device, args.batch, args.length, config,
-                        failures=[_failure_message(exc)]))
+                        pass_name=args.pass_name, failures=[_failure_message(exc)]))
     scan = {v.name: scan_variant(v) for v in variants}
     # A variant asked for by name that cannot run is not a pass either.
     failed = [r for r in results if r.failures or (r.skipped and args.variant)]
@@ -173,6 +187,10 @@ def add_check_parser(subparsers) -> None:
     p.add_argument("--seeds", type=options.positive_int, default=DEFAULT_SEEDS,
                    help=f"fresh input draws per check (default {DEFAULT_SEEDS})")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of the weights (default 0)")
+    p.add_argument("--pass", dest="pass_name", choices=PASSES, default="forward",
+                   help="forward (default), or forward+backward: every call a training step, "
+                   "and every input's and parameter's gradient judged against the float64 "
+                   "oracle's autograd, with a tolerance from the reference's own gradient error")
     options.add_output_options(p)
     options.add_config_options(p)
     options.add_timeout_option(p)

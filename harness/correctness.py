@@ -14,11 +14,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.runner import BuildSpec, InputRecipe, LocalRunner, RunOutput, rigid_motion
+from harness.runner import (
+    INPUT_NAMES,
+    PASSES,
+    BuildSpec,
+    InputRecipe,
+    LocalRunner,
+    RunOutput,
+    rigid_motion,
+)
 from harness.worker import Worker
 from variants.base import IPAFunction, Variant
 from variants.problem import (
     IPAConfig,
+    IPAInputError,
     IPAInputs,
     Precision,
     get_precision,
@@ -114,13 +123,16 @@ def rows_per_chunk(config: IPAConfig, batch: int, length: int) -> int:
     return max(1, min(length, CHUNK_ELEMENTS // per_row))
 
 
-def chunked_forward(module: IPAReference, inputs: IPAInputs) -> torch.Tensor:
-    """`module(*inputs)`, computed in chunks of query rows when N x N would be too big."""
-    config = IPAConfig(
+def reference_config(module: IPAReference) -> IPAConfig:
+    return IPAConfig(
         module.layer_norm.normalized_shape[0], module.pair_bias.in_features,
         module.num_heads, module.num_query_points, module.num_value_points,
     )
-    chunk = rows_per_chunk(config, inputs.batch, inputs.length)
+
+
+def chunked_forward(module: IPAReference, inputs: IPAInputs) -> torch.Tensor:
+    """`module(*inputs)`, computed in chunks of query rows when N x N would be too big."""
+    chunk = rows_per_chunk(reference_config(module), inputs.batch, inputs.length)
     if chunk >= inputs.length:
         return module(*inputs.as_tuple())
     return torch.cat(
@@ -159,6 +171,14 @@ class CheckResult:
     err_ratio: float = math.nan  # rel_l2 / reference_rel_l2: the honest figure
     invariance_err: float = math.nan
     invariance_tol: float = math.nan
+    pass_name: str = "forward"
+    # forward+backward: the worst gradient (by rel_l2 / tol over tensors and seeds), and
+    # every tensor's worst seed by name: {"rel_l2", "tol", "reference_rel_l2"}.
+    grad_rel_l2: float = math.nan
+    grad_tol: float = math.nan
+    grad_worst: str = ""
+    grad_err_ratio: float = math.nan
+    gradients: dict[str, dict[str, float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # not-supported reasons
 
@@ -180,6 +200,33 @@ class ReferenceFigures:
     reference_invariance_err: float = math.nan  # of the reference under a rigid motion
 
 
+@dataclass(frozen=True)
+class GradientFigures:
+    """The float64 oracle's gradients of one training step, and the reference's own error
+    per gradient in the checked precision, by input or parameter name."""
+
+    oracle: dict[str, torch.Tensor]
+    reference_errs: dict[str, float]
+
+
+def reference_gradients(module: IPAReference, inputs: IPAInputs,
+                        grad_out: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Gradients of `grad_out . module(inputs)` for every input and parameter by name,
+    accumulated over chunks of query rows when N x N would be too big (the oracle's way)."""
+    args = tuple(t.detach().requires_grad_(True) for t in inputs.as_tuple())
+    params = {name: p.requires_grad_(True) for name, p in module.named_parameters()}
+    leaves = dict(zip(INPUT_NAMES, args, strict=True)) | params
+    chunk = rows_per_chunk(reference_config(module), inputs.batch, inputs.length)
+    total = None
+    with torch.enable_grad():
+        for start in range(0, inputs.length, chunk):
+            rows = slice(start, start + chunk)
+            out = module(*args, query_rows=rows if chunk < inputs.length else None)
+            grads = torch.autograd.grad(out, list(leaves.values()), grad_out[:, rows])
+            total = grads if total is None else [a + b for a, b in zip(total, grads, strict=True)]
+    return dict(zip(leaves, total, strict=True))
+
+
 class ReferenceCache:
     """Builds each (config, device, precision) reference once, and computes the oracle and
     reference figures of each recipe's inputs once, for every variant checked with it (the
@@ -189,6 +236,7 @@ class ReferenceCache:
         self.state_dict = state_dict
         self._built: dict[tuple, IPAReference] = {}
         self._figures: dict[tuple, ReferenceFigures] = {}
+        self._gradients: dict[InputRecipe, GradientFigures] = {}
 
     def get(self, config: IPAConfig, device: str, precision: Precision) -> IPAReference:
         key = (config, device, precision.name)
@@ -215,6 +263,54 @@ class ReferenceCache:
             self._figures[key] = ReferenceFigures(oracle, rel_l2(ref_out, oracle), invariance)
         return self._figures[key]
 
+    def gradient_figures(self, recipe: InputRecipe) -> GradientFigures:
+        """The oracle's gradients of a training step on `recipe`'s inputs (float64
+        autograd of the reference on the upcast inputs and `grad_out`), and the reference's
+        own error per gradient in the recipe's precision and math mode."""
+        if recipe not in self._gradients:
+            precision = get_precision(recipe.precision)
+            inputs, grad_out = recipe.values(), recipe.grad_output()
+            oracle_module = make_module(self.state_dict, recipe.config, recipe.device,
+                                        torch.float64)
+            oracle = reference_gradients(oracle_module, inputs.to(dtype=torch.float64),
+                                         grad_out.double())
+            reference = make_module(self.state_dict, recipe.config, recipe.device,
+                                    precision.dtype)
+            with math_mode(precision):
+                own = reference_gradients(reference, inputs, grad_out)
+            self._gradients[recipe] = GradientFigures(
+                oracle, {name: rel_l2(own[name], oracle[name]) for name in oracle})
+        return self._gradients[recipe]
+
+
+def judge_gradients(grads: dict[str, torch.Tensor | None] | None, figures: GradientFigures,
+                    precision: Precision) -> dict[str, OutputJudgement]:
+    """Each gradient against the oracle's, with the output's rules: a missing gradient, a
+    wrong shape, NaN/Inf fail outright; otherwise rel_l2 against 2 x the reference's own
+    error for that tensor (or the precision's floor)."""
+    grads = grads or {}
+    judged = {}
+    for name, oracle in figures.oracle.items():
+        reference_err = figures.reference_errs[name]
+        tol = tolerance(reference_err, precision)
+        grad = grads.get(name)
+        if grad is None:
+            judged[name] = OutputJudgement(math.inf, math.inf, reference_err, tol,
+                                           [f"no gradient for {name}"])
+            continue
+        grad = grad.to(oracle.device)
+        failures = []
+        if tuple(grad.shape) != tuple(oracle.shape):
+            failures.append(f"gradient of {name}: shape {tuple(grad.shape)} != "
+                            f"{tuple(oracle.shape)}")
+        elif not torch.isfinite(grad).all():
+            failures.append(f"gradient of {name}: NaN/Inf values")
+        err = rel_l2(grad, oracle)
+        if not err <= tol and not failures:
+            failures.append(f"gradient of {name}: rel_l2 {err:.3e} > tol {tol:.3e}")
+        judged[name] = OutputJudgement(err, max_abs(grad, oracle), reference_err, tol, failures)
+    return judged
+
 
 def correctness_recipes(config: IPAConfig, batch: int, length: int, device: str,
                         precision: Precision, seeds: int, first_seed: int = 0,
@@ -240,17 +336,22 @@ def check_variant(
     origin_offset: float = 100.0,
     runner: LocalRunner | Worker | None = None,
     build: BuildSpec | None = None,
+    pass_name: str = "forward",
 ) -> CheckResult:
     """Run the correctness protocol for `variant` and return its figures.
 
     The variant runs through `runner` (a `harness.worker.Worker` keeps it out of this
     process; default: in this process), built from `build` (default: `state_dict`, itself
     defaulting to `init_state_dict(config)`). `fn` passes an already built callable to the
-    in-process runner. The oracle and the verdict are always computed here.
+    in-process runner. The oracle and the verdict are always computed here. With
+    `pass_name="forward+backward"` every call is a training step and every gradient is
+    judged too (`judge_gradients`).
     """
     precision = get_precision(precision)
-    result = CheckResult(variant.name, precision.name, device, batch, length, config)
-    result.skipped = variant.not_supported_reasons(config, device, precision)
+    result = CheckResult(variant.name, precision.name, device, batch, length, config,
+                         pass_name=pass_name)
+    result.skipped = pass_reasons(variant, pass_name, device) or (
+        variant.not_supported_reasons(config, device, precision))
     if result.skipped:
         return result
     if build is None:
@@ -268,7 +369,7 @@ def check_variant(
                for i, r in enumerate(recipes)]
     # One more call on the first inputs under a rigid motion; every output is its own copy,
     # so a variant that returns one reused buffer cannot compare that buffer with itself.
-    runs = runner.outputs(build, [*recipes, recipes[0].moved(first_seed)])
+    runs = runner.outputs(build, [*recipes, recipes[0].moved(first_seed)], pass_name)
     judged = [(r.seed, judge_output(run, f.oracle, f.reference_err, precision))
               for r, f, run in zip(recipes, figures, runs, strict=False)]
     first, moved = runs[0].out, runs[-1].out
@@ -295,4 +396,34 @@ def check_variant(
         result.failures.append(
             f"SE(3) invariance error {result.invariance_err:.3e} > {result.invariance_tol:.3e}"
         )
+    if pass_name != "forward":
+        _judge_training(result, recipes, runs, references, precision)
     return result
+
+
+def pass_reasons(variant: Variant, pass_name: str, device: str) -> list[str]:
+    """Why `variant` cannot run `pass_name` on `device` (a forward-only variant's backward
+    rows say `forward only`)."""
+    if pass_name not in PASSES:
+        raise IPAInputError(f"pass: expected one of {list(PASSES)}, got {pass_name!r}")
+    return variant.backward_reasons(device) if pass_name != "forward" else []
+
+
+def _judge_training(result: CheckResult, recipes, runs, references, precision) -> None:
+    """Fill the gradient figures of `result`: per tensor its worst seed, overall the worst
+    tensor (by rel_l2 / tol); every failing tensor is named in `failures`."""
+    worst_by_name: dict[str, OutputJudgement] = {}
+    for recipe, run in zip(recipes, runs, strict=False):
+        figures = references.gradient_figures(recipe)
+        for name, judgement in judge_gradients(run.grads, figures, precision).items():
+            if name not in worst_by_name or (judgement.err_over_tol
+                                             > worst_by_name[name].err_over_tol):
+                worst_by_name[name] = judgement
+    name, worst = max(worst_by_name.items(), key=lambda item: item[1].err_over_tol)
+    result.grad_worst, result.grad_rel_l2, result.grad_tol = name, worst.rel_l2, worst.tol
+    result.grad_err_ratio = (worst.rel_l2 / worst.reference_rel_l2
+                             if worst.reference_rel_l2 > 0 else math.nan)
+    result.gradients = {n: {"rel_l2": j.rel_l2, "tol": j.tol,
+                            "reference_rel_l2": j.reference_rel_l2}
+                        for n, j in worst_by_name.items()}
+    result.failures += [f for j in worst_by_name.values() for f in j.failures]

@@ -15,6 +15,7 @@ TOML format (every key optional; unknown keys are errors):
     dtypes = ["fp32", "bf16"]
     modes = ["eager", "graph"]   # graph: CUDA-graph replay, only for length <= graph_max_length
     graph_max_length = 512
+    passes = ["forward"]         # and/or "forward+backward": a timed training step (eager)
     seeds = 3                    # correctness seeds per cell
     budget_s = 1.0               # timing budget per cell and mode
 
@@ -24,6 +25,8 @@ TOML format (every key optional; unknown keys are errors):
     [[slice]]
     length = [256, 1024]
     heads = [4, 8, 16]
+
+A slice may also set `dtypes` and `passes` for its own cells.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.runner import PASSES
 from variants.problem import PRECISIONS, IPAConfig, IPAInputError
 
 AXES = ("batch", "length", "node_dim", "pair_dim", "heads", "query_points", "value_points")
@@ -40,7 +44,7 @@ MODES = ("eager", "graph")
 BASE_DEFAULTS = {
     "batch": 1, "node_dim": 384, "pair_dim": 128, "heads": 12, "query_points": 4,
     "value_points": 8, "dtypes": ["fp32", "bf16"], "modes": ["eager", "graph"],
-    "graph_max_length": 512, "seeds": 3, "budget_s": 1.0,
+    "graph_max_length": 512, "seeds": 3, "budget_s": 1.0, "passes": ["forward"],
 }
 
 
@@ -52,6 +56,7 @@ class Cell:
     length: int
     config: IPAConfig
     precision: str
+    pass_name: str = "forward"  # or "forward+backward": a training step
 
 
 @dataclass
@@ -65,8 +70,11 @@ class Grid:
     slices: list[dict] = field(default_factory=list)
 
     def modes_for(self, cell: Cell, device: str) -> list[str]:
+        """Eager always; CUDA-graph replay of a forward on CUDA up to graph_max_length (a
+        training step is timed eagerly)."""
         return [m for m in self.modes if m == "eager" or (
-            device == "cuda" and cell.length <= self.graph_max_length)]
+            device == "cuda" and cell.length <= self.graph_max_length
+            and cell.pass_name == "forward")]
 
 
 def _positive_ints(where: str, key: str, values) -> list[int]:
@@ -98,7 +106,7 @@ def grid_from_dict(data: dict, source: str = "") -> Grid:
     graph_max = base["graph_max_length"]
     if isinstance(graph_max, bool) or not isinstance(graph_max, int) or graph_max < 0:
         raise IPAInputError(f"base.graph_max_length: expected an integer >= 0, got {graph_max!r}")
-    for key in ("dtypes", "modes"):
+    for key in ("dtypes", "modes", "passes"):
         if not isinstance(base[key], list) or not base[key]:
             raise IPAInputError(f"base.{key}: expected a non-empty list, got {base[key]!r}")
     for dtype in base["dtypes"]:
@@ -108,6 +116,7 @@ def grid_from_dict(data: dict, source: str = "") -> Grid:
     for mode in base["modes"]:
         if mode not in MODES:
             raise IPAInputError(f"base.modes: expected names in {list(MODES)}, got {mode!r}")
+    _check_passes("base", base["passes"])
     slices = data.get("slice", [])
     if not slices:
         raise IPAInputError("grid: expected at least one [[slice]] with a `length` list")
@@ -115,7 +124,7 @@ def grid_from_dict(data: dict, source: str = "") -> Grid:
     cells: list[Cell] = []
     for index, slc in enumerate(slices):
         where = f"slice[{index}]"
-        bad = set(slc) - set(AXES) - {"dtypes"}
+        bad = set(slc) - set(AXES) - {"dtypes", "passes"}
         if bad:
             raise IPAInputError(f"{where}: unknown key(s) {sorted(bad)}; known: {list(AXES)}")
         if "length" not in slc and "length" not in base:
@@ -123,14 +132,23 @@ def grid_from_dict(data: dict, source: str = "") -> Grid:
         axes = {k: _positive_ints(where, k, slc[k]) if k in slc else [base[k]] for k in AXES
                 if k in slc or k in base}
         dtypes = slc.get("dtypes", base["dtypes"])
-        for values in itertools.product(*axes.values(), dtypes):
-            point = dict(zip(list(axes) + ["precision"], values, strict=True))
+        passes = _check_passes(where, slc.get("passes", base["passes"]))
+        for values in itertools.product(*axes.values(), dtypes, passes):
+            point = dict(zip([*axes, "precision", "pass"], values, strict=True))
             config = IPAConfig(**{k: point[k] for k in AXES if k not in ("batch", "length")})
-            cell = Cell(point["batch"], point["length"], config, point["precision"])
+            cell = Cell(point["batch"], point["length"], config, point["precision"],
+                        point["pass"])
             if cell not in cells:
                 cells.append(cell)
     return Grid(cells, list(base["modes"]), int(base["graph_max_length"]), int(base["seeds"]),
                 float(base["budget_s"]), source, slices)
+
+
+def _check_passes(where: str, passes) -> list[str]:
+    if not isinstance(passes, list) or not passes or any(p not in PASSES for p in passes):
+        raise IPAInputError(f"{where}.passes: expected a non-empty list of names in "
+                            f"{list(PASSES)}, got {passes!r}")
+    return passes
 
 
 def load_grid_file(path: str | Path) -> Grid:
@@ -150,7 +168,7 @@ PRESETS: dict[str, dict] = {
     "smoke": {
         "base": {"node_dim": 64, "pair_dim": 16, "heads": 4, "dtypes": ["fp32"],
                  "modes": ["eager"], "seeds": 2, "budget_s": 0.1},
-        "slice": [{"length": [16, 45]}],
+        "slice": [{"length": [16, 45]}, {"length": [16], "passes": ["forward+backward"]}],
     },
     # One or two minutes on a GPU: the N axis at the default config.
     "quick": {
@@ -167,6 +185,12 @@ PRESETS: dict[str, dict] = {
             {"length": [256, 1024], "query_points": [8]},
             {"length": [256, 1024], "value_points": [12]},
         ],
+    },
+    # Training steps (forward+backward, eager) along N at the default config.
+    "training": {
+        "base": {"modes": ["eager"], "seeds": 2, "budget_s": 0.5,
+                 "passes": ["forward+backward"]},
+        "slice": [{"length": [256, 1024, 2048, 4096]}],
     },
     # Memory scaling at long sequences.
     "long": {

@@ -63,6 +63,7 @@ class ModelNewVariant(Variant):
     """A variant built from a user's ModelNew file; capabilities are unknown until it runs."""
 
     description = "external KernelBench-style ModelNew file"
+    supports_backward = True  # autograd through its forward
 
     def __init__(self, path: str | Path):
         self.path = Path(path).resolve()

@@ -272,11 +272,14 @@ def pareto_figure(ddf: pd.DataFrame, dtype: str) -> Figure | str:
 def figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure | str]]:
     """(file stem, figure or the reason it is not drawn) for every figure of every dtype.
     The caller closes each figure."""
-    for dtype, ddf in df.groupby("dtype", sort=False):
+    for (pass_name, dtype), ddf in df.groupby(["pass", "dtype"], sort=False):
+        # Training rows (forward+backward) get figures of their own, `*_<dtype>_training`.
+        label, stem = ((dtype, dtype) if pass_name == "forward"
+                       else (f"{dtype}, forward+backward", f"{dtype}_training"))
         nslice = length_slice(ddf)
         for name in METRICS:
-            yield f"{name}_{dtype}", metric_figure(nslice, name, dtype)
-        yield f"error_vs_latency_{dtype}", pareto_figure(ddf, dtype)
+            yield f"{name}_{stem}", metric_figure(nslice, name, label)
+        yield f"error_vs_latency_{stem}", pareto_figure(ddf, label)
 
 
 class Figures(list):

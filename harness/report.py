@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness.plots import length_slice, shape_label
 from harness.results import ERR_RATIO_LABEL, FLAGS, NO_NUMBER, has_flag, read_results
+from harness.runner import PASSES
 from variants.problem import IPAInputError
 
 
@@ -55,10 +56,15 @@ MODE_TITLES = {"eager": "eager", "graph": "CUDA-graph replay (launch overhead re
 
 
 def _sections(df: pd.DataFrame):
-    """(mode, dtype, rows) for every mode and dtype present: eager first, dtypes in order."""
-    for mode in MODE_TITLES:
-        for dtype, ddf in df[df["mode"] == mode].groupby("dtype", sort=False):
-            yield mode, dtype, ddf
+    """(title, mode, rows) for every pass, mode and dtype present: forward before training,
+    eager first, dtypes in order."""
+    for pass_name in PASSES:
+        for mode in MODE_TITLES:
+            rows = df[(df["pass"] == pass_name) & (df["mode"] == mode)]
+            for dtype, ddf in rows.groupby("dtype", sort=False):
+                what = MODE_TITLES[mode] if pass_name == "forward" else (
+                    f"training step (forward+backward), {MODE_TITLES[mode]}")
+                yield f"{dtype}, {what}", mode, ddf
 
 
 def report(df: pd.DataFrame) -> str:
@@ -71,10 +77,10 @@ def report(df: pd.DataFrame) -> str:
     parts.append(f"Runs: {', '.join(f'{r} ({t})' for r, t in runs.items())}.")
     counts = ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().items())
     parts.append(f"Rows: {len(df)} ({counts}).")
-    for mode, dtype, ddf in _sections(df):
+    for title, mode, ddf in _sections(df):
         nslice = length_slice(ddf)
         variants = list(dict.fromkeys(nslice["variant"]))
-        parts += ["", f"## {dtype}, {MODE_TITLES[mode]}: {shape_label(nslice)}", ""]
+        parts += ["", f"## {title}: {shape_label(nslice)}", ""]
         best_rows = []
         for length, rows in nslice.groupby("length"):
             ok = rows[rows["status"] == "ok"].dropna(subset=["median_ms"])
@@ -110,11 +116,11 @@ def report(df: pd.DataFrame) -> str:
                      "(an edited or foreign table?).")
     else:
         parts.append(markdown_table(
-            ["variant", "dtype", "mode", "B", "N", "H", "Qp", "Vp", "status", "reason"],
-            [[r.variant, r.dtype, r.mode, str(r.batch), str(r.length), str(r.heads),
-              str(r.query_points), str(r.value_points), r.status,
-              "" if pd.isna(r.reason) else str(r.reason)]
-             for r in failed.itertuples()]))
+            ["variant", "dtype", "mode", "pass", "B", "N", "H", "Qp", "Vp", "status", "reason"],
+            [[r["variant"], r["dtype"], r["mode"], r["pass"], *(str(r[c]) for c in (
+                "batch", "length", "heads", "query_points", "value_points")), r["status"],
+              "" if pd.isna(r["reason"]) else str(r["reason"])]
+             for r in failed.to_dict("records")]))
     return "\n".join(parts) + "\n"
 
 

@@ -16,6 +16,7 @@ import errno
 import fcntl
 import io
 import json
+import math
 import os
 from pathlib import Path
 
@@ -29,17 +30,22 @@ METADATA_JSON = "metadata.json"
 
 COLUMNS = [
     "run_id", "started_at", "variant", "is_baseline", "batch", "length", "heads", "node_dim",
-    "pair_dim", "query_points", "value_points", "dtype", "math_mode", "mode", "device",
+    "pair_dim", "query_points", "value_points", "dtype", "math_mode", "mode", "pass", "device",
     "device_name", "status", "reason", "build_s", "median_ms", "p20_ms", "p80_ms", "n_samples",
     "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
-    "invariance_err", "invariance_tol", "correctness_seeds", "speedup_vs_baseline", "floor_ms",
-    "pct_of_floor", "tflops", "notes", "flags", "code_digest", "kernel",
+    "invariance_err", "invariance_tol", "correctness_seeds", "grad_rel_l2", "grad_tol",
+    "grad_worst", "grad_err_ratio", "speedup_vs_baseline", "floor_ms", "pct_of_floor", "tflops",
+    "notes", "flags", "code_digest", "kernel",
 ]
 # Columns added after the first published runs, with the value older files are read with.
 # A file without them still reads; a sweep does not resume into it (its header differs).
-ADDED_COLUMNS = {"flags": "", "code_digest": "", "kernel": ""}
+ADDED_COLUMNS = {"flags": "", "code_digest": "", "kernel": "", "pass": "forward",
+                 "grad_rel_l2": math.nan, "grad_tol": math.nan, "grad_worst": "",
+                 "grad_err_ratio": math.nan}
 KEY_COLUMNS = ["variant", "batch", "length", "heads", "node_dim", "pair_dim", "query_points",
-               "value_points", "dtype", "mode", "device"]
+               "value_points", "dtype", "mode", "pass", "device"]
+# Per-gradient figures of the forward+backward rows, one JSON object per line.
+GRADIENTS_JSONL = "gradients.jsonl"
 SHAPE_COLUMNS = ["batch", "heads", "node_dim", "pair_dim", "query_points", "value_points"]
 
 # What a row's `status` may be (results/README.md, "Outcome").

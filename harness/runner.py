@@ -41,6 +41,8 @@ from variants.problem import (
 )
 
 INPUT_NAMES = ("node_repr", "pair_repr", "translations", "rotations")
+PASSES = ("forward", "forward+backward")
+GRAD_OUT_SEED = 31_337
 
 
 def rigid_motion(inputs: IPAInputs, seed: int, shift_angstrom: float = 50.0) -> IPAInputs:
@@ -101,6 +103,14 @@ class InputRecipe:
     def moved(self, motion_seed: int) -> InputRecipe:
         return dataclasses.replace(self, motion_seed=motion_seed)
 
+    def grad_output(self) -> torch.Tensor:
+        """The fixed random `grad_out` of a training step on these inputs (drawn in float64,
+        stored in the recipe's dtype; the oracle upcasts the same values)."""
+        g = torch.Generator().manual_seed(GRAD_OUT_SEED + self.seed)
+        grad = torch.randn(self.batch, self.length, self.config.node_dim, generator=g,
+                           dtype=torch.float64)
+        return grad.to(self.device, get_precision(self.precision).dtype)
+
 
 @dataclass(frozen=True)
 class BuildSpec:
@@ -115,11 +125,13 @@ class BuildSpec:
 @dataclass
 class RunOutput:
     """One call's result: the output (detached copy; on the CPU when it crossed from a
-    worker), the type of what was returned, and the inputs the call modified in place."""
+    worker), the type of what was returned, the inputs the call modified in place, and for a
+    training step the gradient of every input and parameter by name (None: no gradient)."""
 
     out: torch.Tensor | None
     returned: str
     modified: list[str]
+    grads: dict[str, torch.Tensor | None] | None = None
 
 
 @dataclass
@@ -137,11 +149,46 @@ def modified_inputs(after: IPAInputs, before: IPAInputs) -> list[str]:
                                             strict=True) if not torch.equal(now, then)]
 
 
-def _run_output(out: object, modified: list[str], to_cpu: bool) -> RunOutput:
+def _copy(t: torch.Tensor, to_cpu: bool) -> torch.Tensor:
+    t = t.detach()
+    return t.cpu() if to_cpu else t.clone()
+
+
+def _run_output(out: object, modified: list[str], to_cpu: bool, grads=None) -> RunOutput:
+    if grads is not None:
+        grads = {name: None if g is None else _copy(g, to_cpu) for name, g in grads.items()}
     if not isinstance(out, torch.Tensor):
-        return RunOutput(None, type(out).__name__, modified)
-    out = out.detach()
-    return RunOutput(out.cpu() if to_cpu else out.clone(), "Tensor", modified)
+        return RunOutput(None, type(out).__name__, modified, grads)
+    return RunOutput(_copy(out, to_cpu), "Tensor", modified, grads)
+
+
+def trainable_parameters(fn: IPAFunction) -> dict[str, torch.Tensor]:
+    """The built function's parameters by state_dict name: `fn.parameters()` ((name,
+    tensor) pairs) where the variant says, else those of `fn.module` (a torch.nn.Module with
+    the reference's names), else none (its parameter gradients are then missing)."""
+    parameters = getattr(fn, "parameters", None)
+    if callable(parameters):
+        return dict(parameters())
+    module = getattr(fn, "module", None)
+    return dict(module.named_parameters()) if isinstance(module, torch.nn.Module) else {}
+
+
+def training_step(fn: IPAFunction, args: tuple, params: dict[str, torch.Tensor],
+                  grad_out: torch.Tensor) -> tuple[object, dict]:
+    """Forward, then the gradients of `grad_out . output` for every input in `args` and every
+    parameter (by name; None where autograd found no path). `args` and `params` must be
+    leaves that require grad."""
+    leaves = dict(zip(INPUT_NAMES, args, strict=True)) | params
+    with torch.enable_grad():
+        out = fn(*args)
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:
+            return out, dict.fromkeys(leaves)
+        grads = torch.autograd.grad(out, list(leaves.values()), grad_out, allow_unused=True)
+    return out, dict(zip(leaves, grads, strict=True))
+
+
+def _leaves(inputs: IPAInputs) -> tuple[torch.Tensor, ...]:
+    return tuple(t.detach().requires_grad_(True) for t in inputs.as_tuple())
 
 
 class LocalRunner:
@@ -181,38 +228,65 @@ class LocalRunner:
             self._sync()
             return time.perf_counter() - t0
 
-    def outputs(self, spec: BuildSpec, recipes: list[InputRecipe]) -> list[RunOutput]:
-        """One call per recipe, each on fresh tensors, with the inputs it modified."""
+    def outputs(self, spec: BuildSpec, recipes: list[InputRecipe],
+                pass_name: str = "forward") -> list[RunOutput]:
+        """One call per recipe, each on fresh tensors, with the inputs it modified; for
+        `forward+backward`, a training step with every gradient."""
         results = []
         with math_mode(spec.precision), torch.no_grad():
             fn = self._function(spec)
+            params = self._trainable(fn) if pass_name != "forward" else {}
             for recipe in recipes:
                 pristine = recipe.values()
                 inputs = recipe.presented(pristine)
-                out = fn(*inputs.as_tuple())
-                results.append(_run_output(out, modified_inputs(inputs, pristine), self.to_cpu))
-                del inputs, pristine, out
+                grads = None
+                if pass_name == "forward":
+                    out = fn(*inputs.as_tuple())
+                else:
+                    args = _leaves(inputs)
+                    out, grads = training_step(fn, args, params, recipe.grad_output())
+                    inputs = IPAInputs(*(t.detach() for t in args))
+                results.append(_run_output(out, modified_inputs(inputs, pristine), self.to_cpu,
+                                           grads))
+                del inputs, pristine, out, grads
         return results
 
+    @staticmethod
+    def _trainable(fn: IPAFunction) -> dict[str, torch.Tensor]:
+        params = trainable_parameters(fn)
+        for p in params.values():
+            p.requires_grad_(True)
+        return params
+
     def time(self, spec: BuildSpec, recipe: InputRecipe, modes: list[str],
-             policy: TimingPolicy, refills: list[tuple[int, InputRecipe]]) -> TimedRun:
-        """Time each mode on `recipe`'s inputs. Before sample `i` of each `(i, r)` in
-        `refills` the inputs are refilled in place with `r`'s values, and sample i's output
-        is kept (copied after the sample, outside the timed region)."""
+             policy: TimingPolicy, refills: list[tuple[int, InputRecipe]],
+             pass_name: str = "forward") -> TimedRun:
+        """Time each mode on `recipe`'s inputs: a forward call, or a training step (forward
+        and every gradient). Before sample `i` of each `(i, r)` in `refills` the inputs are
+        refilled in place with `r`'s values, and sample i's output is kept (copied after the
+        sample, outside the timed region)."""
         with math_mode(spec.precision), torch.no_grad():
             fn = self._function(spec)
-            args = recipe.presented(recipe.values()).as_tuple()
             holder: list = [None]
+            if pass_name == "forward":
+                args = recipe.presented(recipe.values()).as_tuple()
 
-            def call():
-                holder[0] = fn(*args)
+                def call():
+                    holder[0] = fn(*args)
+            else:
+                args = _leaves(recipe.presented(recipe.values()))
+                params, grad_out = self._trainable(fn), recipe.grad_output()
+
+                def call():
+                    holder[0] = training_step(fn, args, params, grad_out)[0]
 
             refill_at = dict(refills)
             timings, kept, callables = {}, {}, {}
             peak = None
             if self.device == "cuda":
                 self._flusher = self._flusher or L2Flusher(torch.device("cuda"))
-                peak = peak_memory_mib(lambda: fn(*args), torch.device("cuda"))
+                peak = peak_memory_mib(call, torch.device("cuda"))
+                holder[0] = None
             for mode in modes:
                 outputs: list[RunOutput] = []
                 pending = [False]

@@ -37,10 +37,11 @@ from harness.correctness import (
     check_variant,
     correctness_recipes,
     judge_output,
+    pass_reasons,
     rows_per_chunk,
 )
 from harness.errors import RunFailure
-from harness.grid import Cell, Grid, load_grid_file, preset_grid
+from harness.grid import PRESETS, Cell, Grid, load_grid_file, preset_grid
 from harness.measure import (
     L2Flusher,
     Timing,
@@ -61,6 +62,8 @@ from harness.options import (
 )
 from harness.plots import plot_results
 from harness.results import (
+    GRADIENTS_JSONL,
+    KEY_COLUMNS,
     METADATA_JSON,
     NOISY_REL_NOISE,
     RESULTS_CSV,
@@ -71,7 +74,7 @@ from harness.results import (
     read_results,
     row_key,
 )
-from harness.runner import BuildSpec, InputRecipe
+from harness.runner import PASSES, BuildSpec, InputRecipe
 from harness.scan import row_flags, scan_variant
 from harness.worker import (
     DEFAULT_TIMEOUT_S,
@@ -93,7 +96,7 @@ def cell_key(variant: str, cell: Cell, mode: str, device: str) -> tuple[str, ...
     return row_key(dict(variant=variant, batch=cell.batch, length=cell.length, heads=c.heads,
                         node_dim=c.node_dim, pair_dim=c.pair_dim, query_points=c.query_points,
                         value_points=c.value_points, dtype=cell.precision, mode=mode,
-                        device=device))
+                        device=device, **{"pass": cell.pass_name}))
 
 
 _RANDOM = random.SystemRandom()  # refill seeds and sample indices no variant can predict
@@ -108,6 +111,18 @@ WALL_ALLOWANCE_MS = 0.05
 def _short(exc: BaseException, limit: int = 400) -> str:
     text = f"{exception_name(exc)}: {exc}".strip().replace("\n", " | ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _correctness_columns(check: CheckResult) -> dict:
+    """The row's correctness figures (the gradient ones only for a training step)."""
+    columns = dict(
+        rel_l2=check.rel_l2, max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2,
+        tol=check.tol, err_ratio=check.err_ratio, invariance_err=check.invariance_err,
+        invariance_tol=check.invariance_tol, correctness_seeds=check.seeds)
+    if check.pass_name != "forward":
+        columns.update(grad_rel_l2=check.grad_rel_l2, grad_tol=check.grad_tol,
+                       grad_worst=check.grad_worst, grad_err_ratio=check.grad_err_ratio)
+    return columns
 
 
 def _seconds(fn) -> float:
@@ -191,8 +206,7 @@ class Sweep:
         try:
             workers.prestart(sorted({
                 (variant, self.device.type, cell.precision) for cell, variant in todo
-                if not variant.not_supported_reasons(cell.config, self.device.type,
-                                                     cell.precision)}, key=str))
+                if not self._reasons(cell, variant)}, key=str))
             with progress_bar("sweep", len(todo), enabled=self.show_progress) as advance:
                 for cell, variant in todo:
                     advance_label = (f"{variant.name} {cell.precision} B={cell.batch} "
@@ -245,22 +259,28 @@ class Sweep:
             "heads": c.heads, "node_dim": c.node_dim, "pair_dim": c.pair_dim,
             "query_points": c.query_points, "value_points": c.value_points,
             "dtype": precision.name, "math_mode": precision.math_mode, "mode": mode,
-            "device": self.device.type, "device_name": env.device_name,
+            "pass": cell.pass_name, "device": self.device.type, "device_name": env.device_name,
             "code_digest": self.digests[variant.name],
         }
-        floor_ms = (min_bytes(c, cell.batch, cell.length, precision.dtype.itemsize)
-                    / (env.bandwidth_gbps * 1e9) * 1e3)
+        floor_ms = (min_bytes(c, cell.batch, cell.length, precision.dtype.itemsize,
+                              cell.pass_name) / (env.bandwidth_gbps * 1e9) * 1e3)
         row["floor_ms"] = floor_ms
         row.update(values)
         row["flags"] = ";".join(filter(None, [row.get("flags", ""),
                                               *row_flags(self.scan[variant.name], row["dtype"])]))
         return row
 
+    def _reasons(self, cell: Cell, variant: Variant) -> list[str]:
+        """Why `variant` cannot run `cell` here (a forward-only variant's training rows)."""
+        device = self.device.type
+        return pass_reasons(variant, cell.pass_name, device) or (
+            variant.not_supported_reasons(cell.config, device, cell.precision))
+
     def _run_cell(self, cell: Cell, variant: Variant, references: ReferenceCache,
                   env: Environment, results: ResultsFile, workers: WorkerPool) -> list[dict]:
         modes = self.grid.modes_for(cell, self.device.type)
         device = self.device.type
-        reasons = variant.not_supported_reasons(cell.config, device, cell.precision)
+        reasons = self._reasons(cell, variant)
         if reasons:
             return [self._row(cell, variant, m, env, status="unsupported",
                               reason="; ".join(reasons)) for m in modes]
@@ -291,7 +311,10 @@ class Sweep:
         build_s = worker.build(build, first_call=timing_inputs)
         check = check_variant(variant, cell.config, batch=cell.batch, length=cell.length,
                               device=device, precision=precision, seeds=self.grid.seeds,
-                              references=references, runner=worker, build=build)
+                              references=references, runner=worker, build=build,
+                              pass_name=cell.pass_name)
+        if check.gradients:
+            self._write_gradients(cell, variant, check)
         _free_memory()
         notes = variant.known_issues(cell.config, cell.batch, cell.length, device,
                                      precision.name)
@@ -308,7 +331,7 @@ class Sweep:
             notes.append("peak memory not measured on CPU")
         policy = TimingPolicy(budget_s=self.grid.budget_s)
         refills = self._refills(cell, policy, timing_inputs)
-        timed = worker.time(build, timing_inputs, modes, policy, refills)
+        timed = worker.time(build, timing_inputs, modes, policy, refills, cell.pass_name)
         kernel = worker.kernel(build)
         rows = []
         for mode in modes:
@@ -324,6 +347,16 @@ class Sweep:
             row["kernel"] = kernel
             rows.append(row)
         return rows
+
+    def _write_gradients(self, cell: Cell, variant: Variant, check: CheckResult) -> None:
+        """Append the per-tensor gradient figures of a training cell to gradients.jsonl
+        (each tensor's worst seed; the row carries the worst tensor)."""
+        record = {"run_id": self.run_id, "code_digest": self.digests[variant.name],
+                  "key": dict(zip(KEY_COLUMNS, cell_key(variant.name, cell, "eager",
+                                                        self.device.type), strict=True)),
+                  "gradients": check.gradients}
+        with (self.out_dir / GRADIENTS_JSONL).open("a") as f:
+            f.write(json.dumps(record, default=float) + "\n")
 
     def _refills(self, cell: Cell, policy: TimingPolicy,
                  timing_inputs: InputRecipe) -> list[tuple[int, InputRecipe]]:
@@ -375,11 +408,8 @@ class Sweep:
                      why: str, notes: list[str], known: str) -> dict:
         return self._row(
             cell, variant, mode, env, status="interpreted" if check.passed else "mismatch",
-            reason="; ".join([*check.failures, why]), build_s=build_s, rel_l2=check.rel_l2,
-            max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2, tol=check.tol,
-            err_ratio=check.err_ratio, invariance_err=check.invariance_err,
-            invariance_tol=check.invariance_tol, correctness_seeds=check.seeds,
-            notes="; ".join(notes), flags=known)
+            reason="; ".join([*check.failures, why]), build_s=build_s,
+            **_correctness_columns(check), notes="; ".join(notes), flags=known)
 
     def _timed_row(self, cell, variant, mode, env, timing: Timing, check: CheckResult,
                    build_s, peak, notes, results: ResultsFile, known: str) -> dict:
@@ -394,12 +424,10 @@ class Sweep:
             cell, variant, mode, env, status=status, reason="; ".join(check.failures),
             build_s=build_s, median_ms=timing.median_ms, p20_ms=timing.p20_ms,
             p80_ms=timing.p80_ms, n_samples=timing.n_samples, rel_noise=timing.rel_noise,
-            peak_mem_mib="" if peak is None else peak, rel_l2=check.rel_l2,
-            max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2, tol=check.tol,
-            err_ratio=check.err_ratio, invariance_err=check.invariance_err,
-            invariance_tol=check.invariance_tol, correctness_seeds=check.seeds,
+            peak_mem_mib="" if peak is None else peak, **_correctness_columns(check),
             speedup_vs_baseline=(base_ms / timing.median_ms) if base_ms else "",
-            tflops=flops(cell.config, cell.batch, cell.length) / (timing.median_ms * 1e-3) / 1e12,
+            tflops=flops(cell.config, cell.batch, cell.length, cell.pass_name)
+            / (timing.median_ms * 1e-3) / 1e12,
             notes="; ".join(notes),
             flags=";".join(f for f in (known, "noisy" if timing.rel_noise > NOISY_REL_NOISE
                                        else "", "review" if review else "") if f),
@@ -427,12 +455,15 @@ def run_sweep(args) -> int:
         grid.cells = [c for c in grid.cells if c.precision in args.dtype]
     if args.max_length:
         grid.cells = [c for c in grid.cells if c.length <= args.max_length]
+    if args.pass_name:
+        grid.cells = [c for c in grid.cells if c.pass_name in args.pass_name]
     if not grid.cells:
         raise IPAInputError(
-            f"--dtype {args.dtype or '(any)'}, --max-length {args.max_length or '(none)'}: no "
-            f"cell of {grid.source} is left (it has dtypes "
-            f"{sorted({c.precision for c in every_cell})} and lengths "
-            f"{sorted({c.length for c in every_cell})})")
+            f"--dtype {args.dtype or '(any)'}, --max-length {args.max_length or '(none)'}, "
+            f"--pass {args.pass_name or '(any)'}: no cell of {grid.source} is left (it has "
+            f"dtypes {sorted({c.precision for c in every_cell})}, lengths "
+            f"{sorted({c.length for c in every_cell})} and passes "
+            f"{sorted({c.pass_name for c in every_cell})})")
     output = Path(args.output)
     if output.exists() and not output.is_dir():
         raise IPAInputError(f"-o/--output: expected a folder (new or a sweep's, to resume), got "
@@ -461,10 +492,13 @@ def add_parser(subparsers) -> None:
         "correctness against the float64 oracle, latency, peak memory, cost model. Each "
         "finished cell is fsync'ed to DIR/results.csv; rerunning the same command resumes. "
         "Exit status 1 when a row is a mismatch or an error.")
-    p.add_argument("--preset", choices=("smoke", "quick", "default", "long"),
+    p.add_argument("--preset", choices=list(PRESETS),
                    help="built-in grid (default: quick on cuda, smoke on cpu)")
     p.add_argument("--grid", metavar="FILE.toml", help="grid file (see harness/grid.py)")
     p.add_argument("--max-length", type=positive_int, help="drop cells with N above this")
+    p.add_argument("--pass", dest="pass_name", action="append", choices=PASSES,
+                   help="keep only the grid's cells of this pass (repeatable; default: every "
+                   "pass the grid has; the `training` preset times forward+backward)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
     p.add_argument("--no-plots", action="store_true", help="skip plotting at the end")
     p.add_argument("--threads", type=positive_int,

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-from harness.measure import TimingPolicy
-from harness.runner import BuildSpec, InputRecipe, LocalRunner, RunOutput, TimedRun
+from harness.runner import LocalRunner, RunOutput, TimedRun
 from variants.base import Variant
 
 DEFAULT_TIMEOUT_S = 600.0  # per call: covers a first CUDA extension build (1-2 min on the H200)
@@ -158,22 +157,21 @@ class Worker:
             raise value
         return value
 
-    # The LocalRunner's methods, run in the worker.
-    def build(self, spec: BuildSpec, first_call: InputRecipe | None = None) -> float:
-        return self.call("build", spec, first_call)
+    # The LocalRunner's methods (same arguments), run in the worker.
+    def build(self, *args, **kwargs) -> float:
+        return self.call("build", *args, **kwargs)
 
-    def outputs(self, spec: BuildSpec, recipes: list[InputRecipe]) -> list[RunOutput]:
-        return self.call("outputs", spec, recipes)
+    def outputs(self, *args, **kwargs) -> list[RunOutput]:
+        return self.call("outputs", *args, **kwargs)
 
-    def time(self, spec: BuildSpec, recipe: InputRecipe, modes: list[str],
-             policy: TimingPolicy, refills: list[tuple[int, InputRecipe]]) -> TimedRun:
-        return self.call("time", spec, recipe, modes, policy, refills)
+    def time(self, *args, **kwargs) -> TimedRun:
+        return self.call("time", *args, **kwargs)
 
-    def wall(self, mode: str, calls: int) -> None:
-        self.call("wall", mode, calls)
+    def wall(self, *args, **kwargs) -> None:
+        self.call("wall", *args, **kwargs)
 
-    def kernel(self, spec: BuildSpec) -> str:
-        return self.call("kernel", spec)
+    def kernel(self, *args, **kwargs) -> str:
+        return self.call("kernel", *args, **kwargs)
 
     def ping(self) -> None:
         self.call("ping")

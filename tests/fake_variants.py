@@ -57,3 +57,49 @@ class Memoising(Reference):
             return cache[key]
 
         return forward
+
+
+class _ScaledGradient(torch.autograd.Function):
+    """Identity forward; the backward scales the gradient (a wrong backward kernel)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+class WrongTranslationGradient(Reference):
+    """The reference's forward exactly; the gradient of `translations` is 1 % too large."""
+
+    name = "wrong-translation-gradient"
+    is_baseline = False
+
+    def build(self, *args):
+        fn = super().build(*args)
+
+        def forward(node_repr, pair_repr, translations, rotations):
+            return fn(node_repr, pair_repr, _ScaledGradient.apply(translations, 1.01), rotations)
+
+        forward.module = fn.module
+        return forward
+
+
+class DetachedPairGradient(Reference):
+    """The reference's forward exactly, with `pair_repr` detached: no gradient reaches it (a
+    backward that never writes d pair_repr)."""
+
+    name = "detached-pair-gradient"
+    is_baseline = False
+
+    def build(self, *args):
+        fn = super().build(*args)
+
+        def forward(node_repr, pair_repr, translations, rotations):
+            return fn(node_repr, pair_repr.detach(), translations, rotations)
+
+        forward.module = fn.module
+        return forward

@@ -127,6 +127,11 @@ class Variant:
                 reasons.append(f"{key}={sizes[key]} outside the supported range [{low}, {high}]")
         return reasons
 
+    def backward_reasons(self, device: str) -> list[str]:
+        """Why this variant cannot run a training step (forward+backward) on `device`; empty
+        when it can. Default: `supports_backward`."""
+        return [] if self.supports_backward else ["forward only: the variant has no backward"]
+
     def code_paths(self) -> list[Path]:
         """The files and folders whose contents decide what this variant computes; their
         digest (`code_digest`) goes into every row, and a sweep re-measures a cell whose

@@ -52,6 +52,7 @@ KNOWN_WRONG = (
 class Compiled(Variant):
     name = "torch-compile"
     description = "torch.compile(reference), Inductor, static shapes"
+    supports_backward = True
 
     def not_supported_reasons(self, config, device, precision):
         reasons = super().not_supported_reasons(config, device, precision)
@@ -70,4 +71,6 @@ class Compiled(Variant):
         dtype = get_precision(precision).dtype
         module = make_module(state_dict, config, device, dtype)
         torch._dynamo.reset()
-        return checked(torch.compile(module, dynamic=False), config, device, dtype)
+        fn = checked(torch.compile(module, dynamic=False), config, device, dtype)
+        fn.parameters = module.named_parameters  # state_dict names, for gradients
+        return fn

@@ -134,4 +134,6 @@ class ExpandedVariant(Variant):
         dtype = get_precision(precision).dtype
         module = ExpandedIPA(make_module(state_dict, config, device, dtype), self.attention(),
                              self.padded_width, centre=self.centre)
-        return checked(module, config, device, dtype)
+        fn = checked(module, config, device, dtype)
+        fn.parameters = module.reference.named_parameters  # state_dict names, for gradients
+        return fn

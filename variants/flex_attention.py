@@ -69,6 +69,11 @@ class FlexAttention(ExpandedVariant):
                 "error at N=128, 5.6x at N=512 (CPU, B=1)",
     }
 
+    def backward_reasons(self, device):
+        if torch.device(device).type == "cpu":
+            return ["FlexAttention has no CPU backward in torch (NotImplementedError)"]
+        return super().backward_reasons(device)
+
     @staticmethod
     def padded_width(width: int) -> int:
         """The next power of two >= max(width, 16)."""
