@@ -58,6 +58,16 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+# Errors after which a process's CUDA context is unusable (CUDA's sticky errors).
+CUDA_FAULT_MARKERS = ("device-side assert", "illegal memory access", "misaligned address",
+                      "unspecified launch failure", "illegal instruction")
+
+
+def _cuda_context_lost(exc: VariantRaised) -> bool:
+    text = str(exc).lower()
+    return "cuda error" in text and any(marker in text for marker in CUDA_FAULT_MARKERS)
+
+
 def exception_name(exc: BaseException) -> str:
     """The exception's type name, for a `VariantRaised` the original one."""
     return exc.type_name if isinstance(exc, VariantRaised) else type(exc).__name__
@@ -154,6 +164,13 @@ class Worker:
         except EOFError:
             raise self._failure(method, "it ended without answering") from None
         if status == "raised":
+            if _cuda_context_lost(value):  # every later CUDA call in it would fail too
+                self.process.kill()
+                self.process.join(10)
+                self._cleanup()
+                value = VariantRaised(value.type_name, f"{value} (a CUDA fault: its worker was "
+                                      "ended, the next call starts a fresh one)", value.oom,
+                                      value.trace)
             raise value
         return value
 

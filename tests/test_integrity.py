@@ -130,3 +130,18 @@ def test_work_on_a_side_stream_is_named(tmp_path):
     assert ("work outside the timed stream" in row["reason"]
             or "below the memory floor" in row["reason"]), row["reason"]
     assert "scan:streams" in row["flags"]
+
+
+@pytest.mark.gpu
+def test_a_cuda_fault_is_an_error_row_and_the_next_cell_gets_a_fresh_worker(tmp_path):
+    grid = grid_from_dict({"base": {**GRID["base"], "dtypes": ["fp32"]},
+                           "slice": [{"length": [64, 96]}]})
+    variants = [get_variant("reference"), model_new_variant(ATTACKS / "cuda_fault.py")]
+    path = Sweep(variants, grid, "cuda", tmp_path, show_progress=False).run()
+    with path.open(newline="") as f:
+        rows = {(r["variant"], r["length"]): r for r in csv.DictReader(f)}
+    faulted = rows["model-new:cuda_fault.py", "64"]
+    assert faulted["status"] == "error"
+    assert "a CUDA fault: its worker was ended" in faulted["reason"], faulted["reason"]
+    assert rows["model-new:cuda_fault.py", "96"]["status"] == "ok"  # a fresh CUDA context
+    assert rows["reference", "96"]["status"] == "ok"
