@@ -17,6 +17,10 @@ CSV columns (`harness.results.COLUMNS`). A variant outside its tolerance
 is still timed, then the test fails (an expected failure where the variant declares the cell
 in `known_issues`). `ipa-bench sweep` is the publishing path; this suite
 is for quick side-by-side tables and `--benchmark-compare` between commits.
+
+`test_training_step` times the same cases as a training step (forward plus the gradients of
+every input and parameter, `harness.runner.training_step`), with the gradient figures in
+`extra_info`; variants without a backward are skipped with `forward only`.
 """
 
 from __future__ import annotations
@@ -27,16 +31,17 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from harness.correctness import check_variant
+from harness.correctness import check_variant, pass_reasons
 from harness.environment import device_name
 from harness.measure import peak_memory_mib
 from harness.results import COLUMNS
-from variants.problem import IPAConfig, get_precision, make_inputs, math_mode
+from harness.runner import InputRecipe, leaf_inputs, trainable_parameters, training_step
+from variants.problem import IPAConfig, get_precision, math_mode
 from variants.reference import init_state_dict
 from variants.registry import all_variants
 
 VARIANTS = all_variants()
-TIMING_SEED = 10_000  # the sweep's timing inputs; correctness uses seeds 0, 1, ...
+TIMING_SEED = 10_000  # timed inputs apart from the correctness seeds 0, 1, ...
 
 
 @dataclass(frozen=True)
@@ -79,10 +84,19 @@ def pytest_generate_tests(metafunc):
 
 
 def test_forward(benchmark, timed, case: Case, variant_name: str, request):
-    variant = VARIANTS[variant_name]
+    _benchmark_case(benchmark, timed, case, VARIANTS[variant_name], request, "forward")
+
+
+def test_training_step(benchmark, timed, case: Case, variant_name: str, request):
+    """Forward plus every input's and parameter's gradient (the sweep's forward+backward)."""
+    _benchmark_case(benchmark, timed, case, VARIANTS[variant_name], request, "forward+backward")
+
+
+def _benchmark_case(benchmark, timed, case: Case, variant, request, pass_name: str) -> None:
     config, device = case.config, case.device
     precision = get_precision(case.precision)
-    reasons = variant.not_supported_reasons(config, device, precision)
+    reasons = pass_reasons(variant, pass_name, device) or variant.not_supported_reasons(
+        config, device, precision)
     if reasons:
         pytest.skip("; ".join(reasons))
     known = variant.known_issues(config, case.batch, case.length, device, precision.name)
@@ -93,28 +107,41 @@ def test_forward(benchmark, timed, case: Case, variant_name: str, request):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
 
-    benchmark.group = case.group
+    benchmark.group = f"{case.group} {pass_name}"
     state_dict = init_state_dict(config)
     with math_mode(precision), torch.no_grad():
         fn = variant.build(state_dict, config, device, precision)
         check = check_variant(variant, config, batch=case.batch, length=case.length,
                               device=device, precision=precision, seeds=1,
-                              state_dict=state_dict, fn=fn)
-        args = make_inputs(config, case.batch, case.length, dtype=precision.dtype,
-                           device=device, seed=TIMING_SEED).as_tuple()
+                              state_dict=state_dict, fn=fn, pass_name=pass_name)
+        recipe = InputRecipe(config, case.batch, case.length, precision.name, device,
+                             seed=TIMING_SEED)
+        if pass_name == "forward":
+            args = recipe.values().as_tuple()
+
+            def call():
+                return fn(*args)
+        else:
+            args, grad_out = leaf_inputs(recipe.values()), recipe.grad_output()
+            params = {n: p.requires_grad_(True) for n, p in trainable_parameters(fn).items()}
+
+            def call():
+                return training_step(fn, args, params, grad_out)
         benchmark.extra_info.update(
             variant=variant.name, is_baseline=variant.is_baseline, device=device,
-            device_name=device_name(torch.device(device)),
-            dtype=precision.name, math_mode=precision.math_mode, batch=case.batch,
-            length=case.length, **vars(config),
+            device_name=device_name(torch.device(device)), dtype=precision.name,
+            math_mode=precision.math_mode, batch=case.batch, length=case.length,
+            **vars(config), **{"pass": pass_name},
             rel_l2=check.rel_l2, max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2,
             tol=check.tol, err_ratio=check.err_ratio, correctness_seeds=check.seeds,
+            grad_rel_l2=check.grad_rel_l2, grad_tol=check.grad_tol, grad_worst=check.grad_worst,
+            grad_err_ratio=check.grad_err_ratio,
             status="ok" if check.passed else "mismatch", reason="; ".join(check.failures),
-            peak_mem_mib=(peak_memory_mib(lambda: fn(*args), torch.device(device))
+            peak_mem_mib=(peak_memory_mib(call, torch.device(device))
                           if device == "cuda" else None),
         )
         assert set(benchmark.extra_info) <= set(COLUMNS), "extra_info: the CSV's column names"
-        timed(lambda: fn(*args), device, rounds=case.rounds, warmup_rounds=case.warmup_rounds)
+        timed(call, device, rounds=case.rounds, warmup_rounds=case.warmup_rounds)
     assert check.passed, f"{variant.name} {case.group}: {'; '.join(check.failures)}"
 
 

@@ -187,7 +187,8 @@ def training_step(fn: IPAFunction, args: tuple, params: dict[str, torch.Tensor],
     return out, dict(zip(leaves, grads, strict=True))
 
 
-def _leaves(inputs: IPAInputs) -> tuple[torch.Tensor, ...]:
+def leaf_inputs(inputs: IPAInputs) -> tuple[torch.Tensor, ...]:
+    """The inputs as fresh leaves that require grad (a training step's arguments)."""
     return tuple(t.detach().requires_grad_(True) for t in inputs.as_tuple())
 
 
@@ -243,7 +244,7 @@ class LocalRunner:
                 if pass_name == "forward":
                     out = fn(*inputs.as_tuple())
                 else:
-                    args = _leaves(inputs)
+                    args = leaf_inputs(inputs)
                     out, grads = training_step(fn, args, params, recipe.grad_output())
                     inputs = IPAInputs(*(t.detach() for t in args))
                 results.append(_run_output(out, modified_inputs(inputs, pristine), self.to_cpu,
@@ -274,7 +275,7 @@ class LocalRunner:
                 def call():
                     holder[0] = fn(*args)
             else:
-                args = _leaves(recipe.presented(recipe.values()))
+                args = leaf_inputs(recipe.presented(recipe.values()))
                 params, grad_out = self._trainable(fn), recipe.grad_output()
 
                 def call():
