@@ -37,7 +37,7 @@ from variants.problem import (
     get_precision,
     make_inputs,
     math_mode,
-    random_rotations,
+    random_rigid_motion,
 )
 
 INPUT_NAMES = ("node_repr", "pair_repr", "translations", "rotations")
@@ -48,10 +48,7 @@ GRAD_OUT_SEED = 31_337
 def rigid_motion(inputs: IPAInputs, seed: int, shift_angstrom: float = 50.0) -> IPAInputs:
     """Apply one global rigid motion (R_g, t_g) to every frame: R_i -> R_i R_g,
     t_i -> t_i R_g + t_g (computed in float64, then stored in the inputs' dtype)."""
-    g = torch.Generator().manual_seed(10_007 + seed)
-    r_g = random_rotations(1, g)[0]
-    t_g = torch.randn(3, generator=g, dtype=torch.float64)
-    t_g = shift_angstrom * t_g / t_g.norm()
+    r_g, t_g = random_rigid_motion(seed, shift_angstrom)
     device, dtype = inputs.node_repr.device, inputs.node_repr.dtype
     r_g, t_g = r_g.to(device), t_g.to(device)
     rot = inputs.rotations.double() @ r_g

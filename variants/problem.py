@@ -124,6 +124,15 @@ def random_rotations(count: int, generator: torch.Generator) -> torch.Tensor:
 CA_STEP_ANGSTROM = 3.8
 
 
+def random_rigid_motion(seed: int, shift_angstrom: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded global rigid motion for invariance checks (float64, CPU): a uniformly random
+    rotation R_g and a translation t_g of length `shift_angstrom` in a random direction."""
+    g = torch.Generator().manual_seed(10_007 + seed)
+    r_g = random_rotations(1, g)[0]
+    t_g = torch.randn(3, generator=g, dtype=torch.float64)
+    return r_g, shift_angstrom * t_g / t_g.norm()
+
+
 def make_inputs(
     config: IPAConfig,
     batch: int,

@@ -7,8 +7,8 @@ and the invariance property. The module itself and the float64 oracle are in
 `variants/openfold/reference.py`.
 
 What is shared with the simplified problem is imported from `variants/problem.py`, not
-copied: `IPAInputError`, the precisions and their tolerance floors, `random_rotations`, the
-protein-like frame generator (through `make_inputs`, see `protein_frames`) and the rotation
+copied: `IPAInputError`, the precisions and their tolerance floors, `random_rigid_motion`,
+the protein-like frame generator (through `make_inputs`, see `protein_frames`) and the rotation
 checks (`check_input_values`). Imports nothing from `harness/`.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from variants import problem as simplified
-from variants.problem import PRECISIONS, IPAConfig, IPAInputError, random_rotations
+from variants.problem import PRECISIONS, IPAConfig, IPAInputError, random_rigid_motion
 
 NAME = "openfold"
 
@@ -450,10 +450,7 @@ def rigid_motion(inputs: OpenFoldInputs, seed: int, shift_angstrom: float = 50.0
     """One global rigid motion g -> R_g g + t_g applied to every frame, column convention:
     R_i -> R_g R_i, t_i -> R_g t_i + t_g (float64, then stored in the inputs' dtype). The
     output must not change on the rows `invariance_rows` selects."""
-    g = torch.Generator().manual_seed(10_007 + seed)
-    r_g = random_rotations(1, g)[0]
-    t_g = torch.randn(3, generator=g, dtype=torch.float64)
-    t_g = shift_angstrom * t_g / t_g.norm()
+    r_g, t_g = random_rigid_motion(seed, shift_angstrom)
     dtype, device = inputs.s.dtype, inputs.s.device
     r_g, t_g = r_g.to(device), t_g.to(device)
     rot = r_g @ inputs.rotations.double()
