@@ -7,7 +7,10 @@ element, an N that fills every tile, one head, one point, non-contiguous inputs.
 goes through the same oracle comparison as `check` (float64 reference on the same inputs;
 tolerance from the reference's own error in that probe; `harness.correctness.judge_output`).
 Where the error appears and where it vanishes names the suspect; that logic is data
-(`harness.probes.RULES`), one rule per suspect, each with a test.
+(`harness.probes.RULES`), one rule per suspect, each with a test. With
+`--pass forward+backward` each probe is a training step and every gradient is judged too;
+the verdict names the wrong gradients and their term (`harness.probes.GRADIENT_TERMS`,
+`GRADIENT_RULES`).
 
 Probes are cheap at the default sizes (B = 2, N = 97 and 128, default layer): a few seconds
 on a CPU for the whole table.
@@ -26,11 +29,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness import options
-from harness.correctness import ReferenceCache, judge_output
+from harness.correctness import (
+    OutputJudgement,
+    ReferenceCache,
+    judge_gradients,
+    judge_output,
+    pass_reasons,
+)
 from harness.model_new import model_new_variant
 from harness.probes import DEFAULT_SIZES, PROBES, Probe, Sizes, StateDict, Verdict, verdict
 from harness.results import ERR_RATIO_LABEL, format_err_ratio
-from harness.runner import BuildSpec, InputRecipe, LocalRunner
+from harness.runner import PASSES, BuildSpec, InputRecipe, LocalRunner
 from harness.version import __version__
 from harness.worker import Worker, exception_name
 from variants.base import Variant
@@ -53,18 +62,34 @@ class ProbeResult:
     reference_rel_l2: float = math.nan
     tol: float = math.nan
     message: str = ""
+    output_passed: bool = True  # the output alone (status FAIL may be a gradient's)
+    # forward+backward: every gradient's worst seed by name, the worst gradient (by
+    # rel_l2 / tol), and the gradients that fail in this probe
+    gradients: dict[str, OutputJudgement] = field(default_factory=dict)
+    grad_worst: str = ""
+    failing_gradients: list[str] = field(default_factory=list)
 
     @property
     def err_ratio(self) -> float:
         """rel_l2 over the reference's own error (nan where undefined, as in fp64)."""
-        if math.isnan(self.rel_l2) or not self.reference_rel_l2 > 0:
-            return math.nan
-        return self.rel_l2 / self.reference_rel_l2
+        return _ratio(self.rel_l2, self.reference_rel_l2)
+
+    @property
+    def worst_gradient(self) -> OutputJudgement | None:
+        return self.gradients.get(self.grad_worst)
 
     @property
     def outcome(self) -> str:
-        """For the rules: pass, fail (FAIL or error), or skip."""
-        return {"pass": "pass", "FAIL": "fail", "error": "fail"}.get(self.status, "skip")
+        """For the rules (they read the output): pass, fail (FAIL or error), or skip."""
+        if self.status == "FAIL":
+            return "pass" if self.output_passed else "fail"
+        return {"pass": "pass", "error": "fail"}.get(self.status, "skip")
+
+
+def _ratio(err: float, reference_err: float) -> float:
+    if math.isnan(err) or not reference_err > 0:
+        return math.nan
+    return err / reference_err
 
 
 @dataclass
@@ -75,13 +100,22 @@ class Diagnosis:
     config: IPAConfig
     sizes: Sizes
     results: list[ProbeResult] = field(default_factory=list)
+    pass_name: str = "forward"
+
+    @property
+    def training(self) -> bool:
+        return self.pass_name != "forward"
 
     @property
     def verdict(self) -> Verdict:
         by_status = {status: {r.probe.name: r.message for r in self.results
                               if r.status == status} for status in ("error", "unsupported")}
+        gradient_failures = None
+        if self.training:  # every probe whose training step ran and was judged
+            gradient_failures = {r.probe.name: r.failing_gradients for r in self.results
+                                 if r.status in ("pass", "FAIL")}
         return verdict({r.probe.name: r.outcome for r in self.results},
-                       by_status["error"], by_status["unsupported"])
+                       by_status["error"], by_status["unsupported"], gradient_failures)
 
 
 class OracleCache:
@@ -116,35 +150,42 @@ def diagnose(
     cache: OracleCache | None = None,
     on_probe: Callable[[str], None] | None = None,
     runner: LocalRunner | Worker | None = None,
+    pass_name: str = "forward",
 ) -> Diagnosis:
     """Run every probe on `variant` and return the figures; `.verdict` names the suspect.
 
     The variant runs through `runner` (a `harness.worker.Worker`, or by default in this
     process). An exception from the variant's build or forward (a kernel that fails to
     compile, a `view` on non-contiguous input), or its worker dying, makes that probe an
-    `error`, which counts as a failure.
+    `error`, which counts as a failure. With `pass_name="forward+backward"` every call is
+    a training step and every gradient is judged too (`judge_gradients`); the verdict then
+    also names the wrong gradients and their term (`harness.probes.gradient_verdict`). A
+    variant without a backward is `unsupported` in every probe (nothing checked).
     """
     config = config or IPAConfig()
     precision = get_precision(precision)
     cache = cache or OracleCache()
     runner = runner or LocalRunner(variant, device)
-    diagnosis = Diagnosis(variant.name, device, precision.name, config, sizes)
+    diagnosis = Diagnosis(variant.name, device, precision.name, config, sizes,
+                          pass_name=pass_name)
     failed_builds: dict[tuple, str] = {}
+    no_backward = pass_reasons(variant, pass_name, device)
     for probe in probes:
         diagnosis.results.append(_run_probe(
             variant, probe, config, device, precision, sizes, seeds, weights_seed,
-            cache, runner, failed_builds))
+            cache, runner, failed_builds, pass_name, no_backward))
         if on_probe:
             on_probe(probe.name)
     return diagnosis
 
 
 def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, weights_seed,
-               cache, runner, failed_builds) -> ProbeResult:
+               cache, runner, failed_builds, pass_name="forward",
+               no_backward=()) -> ProbeResult:
     config = probe.config(base_config) if probe.config else base_config
     batch, length = probe.batch(sizes), probe.length(sizes)
     result = ProbeResult(probe, config, batch, length)
-    reasons = variant.not_supported_reasons(config, device, precision)
+    reasons = list(no_backward) or variant.not_supported_reasons(config, device, precision)
     if reasons:
         result.status, result.message = "unsupported", "; ".join(reasons)
         return result
@@ -168,10 +209,13 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
     recipes = [InputRecipe(config, batch, length, precision.name, device, seed,
                            probe=probe.name) for seed in range(seeds)]
     figures = [references.figures(recipe) for recipe in recipes]
+    training = pass_name != "forward"
     try:
-        runs = runner.outputs(build, recipes)
+        runs = runner.outputs(build, recipes, pass_name) if training else (
+            runner.outputs(build, recipes))
     except Exception as exc:  # recorded as this probe's error row, never dropped
-        result.status, result.message = "error", f"forward: {_message(exc)}"
+        step = "training step" if training else "forward"
+        result.status, result.message = "error", f"{step}: {_message(exc)}"
         return result
     worst = None
     for run, figure in zip(runs, figures, strict=True):
@@ -179,12 +223,34 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
         if worst is None or judgement.err_over_tol > worst.err_over_tol:
             worst = judgement
         if not judgement.passed:
-            result.status = "FAIL"
+            result.status, result.output_passed = "FAIL", False
             result.message = result.message or "; ".join(
                 f for f in judgement.failures if not f.startswith("rel_l2"))
     result.rel_l2, result.reference_rel_l2, result.tol = (
         worst.rel_l2, worst.reference_rel_l2, worst.tol)
+    if training:
+        _judge_gradients(result, recipes, runs, references, precision)
     return result
+
+
+def _judge_gradients(result: ProbeResult, recipes, runs, references, precision) -> None:
+    """Every gradient against the oracle's on each seed: per tensor its worst seed, the
+    worst tensor, and the failing ones (by name, in the oracle's order)."""
+    worst: dict[str, OutputJudgement] = {}
+    for recipe, run in zip(recipes, runs, strict=True):
+        judged = judge_gradients(run.grads, references.gradient_figures(recipe), precision)
+        for name, judgement in judged.items():
+            if name not in worst or judgement.err_over_tol > worst[name].err_over_tol:
+                worst[name] = judgement
+    result.gradients = worst
+    result.grad_worst = max(worst, key=lambda n: worst[n].err_over_tol)
+    result.failing_gradients = [n for n, j in worst.items() if not j.passed]
+    if result.failing_gradients:
+        result.status = "FAIL"
+        outright = [f for n in result.failing_gradients for f in worst[n].failures
+                    if "rel_l2" not in f]  # a missing gradient, NaN, a wrong shape
+        wrong = "wrong gradient: " + ", ".join(result.failing_gradients)
+        result.message = "; ".join(m for m in (result.message, wrong, *outright) if m)
 
 
 # ---- output and command ----------------------------------------------------------------------
@@ -196,20 +262,27 @@ def _figure(x: float) -> str:
 def print_diagnosis(diagnosis: Diagnosis, console: Console | None = None) -> None:
     console = console or Console(width=max(Console().width, 150))
     s, c = diagnosis.sizes, diagnosis.config
-    table = Table(title=f"diagnose {diagnosis.variant}: {diagnosis.precision} on "
+    training = " (forward+backward)" if diagnosis.training else ""
+    table = Table(title=f"diagnose {diagnosis.variant}{training}: {diagnosis.precision} on "
                   f"{diagnosis.device}, B={s.batch}, N={s.length}, node_dim={c.node_dim}, "
                   f"pair_dim={c.pair_dim}, H={c.heads}, Qp={c.query_points}, "
                   f"Vp={c.value_points}")
-    for column in ("probe", "what it changes", "B", "N", "rel_l2", "tol", ERR_RATIO_LABEL,
-                   "result"):
+    columns = ["probe", "what it changes", "B", "N", "rel_l2", "tol", ERR_RATIO_LABEL]
+    if diagnosis.training:
+        columns += ["worst gradient", "grad rel_l2", "grad tol"]
+    for column in (*columns, "result"):
         table.add_column(column, overflow="fold")
     for r in diagnosis.results:
         ratio = r.err_ratio
         result = escape(r.status + (f": {r.message}" if r.message else ""))
         style = {"FAIL": "bold red", "error": "bold red", "unsupported": "dim"}.get(r.status)
-        table.add_row(r.probe.name, r.probe.isolates, str(r.batch), str(r.length),
-                      _figure(r.rel_l2), _figure(r.tol),
-                      format_err_ratio(ratio), result, style=style)
+        cells = [r.probe.name, r.probe.isolates, str(r.batch), str(r.length),
+                 _figure(r.rel_l2), _figure(r.tol), format_err_ratio(ratio)]
+        if diagnosis.training:
+            worst = r.worst_gradient
+            cells += [r.grad_worst or "-", _figure(worst.rel_l2 if worst else math.nan),
+                      _figure(worst.tol if worst else math.nan)]
+        table.add_row(*cells, result, style=style)
     console.print(table)
     for line in diagnosis.verdict.lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -222,16 +295,39 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict:
         "schema": DIAGNOSE_SCHEMA, "ipa_bench_version": __version__,
         "variant": diagnosis.variant, "device": diagnosis.device, "dtype": diagnosis.precision,
         "config": dataclasses.asdict(diagnosis.config),
-        "sizes": dataclasses.asdict(diagnosis.sizes),
+        "sizes": dataclasses.asdict(diagnosis.sizes), "pass": diagnosis.pass_name,
         "probes": [{
             "name": r.probe.name, "changes": r.probe.isolates, "batch": r.batch,
             "length": r.length, "status": r.status.lower(), "rel_l2": n(r.rel_l2),
             "reference_rel_l2": n(r.reference_rel_l2), "tol": n(r.tol),
             "err_ratio": n(r.err_ratio), "message": r.message,
+            **_probe_gradients_json(r),
         } for r in diagnosis.results],
         "verdict": {"mismatch": verdict.mismatch, "ran": verdict.ran,
                     "suspects": [rule.name for rule in verdict.suspects],
-                    "lines": verdict.lines},
+                    "lines": verdict.lines,
+                    "wrong_gradients": [{"name": w.name, "term": w.term,
+                                         "probes": list(w.probes)}
+                                        for w in verdict.wrong_gradients],
+                    "gradient_suspects": [rule.name for rule in verdict.gradient_suspects],
+                    "terms": verdict.terms},
+    }
+
+
+def _probe_gradients_json(r: ProbeResult) -> dict:
+    """A probe's gradient figures (null and empty for the forward pass)."""
+    n, worst = options.json_number, r.worst_gradient
+    return {
+        "output_status": ("pass" if r.output_passed else "fail")
+        if r.status in ("pass", "FAIL") else r.status,
+        "grad_worst": r.grad_worst or None,
+        "grad_rel_l2": n(worst.rel_l2) if worst else None,
+        "grad_tol": n(worst.tol) if worst else None,
+        "grad_err_ratio": n(_ratio(worst.rel_l2, worst.reference_rel_l2)) if worst else None,
+        "failing_gradients": list(r.failing_gradients),
+        "gradients": {name: {"rel_l2": n(j.rel_l2), "tol": n(j.tol),
+                             "reference_rel_l2": n(j.reference_rel_l2)}
+                      for name, j in r.gradients.items()},
     }
 
 
@@ -254,7 +350,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
             diagnosis = diagnose(variant, config, device=args.device,
                                  precision=args.dtype, sizes=sizes, seeds=args.seeds,
                                  weights_seed=args.weights_seed, on_probe=advance,
-                                 runner=worker)
+                                 runner=worker, pass_name=args.pass_name)
     finally:
         worker.close()
     if args.json:
@@ -270,8 +366,9 @@ def add_parser(subparsers) -> None:
         description="Run probes that switch one part of the function off or isolate it "
         "(identity frames, no point term, no pair bias, one key, B = 1, aligned N, one head, "
         "one point, non-contiguous inputs) through the oracle comparison, and name the "
-        "suspect part. Exit status 1 when a mismatch is found or the variant cannot run "
-        "here.")
+        "suspect part; with --pass forward+backward judge every gradient too and name the "
+        "wrong ones and their term. Exit status 1 when a mismatch is found or the variant "
+        "cannot run here.")
     p.add_argument("variant", nargs="?", metavar="VARIANT", help="a registered variant")
     p.add_argument("--model-new", metavar="FILE",
                    help="a KernelBench-style Python file defining ModelNew (instead of VARIANT)")
@@ -289,6 +386,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seeds", type=options.positive_int, default=2,
                    help="input draws per probe (default 2)")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of the weights (default 0)")
+    p.add_argument("--pass", dest="pass_name", choices=PASSES, default="forward",
+                   help="forward (default), or forward+backward: every probe a training step, "
+                   "every gradient judged, and the verdict names the wrong gradients and "
+                   "their term (pair bias, point distance, scalar dot, value aggregation, "
+                   "frame)")
     options.add_output_options(p)
     options.add_config_options(p)
     options.add_timeout_option(p)

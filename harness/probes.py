@@ -257,6 +257,9 @@ class Verdict:
     suspects: list[Rule]  # matching rules, prime suspect first
     lines: list[str]  # the plain-language verdict
     ran: bool = True  # False when the baseline probe could not run here
+    # forward+backward: the gradients that fail somewhere, and the matching GRADIENT_RULES
+    wrong_gradients: list[WrongGradient] = dataclasses.field(default_factory=list)
+    gradient_suspects: list[GradientRule] = dataclasses.field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
@@ -264,26 +267,38 @@ class Verdict:
         requested variant that cannot run)."""
         return 1 if self.mismatch or not self.ran else 0
 
+    @property
+    def terms(self) -> list[str]:
+        """The terms of the wrong gradients, the prime backward suspect's first."""
+        terms = [r.term for r in self.gradient_suspects[:1]]
+        return list(dict.fromkeys(terms + [w.term for w in self.wrong_gradients]))
+
 
 def verdict(
     outcomes: dict[str, str],
     errors: dict[str, str] | None = None,
     unsupported: dict[str, str] | None = None,
+    gradient_failures: dict[str, list[str]] | None = None,
 ) -> Verdict:
     """The verdict for probe outcomes ("pass", "fail", or anything else for did-not-run).
 
-    `errors` maps probes that raised to their message; a raise at the baseline is the whole
-    verdict (with the probes that did run), since the rules read arithmetic, not exceptions.
-    `unsupported` maps probes the variant cannot run to its reasons.
+    `outcomes` judge the output. `errors` maps probes that raised to their message; a raise
+    at the baseline is the whole verdict (with the probes that did run), since the rules
+    read arithmetic, not exceptions. `unsupported` maps probes the variant cannot run to
+    its reasons. `gradient_failures` (forward+backward only) maps every probe whose training
+    step ran to the gradients that fail in it (`gradient_verdict` reads them).
     """
     errors, unsupported = errors or {}, unsupported or {}
     if "baseline" in unsupported:
         return Verdict(False, [], [f"nothing checked: the variant cannot run the baseline "
                                    f"probe here: {unsupported['baseline']}"], ran=False)
+    training = gradient_failures is not None
+    wrong, gradient_rules, gradient_lines = gradient_verdict(gradient_failures or {})
     failed = [p for p in PROBE_NAMES if outcomes.get(p) == "fail"]
-    if not failed:
-        return Verdict(False, [], ["no mismatch: every probe agrees with the oracle within "
-                                   "its tolerance"])
+    if not failed and not wrong:
+        return Verdict(False, [], [
+            "no mismatch: every probe agrees with the oracle within its tolerance"
+            + (" (the output and every gradient)" if training else "")])
     passed = [p for p in PROBE_NAMES if outcomes.get(p) == "pass"]
     if "baseline" in errors:  # the rules read arithmetic, not exceptions
         lines = [f"the variant raises at the baseline probe: {errors['baseline']}"]
@@ -295,9 +310,177 @@ def verdict(
     if suspects:
         lines.append(f"suspect: {suspects[0].sentence()}")
         lines += [f"also consistent: {rule.sentence()}" for rule in suspects[1:]]
-    else:
+    elif failed:
         lines.append(
             f"mismatch in {', '.join(failed)}; no rule isolates it"
             + (f" (clean: {', '.join(passed)})" if passed else " (no probe is clean: a part "
                "every probe uses, e.g. LayerNorm, the projections or out_proj)"))
-    return Verdict(True, suspects, lines)
+    if wrong:
+        lines.append("the output is wrong too: fix the forward first, the gradients follow it"
+                     if failed else "the output is right in every probe: the backward is wrong")
+    lines += gradient_lines
+    return Verdict(True, suspects, lines, wrong_gradients=wrong,
+                   gradient_suspects=gradient_rules)
+
+
+# ---- gradients (diagnose --pass forward+backward) ----------------------------------------------
+
+SHARED_TERM = "shared (input projections)"
+# Which term of IPA each gradient belongs to: an input by name, a parameter by the module
+# before the '.' of its state_dict key (or the whole key). A wrong backward in one term shows
+# in its own tensors' gradients and, through the chain rule, in the shared ones upstream
+# (layer_norm, node_repr), so the shared term is named only when no other is wrong.
+GRADIENT_TERMS: dict[str, str] = {
+    "pair_repr": "pair bias",
+    "pair_bias": "pair bias",
+    "head_weights": "point distance",
+    "q_pts": "point distance",
+    "k_pts": "point distance",
+    "q_proj": "scalar dot",
+    "k_proj": "scalar dot",
+    "v_proj": "value aggregation",
+    "v_pts": "value aggregation",
+    "out_proj": "value aggregation",
+    "translations": "frame",
+    "rotations": "frame",
+    "layer_norm": SHARED_TERM,
+    "node_repr": SHARED_TERM,
+}
+TERMS: tuple[str, ...] = tuple(dict.fromkeys(GRADIENT_TERMS.values()))
+LOGIT_TERMS = ("scalar dot", "point distance", "pair bias")
+
+
+def gradient_term(name: str) -> str:
+    """The term of the gradient of input or parameter `name` ('unknown' if none)."""
+    return GRADIENT_TERMS.get(name) or GRADIENT_TERMS.get(name.split(".")[0], "unknown")
+
+
+def _others(*terms: str) -> tuple[str, ...]:
+    """Every term but `terms` and the shared one (for rules: 'only these are wrong')."""
+    return tuple(t for t in TERMS if t not in terms and t != SHARED_TERM)
+
+
+@dataclass(frozen=True)
+class GradientRule:
+    """A suspect in the backward, named when at least one gradient of every term in `wrong`
+    fails (in some probe), every gradient of every term in `right` passes (in every probe that
+    ran), and for the probes: in every one of `fails` some gradient fails, in every one of
+    `passes` every gradient passes. `term` is what the verdict names."""
+
+    name: str
+    term: str
+    wrong: tuple[str, ...]
+    right: tuple[str, ...]
+    fails: tuple[str, ...]
+    passes: tuple[str, ...]
+    observation: str
+    suspect: str
+
+    def matches(self, wrong_terms: set[str], outcomes: dict[str, str]) -> bool:
+        return (all(t in wrong_terms for t in self.wrong)
+                and not any(t in wrong_terms for t in self.right)
+                and all(outcomes.get(p) == "fail" for p in self.fails)
+                and all(outcomes.get(p) == "pass" for p in self.passes))
+
+    def sentence(self) -> str:
+        return f"{self.observation}: {self.suspect}"
+
+
+# Most specific first: the probe-confirmed readings, then one term alone, then combinations.
+GRADIENT_RULES: tuple[GradientRule, ...] = (
+    GradientRule("pair-bias-weight-grad", "pair bias", ("pair bias",), _others("pair bias"),
+                 ("baseline",), ("pair-off",),
+                 "only pair-bias gradients are wrong, and they are right with pair_repr = 0 "
+                 "(where d pair_bias.weight = 0)",
+                 "the pair bias backward: d pair_bias.weight = sum_ij z_ij (x) d bias_ij "
+                 "(the (i, j) index or the head layout)"),
+    GradientRule("pair-bias-grad", "pair bias", ("pair bias",), _others("pair bias"), (), (),
+                 "only pair-bias gradients are wrong",
+                 "the pair bias backward: d pair_repr = d bias . W or d pair_bias.weight (the "
+                 "(i, j) index, the (B, H, N, N) layout, a missing write)"),
+    GradientRule("point-weight-grad", "point distance", ("point distance",),
+                 _others("point distance"), ("baseline", "point-term-off"),
+                 ("qk-points-at-origin",),
+                 "only point-distance gradients are wrong, and they are right when the "
+                 "distances are 0",
+                 "the point term backward: d head_weights (softplus' = sigmoid, the factor "
+                 "1/2) or d q_pts / k_pts from the squared distance"),
+    GradientRule("point-distance-grad", "point distance", ("point distance",),
+                 _others("point distance"), (), (),
+                 "only point-distance gradients are wrong",
+                 "the point term backward: d head_weights or d q_pts / k_pts (2 (q - k) per "
+                 "point, the weight softplus(w) / 2)"),
+    GradientRule("scalar-dot-grad", "scalar dot", ("scalar dot",), _others("scalar dot"), (), (),
+                 "only scalar-dot gradients are wrong",
+                 "the scalar q.k backward: dq = dS . k, dk = dS^T . q, the 1/sqrt(d) scale"),
+    GradientRule("frame-grad", "frame", ("frame",), _others("frame"), (), (),
+                 "only the frames' gradients are wrong",
+                 "the frame backward: d translations / d rotations of the frame transform or "
+                 "the inverse frame"),
+    GradientRule("value-aggregation-grad", "value aggregation", ("value aggregation",),
+                 LOGIT_TERMS, (), (),
+                 "value-path gradients are wrong, the logit terms' right",
+                 "the value path backward: dV = P^T dO, d v_pts through the inverse frame, "
+                 "out_proj"),
+    GradientRule("softmax-grad", "attention weights (softmax)", LOGIT_TERMS,
+                 ("value aggregation",), (), (),
+                 "every logit term's gradients are wrong, the value path's right",
+                 "the softmax backward: d logits = P * (dP - sum_j P dP), or dP = dO . V^T"),
+    GradientRule("shared-grad", SHARED_TERM, (SHARED_TERM,), _others(), (), (),
+                 "only the shared gradients (LayerNorm, node_repr) are wrong",
+                 "the LayerNorm backward, or the sum of the projections' input gradients "
+                 "(d x = the q, k, v and point projections' W^T dy)"),
+    GradientRule("logits-grad", "attention logits", (), ("value aggregation", "frame"),
+                 ("baseline",), ("single-key",),
+                 "gradient errors vanish with a single key (softmax constant, d logits = 0) "
+                 "and the value path's and the frames' gradients are right",
+                 "the backward of the attention logits, before the softmax"),
+)
+
+
+@dataclass(frozen=True)
+class WrongGradient:
+    """A gradient that fails in at least one probe: its name, term, and the probes."""
+
+    name: str
+    term: str
+    probes: tuple[str, ...]
+
+
+def gradient_verdict(failing: dict[str, list[str]]) -> tuple[list[WrongGradient],
+                                                              list[GradientRule], list[str]]:
+    """The backward's reading of `failing` (probe -> the gradients that fail in it, for
+    every probe whose training step ran and was judged): the wrong gradients (the shared
+    ones last, else most probes first), the matching gradient rules (prime suspect first;
+    per term only the first, most specific, that matches), and the verdict lines."""
+    by_name: dict[str, list[str]] = {}
+    for probe in PROBE_NAMES:
+        for name in failing.get(probe, ()):
+            by_name.setdefault(name, []).append(probe)
+    if not by_name:
+        return [], [], []
+    wrong = sorted((WrongGradient(n, gradient_term(n), tuple(p)) for n, p in by_name.items()),
+                   key=lambda w: (w.term == SHARED_TERM, -len(w.probes), w.name))
+    outcomes = {p: "fail" if names else "pass" for p, names in failing.items()}
+    wrong_terms = {w.term for w in wrong}
+    rules: list[GradientRule] = []
+    for rule in GRADIENT_RULES:  # one reading per term: the most specific that matches
+        if rule.matches(wrong_terms, outcomes) and rule.term not in {r.term for r in rules}:
+            rules.append(rule)
+    ran = len(failing)
+
+    def where(w: WrongGradient) -> str:
+        if len(w.probes) == ran:
+            return f"all {ran} probes"
+        clean = [p for p in PROBE_NAMES if p in failing and p not in w.probes]
+        return f"{len(w.probes)} of {ran} probes, right in {', '.join(clean)}"
+
+    lines = ["wrong gradients: " + ", ".join(f"{w.name} ({w.term}; {where(w)})"
+                                             for w in wrong)]
+    if rules:
+        lines.append(f"backward suspect: {rules[0].term}: {rules[0].sentence()}")
+        lines += [f"also consistent (backward): {r.term}: {r.sentence()}" for r in rules[1:]]
+    else:
+        terms = list(dict.fromkeys(w.term for w in wrong))
+        lines.append(f"backward: wrong gradients in {', '.join(terms)}; no rule isolates them")
+    return wrong, rules, lines

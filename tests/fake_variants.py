@@ -103,3 +103,133 @@ class DetachedPairGradient(Reference):
 
         forward.module = fn.module
         return forward
+
+
+# ---- backward bugs for `diagnose --pass forward+backward` ------------------------------------
+# Each is the reference's forward exactly, with one wrong gradient inside the backward (a
+# `torch.autograd.Function` whose forward is the identity or the true op). Module-level
+# classes, so a worker process can unpickle them.
+
+import torch.nn.functional as F  # noqa: E402 - appended section
+
+from tests.planted import HookedReference  # noqa: E402 - appended section
+from variants.problem import get_precision  # noqa: E402 - appended section
+from variants.reference import checked  # noqa: E402 - appended section
+
+BACKWARD_BUG_SCALE = 1.05  # 5 %: far above the reference's own fp32 gradient error
+
+
+class WrongPairGradient(Reference):
+    """The reference's forward exactly; the gradient of `pair_repr` is 5 % too large."""
+
+    name = "wrong-pair-gradient"
+    is_baseline = False
+
+    def build(self, *args):
+        fn = super().build(*args)
+
+        def forward(node_repr, pair_repr, translations, rotations):
+            return fn(node_repr, _ScaledGradient.apply(pair_repr, BACKWARD_BUG_SCALE),
+                      translations, rotations)
+
+        forward.module = fn.module
+        return forward
+
+
+class _GradScaledLinear(torch.nn.Linear):
+    """nn.Linear (same state_dict keys) whose backward scales either the gradient reaching
+    its weight or the gradient arriving at its output (then every upstream one is off too)."""
+
+    def __init__(self, linear: torch.nn.Linear, where: str):
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        self.where = where
+
+    def forward(self, x):
+        if self.where == "weight":
+            return F.linear(x, _ScaledGradient.apply(self.weight, BACKWARD_BUG_SCALE), self.bias)
+        return _ScaledGradient.apply(super().forward(x), BACKWARD_BUG_SCALE)
+
+
+class PairWeightGradientModule(HookedReference):
+    """d pair_bias.weight 5 % too large (the pair bias projection's weight gradient)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.pair_bias = _GradScaledLinear(self.pair_bias, "weight")
+
+
+class ValueGradientModule(HookedReference):
+    """dV (the gradient arriving at v_proj's output, P^T dO) 5 % too large: v_proj.weight
+    and, upstream, LayerNorm and node_repr are off."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.v_proj = _GradScaledLinear(self.v_proj, "output")
+
+
+class HeadWeightGradientModule(HookedReference):
+    """The gradient flowing into softplus(head_weights) 5 % too large: only d head_weights."""
+
+    def _point_weight(self):
+        return _ScaledGradient.apply(F.softplus(self.head_weights), BACKWARD_BUG_SCALE)
+
+
+class _SoftmaxMissingRowSum(torch.autograd.Function):
+    """Softmax over the last dim; the backward forgets the row-sum term:
+    d logits = P * dP instead of P * (dP - sum_j P dP)."""
+
+    @staticmethod
+    def forward(ctx, logits):
+        p = F.softmax(logits, dim=-1)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        return p * grad
+
+
+class SoftmaxGradientModule(HookedReference):
+    """The softmax backward without its row-sum term (every logit gradient off)."""
+
+    def _softmax(self, logits):
+        return _SoftmaxMissingRowSum.apply(logits)
+
+
+class _ModuleBackwardBug(Variant):
+    """Builds `module_cls` (a reference module with one backward bug) with the weights."""
+
+    is_baseline = False
+    supports_backward = True
+    module_cls: type[torch.nn.Module]
+
+    def build(self, state_dict, config, device, precision):
+        dtype = get_precision(precision).dtype
+        module = self.module_cls(*config.module_args())
+        module.load_state_dict(state_dict)
+        return checked(module.to(device, dtype).eval(), config, device, dtype)
+
+
+class WrongPairWeightGradient(_ModuleBackwardBug):
+    name = "wrong-pair-weight-gradient"
+    description = PairWeightGradientModule.__doc__
+    module_cls = PairWeightGradientModule
+
+
+class WrongValueGradient(_ModuleBackwardBug):
+    name = "wrong-value-gradient"
+    description = ValueGradientModule.__doc__
+    module_cls = ValueGradientModule
+
+
+class WrongHeadWeightGradient(_ModuleBackwardBug):
+    name = "wrong-head-weight-gradient"
+    description = HeadWeightGradientModule.__doc__
+    module_cls = HeadWeightGradientModule
+
+
+class WrongSoftmaxGradient(_ModuleBackwardBug):
+    name = "wrong-softmax-gradient"
+    description = SoftmaxGradientModule.__doc__
+    module_cls = SoftmaxGradientModule

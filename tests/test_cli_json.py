@@ -83,10 +83,34 @@ def test_diagnose_json(capsys):
     assert [p["name"] for p in doc["probes"]] == list(PROBE_NAMES)
     assert {p["status"] for p in doc["probes"]} == {"pass"}
     assert doc["verdict"] == {"mismatch": False, "ran": True, "suspects": [],
-                              "lines": doc["verdict"]["lines"]}
+                              "lines": doc["verdict"]["lines"], "wrong_gradients": [],
+                              "gradient_suspects": [], "terms": []}
     assert doc["sizes"] == {"batch": 2, "length": 13, "aligned_length": 16}
     documented = _documented_keys("ipa-bench.diagnose/1")
     assert set(doc["probes"][0]) <= documented and set(doc["verdict"]) <= documented
+    assert set(doc) - {"schema", "ipa_bench_version", "verdict"} <= documented
+    assert doc["pass"] == "forward" and doc["probes"][0]["gradients"] == {}
+
+
+def test_diagnose_json_forward_backward_names_the_gradient_and_its_term(capsys, tmp_path):
+    path = tmp_path / "pair_grad_bug.py"
+    path.write_text("from tests.fake_variants import PairWeightGradientModule as ModelNew"
+                    "  # noqa: F401\n")
+    code, doc = _json(capsys, ["diagnose", "--json", "--model-new", str(path), "--batch", "2",
+                               "--length", "13", "--aligned-length", "16", "--seeds", "1",
+                               "--pass", "forward+backward", *TINY])
+    assert code == 1 and doc["pass"] == "forward+backward"
+    found = doc["verdict"]
+    assert found["mismatch"] and found["suspects"] == []
+    assert found["wrong_gradients"][0]["name"] == "pair_bias.weight"
+    assert "pair-off" not in found["wrong_gradients"][0]["probes"]
+    assert found["terms"][0] == "pair bias"
+    assert found["gradient_suspects"][0] == "pair-bias-weight-grad"
+    documented = _documented_keys("ipa-bench.diagnose/1")
+    for probe in doc["probes"]:
+        assert set(probe) <= documented
+    assert set(found) | set(found["wrong_gradients"][0]) <= documented
+    assert set(doc["probes"][0]["gradients"]["head_weights"]) <= documented
 
 
 def test_diagnose_json_names_the_suspect_rule(capsys, tmp_path):
