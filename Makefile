@@ -19,6 +19,7 @@ export IPA_BENCH_CACHE ?= $(CURDIR)/build/ipa-bench-cache
 
 .PHONY: test bench gpu lint setup clean run
 
+# The dev extra is test + ruff + the ray extra (Ray pinned), so that CI runs tests/test_ray.py.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

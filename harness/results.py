@@ -35,13 +35,13 @@ COLUMNS = [
     "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
     "invariance_err", "invariance_tol", "correctness_seeds", "grad_rel_l2", "grad_tol",
     "grad_worst", "grad_err_ratio", "speedup_vs_baseline", "floor_ms", "pct_of_floor", "tflops",
-    "notes", "flags", "code_digest", "kernel",
+    "notes", "flags", "code_digest", "kernel", "node", "gpu",
 ]
 # Columns added after the first published runs, with the value older files are read with.
 # A file without them still reads; a sweep does not resume into it (its header differs).
 ADDED_COLUMNS = {"flags": "", "code_digest": "", "kernel": "", "pass": "forward",
                  "grad_rel_l2": math.nan, "grad_tol": math.nan, "grad_worst": "",
-                 "grad_err_ratio": math.nan}
+                 "grad_err_ratio": math.nan, "node": "", "gpu": ""}
 KEY_COLUMNS = ["variant", "batch", "length", "heads", "node_dim", "pair_dim", "query_points",
                "value_points", "dtype", "mode", "pass", "device"]
 # Per-gradient figures of the forward+backward rows, one JSON object per line.
@@ -147,7 +147,36 @@ class SweepLock:
             self.fd = None
 
 
-class ResultsFile:
+class Medians:
+    """The medians later rows of a cell are compared with: `baseline_ms` (the baseline's, by
+    cell key without the variant) and `ok_ms` (every `ok` row's, by key)."""
+
+    def __init__(self):
+        self.baseline_ms: dict[tuple[str, ...], float] = {}  # cell key without the variant
+        self.ok_ms: dict[tuple[str, ...], float] = {}  # median of every `ok` row by key
+
+    def remember(self, row: dict) -> None:
+        """Take in one row (the strings the CSV holds)."""
+        key = row_key(row)
+        if row["status"] == "ok" and row["median_ms"]:
+            self.ok_ms[key] = float(row["median_ms"])
+        if row["is_baseline"] == "True" and row["median_ms"]:
+            self.baseline_ms[key[1:]] = float(row["median_ms"])
+
+    def remember_rows(self, rows: list[dict]) -> None:
+        """Take in rows as built (any values; missing columns empty)."""
+        for row in rows:
+            self.remember({c: str(row.get(c, "")) for c in COLUMNS})
+
+    def of_cell(self, keys: set[tuple[str, ...]]) -> Medians:
+        """The medians of the cells whose keys without the variant are in `keys`."""
+        part = Medians()
+        part.baseline_ms = {k: v for k, v in self.baseline_ms.items() if k in keys}
+        part.ok_ms = {k: v for k, v in self.ok_ms.items() if k[1:] in keys}
+        return part
+
+
+class ResultsFile(Medians):
     """Append-only CSV that survives SIGKILL: each cell's rows go out in one write + fsync.
 
     Opening an existing file first checks that this tool wrote it: the header is `COLUMNS`,
@@ -159,10 +188,9 @@ class ResultsFile:
     """
 
     def __init__(self, path: str | Path, known_run_ids: set[str] | None = None):
+        super().__init__()
         self.path = Path(path)
         self.done: dict[tuple[str, ...], str] = {}  # key -> code_digest of its last row
-        self.baseline_ms: dict[tuple[str, ...], float] = {}  # cell key without the variant
-        self.ok_ms: dict[tuple[str, ...], float] = {}  # median of every `ok` row by key
         _refuse_symlink(self.path, "results file")
         if self.path.exists():
             self._check_header()
@@ -220,12 +248,8 @@ class ResultsFile:
             os.fsync(f.fileno())
 
     def _remember(self, row: dict) -> None:
-        key = row_key(row)
-        self.done[key] = row["code_digest"]
-        if row["status"] == "ok" and row["median_ms"]:
-            self.ok_ms[key] = float(row["median_ms"])
-        if row["is_baseline"] == "True" and row["median_ms"]:
-            self.baseline_ms[key[1:]] = float(row["median_ms"])
+        self.done[row_key(row)] = row["code_digest"]
+        self.remember(row)
 
     def append(self, rows: list[dict]) -> None:
         """Write one cell's rows in a single write, then fsync; on a failed write (a full
