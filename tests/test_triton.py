@@ -369,7 +369,7 @@ def test_variants_import_and_explain_without_triton():
         "sys.modules['triton'] = None  # import triton now fails\n"
         "from variants.problem import IPAConfig\n"
         "from variants.registry import get_variant\n"
-        "for name in ('triton', 'triton-fullfuse'):\n"
+        "for name in ('triton', 'triton-fullfuse', 'triton-train'):\n"
         "    print(get_variant(name).not_supported_reasons(IPAConfig(), 'cuda', 'bf16'))\n"
         "    try:\n"
         "        get_variant(name).build({}, IPAConfig(), 'cuda', 'bf16')\n"
@@ -379,7 +379,7 @@ def test_variants_import_and_explain_without_triton():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("triton is not installed") == 4, result.stdout
+    assert result.stdout.count("triton is not installed") == 6, result.stdout
 
 
 @needs_triton

@@ -19,7 +19,7 @@ from variants.flex_attention import FlexAttention
 from variants.problem import IPAInputError
 from variants.reference import Reference
 from variants.sdpa_decomposition import SdpaDecomposition
-from variants.triton.variants import Triton, TritonFullFuse
+from variants.triton.variants import Triton, TritonFullFuse, TritonTrain
 
 ENTRY_POINT_GROUP = "ipa_bench.variants"
 
@@ -34,6 +34,7 @@ BUILTIN: list[type[Variant]] = [
     CudaFused,
     FlexAttention,
     SdpaDecomposition,
+    TritonTrain,
 ]
 
 

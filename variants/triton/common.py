@@ -176,16 +176,17 @@ def _check_heads_view(name, t, shape, device):
     )
 
 
-def check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s):
-    """The operands both attention kernels share; see `attention.attention` for their shapes."""
+def check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s=None):
+    """The operands every attention kernel shares (`out_s` where the caller passes the output);
+    see `attention.ipa_attention` for their shapes."""
     require(isinstance(q, torch.Tensor) and q.dim() == 4, "q: expected 4 dims (B, N, H, D)")
     b, n, h, d = q.shape
     dev = q.device
-    for name, t in (("q", q), ("k", k), ("v", v), ("out_s", out_s)):
+    views = (("q", q), ("k", k), ("v", v)) + ((("out_s", out_s),) if out_s is not None else ())
+    for name, t in views:
         _check_heads_view(name, t, (b, n, h, d), dev)
-    require(k.dtype == q.dtype and v.dtype == q.dtype and out_s.dtype == q.dtype,
-            f"k, v, out_s: expected dtype {q.dtype} (as q), got {k.dtype}, {v.dtype}, "
-            f"{out_s.dtype}")
+    for name, t in views[1:]:
+        require(t.dtype == q.dtype, f"{name}: expected dtype {q.dtype} (as q), got {t.dtype}")
     require(q_pts.dim() == 4, f"q_pts: expected 4 dims (B, H, 3*Qp, N), got {q_pts.dim()}")
     p3 = q_pts.shape[2]
     require(p3 % 3 == 0, f"q_pts: expected 3*Qp point coordinates in dim 2, got {p3}")
@@ -202,3 +203,15 @@ def check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, 
                   contiguous=True)
     require(1 <= h <= HEADS_PAD, f"q: expected 1..{HEADS_PAD} heads, got {h}")
     require(8 <= d <= 128, f"q: expected head_dim in [8, 128], got {d}")
+
+
+def check_fused_pair_args(q, pair_repr, pair_weight):
+    """pair_repr (B, N, N, C) in q's dtype and device, any strides, and its weight (H, C), for
+    the kernels that compute the pair bias themselves (q: (B, N, H, D))."""
+    b, n, h, _ = q.shape
+    require(isinstance(pair_repr, torch.Tensor) and pair_repr.dim() == 4,
+            "pair_repr: expected a 4-dim tensor (B, N, N, C)")
+    check_tensor("pair_repr", pair_repr, (b, n, n, pair_repr.shape[3]), dtype=q.dtype,
+                 device=q.device)
+    _, _, c, _ = check_pair_repr(pair_repr, pair_weight, weight_name="pair_weight")
+    check_tensor("pair_weight", pair_weight, (h, c))

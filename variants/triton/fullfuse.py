@@ -29,16 +29,43 @@ from variants.triton.common import (
     autotuned,
     cast_f32,
     check_attention_args,
-    check_pair_repr,
+    check_fused_pair_args,
     check_runnable,
     check_split,
-    check_tensor,
     dot_modes,
     pow2,
-    require,
 )
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
+
+
+@triton.jit
+def pair_rows(offs_m, offs_n, stride_zi, stride_zj, z_pitch, Z_PITCHED: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The rows (i, j) of pair_repr for i in `offs_m`, j in `offs_n`, flattened to
+    (BLOCK_M * BLOCK_N,) in (i, j) order, and the stride that scales them: row (i, j) starts at
+    rows * row_stride, i.e. at i * stride_zi + j * stride_zj. The usual layouts (contiguous,
+    cropped, channel slices) index it as (i * z_pitch + j) * stride_zj, scaled after the
+    reshape: that keeps the loads vectorised on triton 3.6 (its reshape forgets that a product
+    of strides is 16-aligned) and adds no live values to kernels that spill already. Measured
+    on the H200 at N = 4096 (fully fused forward): the general form is 7 % (fp32) and 60 %
+    (bf16) slower, three other forms 17-30 %; this one as fast as before strides."""
+    if Z_PITCHED:
+        rows = offs_m[:, None].to(tl.int64) * z_pitch + offs_n[None, :]
+        row_stride = stride_zj
+    else:
+        rows = (offs_m[:, None].to(tl.int64) * stride_zi
+                + offs_n[None, :].to(tl.int64) * stride_zj)
+        row_stride = 1
+    return tl.reshape(rows, [BLOCK_M * BLOCK_N]), row_stride
+
+
+def pair_pitch(pair_repr: torch.Tensor) -> tuple[bool, int]:
+    """`pair_rows`' Z_PITCHED and z_pitch for `pair_repr`: whether stride_zi is a multiple of
+    stride_zj, and their ratio (0 when not)."""
+    _, stride_zi, stride_zj, _ = pair_repr.stride()
+    pitched = stride_zj > 0 and stride_zi % stride_zj == 0
+    return pitched, stride_zi // stride_zj if pitched else 0
 
 
 @triton.jit(do_not_specialize=["N", "split_len", "z_pitch", "N_KEY"])
@@ -132,20 +159,8 @@ def _fullfuse_kernel(
             diff = qc - kc
             dist += diff * diff
         # pair bias, all heads at once: z(BM*BN, C) @ W_b^T(C, H_PAD)
-        # Row (i, j) of z starts at i * stride_zi + j * stride_zj. The usual layouts (contiguous,
-        # cropped, channel slices) index it as (i * z_pitch + j) * stride_zj, scaled after the
-        # reshape: that keeps the loads vectorised on triton 3.6 (its reshape forgets that a
-        # product of strides is 16-aligned) and adds no live values to a kernel that spills
-        # already. Measured on the H200 at N = 4096: the general form below is 7 % (fp32) and
-        # 60 % (bf16) slower, three other forms 17-30 %; this one as fast as before strides.
-        if Z_PITCHED:
-            rows = offs_m[:, None].to(tl.int64) * z_pitch + offs_n[None, :]
-            row_stride = stride_zj
-        else:
-            rows = (offs_m[:, None].to(tl.int64) * stride_zi
-                    + offs_n[None, :].to(tl.int64) * stride_zj)
-            row_stride = 1
-        rows = tl.reshape(rows, [BLOCK_M * BLOCK_N])
+        rows, row_stride = pair_rows(offs_m, offs_n, stride_zi, stride_zj, z_pitch, Z_PITCHED,
+                                     BLOCK_M, BLOCK_N)
         rows_ok = tl.reshape((offs_m[:, None] < N) & n_ok[None, :], [BLOCK_M * BLOCK_N])
         bias = tl.zeros([BLOCK_M * BLOCK_N, H_PAD], dtype=tl.float32)
         for c0 in tl.static_range(0, C_PAD, BLOCK_C):
@@ -244,44 +259,52 @@ def default_split(batch: int, length: int, device: torch.device) -> int:
     return max(1, min(want, length // 256))
 
 
+def split_range(length: int, split: int) -> tuple[int, int]:
+    """About `split` ranges of `length` rows: (their number, rows per range). Each range covers a
+    multiple of 64 rows (every block size divides it) and none is empty."""
+    split_len = 64 * triton.cdiv(triton.cdiv(length, split), 64)
+    return triton.cdiv(length, split_len), split_len
+
+
 def launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, pair_repr,
-                    pair_weight, modes: Modes, split: int | None):
+                    pair_weight, modes: Modes, split: int | None,
+                    lse: torch.Tensor | None = None):
     """The kernel, unchecked (callers check; shapes in `ipa_fullfuse_attention`), then the merge
-    of the key ranges. Returns out_p."""
+    of the key ranges. Returns out_p. `lse`, a (B, N, H) fp32 contiguous tensor, receives each
+    row's log2-sum-exp2 of the base-2 logits when given (what a backward pass needs)."""
     b, n, h, d = q.shape
     p3, vp3, c = q_pts.shape[2], v_pts.shape[3], pair_repr.shape[3]
     dev = q.device
-    if split is None:
-        split = default_split(b, n, dev)
-    # Each split covers a multiple of 64 keys (every BLOCK_N divides it) and none is empty.
-    split_len = 64 * triton.cdiv(triton.cdiv(n, split), 64)
-    split = triton.cdiv(n, split_len)
+    split, split_len = split_range(n, default_split(b, n, dev) if split is None else split)
     out_p = torch.empty(split, b, n, h, vp3, dtype=torch.float32, device=dev)
     if split == 1:
-        os_buf, lse = out_s.unsqueeze(0), out_p  # lse unused
+        os_buf = out_s.unsqueeze(0)
+        lse_buf = out_p if lse is None else lse.unsqueeze(0)  # out_p: a pointer, unused
     else:
         os_buf = torch.empty(split, b, n, h, d, dtype=torch.float32, device=dev)
-        lse = torch.empty(split, b, n, h, dtype=torch.float32, device=dev)
-    _, stride_zi, stride_zj, _ = pair_repr.stride()
-    pitched = stride_zj > 0 and stride_zi % stride_zj == 0
-    z_pitch = stride_zi // stride_zj if pitched else 0
+        lse_buf = torch.empty(split, b, n, h, dtype=torch.float32, device=dev)
+    pitched, z_pitch = pair_pitch(pair_repr)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), split, b)
     kernel = _fullfuse_fp32 if q.dtype == torch.float32 else _fullfuse_16bit
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, pair_repr, pair_weight, point_weight,
-        os_buf, out_p, lse, n, c, split_len, base2.LOG2E / math.sqrt(d),
+        os_buf, out_p, lse_buf, n, c, split_len, base2.LOG2E / math.sqrt(d),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         os_buf.stride(0), os_buf.stride(1), os_buf.stride(2), *pair_repr.stride(), z_pitch,
         pow2(n, 64), H=h, H_PAD=HEADS_PAD, D=d, D_PAD=pow2(d), P3=p3, VP3=vp3,
         VP3_PAD=pow2(vp3), C_PAD=pow2(c), DOT_PRECISION=modes.dot,
-        PTS_PRECISION=modes.points, CAST_F32=cast_f32(q.dtype), WRITE_LSE=split > 1,
+        PTS_PRECISION=modes.points, CAST_F32=cast_f32(q.dtype),
+        WRITE_LSE=split > 1 or lse is not None,
         Z_PITCHED=pitched,
     )
     if split == 1:
         return out_p[0]
     # Merge the key ranges by their log-sum-exp (flash-decoding): O(S * N * H * (D + 3Vp)).
-    weights = torch.softmax(lse * math.log(2.0), dim=0).unsqueeze(-1)  # (S, B, N, H, 1)
+    natural = lse_buf * math.log(2.0)
+    weights = torch.softmax(natural, dim=0).unsqueeze(-1)  # (S, B, N, H, 1)
     out_s.copy_((weights * os_buf).sum(0))
+    if lse is not None:
+        lse.copy_(torch.logsumexp(natural, dim=0) / math.log(2.0))
     return (weights * out_p).sum(0)
 
 
@@ -299,13 +322,7 @@ def ipa_fullfuse_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight
     """
     check_attention_args(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s)
     modes = dot_modes(q.dtype, math_mode)
-    b, n, h, _ = q.shape
-    require(isinstance(pair_repr, torch.Tensor) and pair_repr.dim() == 4,
-            "pair_repr: expected a 4-dim tensor (B, N, N, C)")
-    check_tensor("pair_repr", pair_repr, (b, n, n, pair_repr.shape[3]), dtype=q.dtype,
-                 device=q.device)
-    _, _, c, _ = check_pair_repr(pair_repr, pair_weight, weight_name="pair_weight")
-    check_tensor("pair_weight", pair_weight, (h, c))
+    check_fused_pair_args(q, pair_repr, pair_weight)
     check_split(split)
     check_runnable("q", q)
     return launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,

@@ -1,11 +1,14 @@
-"""The two Triton IPA forwards, each a checked public function: `triton_ipa` (the bias GEMM,
-then the streamed attention kernel) and `triton_fullfuse_ipa` (the fully fused kernel).
+"""The three Triton IPA forwards, each a checked public function: `triton_ipa` (the bias GEMM,
+then the streamed attention kernel), `triton_fullfuse_ipa` (the fully fused kernel) and
+`triton_train_ipa` (the fully fused kernel as a custom op with a backward, `core_op.py`).
 
-Both share the O(N) work around their kernels, done in PyTorch: LayerNorm, one GEMM for all six
+All share the O(N) work around their kernels, done in PyTorch: LayerNorm, one GEMM for all six
 projections, the frame transforms in fp32 (translations centred on their per-batch mean first:
 the output is invariant to that shift, and the kernels' points stay small), and after the
-kernels the inverse frame transform of the value points and `out_proj`. The weights are
-rearranged once, at build time (`TritonIPAWeights`).
+kernels the inverse frame transform of the value points and `out_proj`. The forward-only
+variants rearrange the weights once, at build time (`TritonIPAWeights.from_state_dict`); the
+training forward rearranges live parameters on every call, differentiably
+(`TritonIPAWeights.from_parameters`), so that autograd carries their gradients.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from variants.base2 import base2_units
+from variants.base2 import LOG2E, base2_units
 from variants.problem import IPAConfig, validate_inputs
 from variants.triton.attention import launch_attention
 from variants.triton.common import (
@@ -27,8 +30,21 @@ from variants.triton.common import (
     dot_modes,
     require,
 )
+from variants.triton.core_op import core_op
 from variants.triton.fullfuse import launch_fullfuse
 from variants.triton.pair_bias import cublas_pair_bias, launch_pair_bias
+
+# The SPEC state_dict's names; the six projections in the order of the one input GEMM.
+IN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "q_pts", "k_pts", "v_pts")
+PARAMETER_NAMES = ("layer_norm.weight", "layer_norm.bias",
+                   *(f"{p}.weight" for p in IN_PROJECTIONS), "pair_bias.weight", "head_weights",
+                   "out_proj.weight", "out_proj.bias")
+
+
+def _check_config(config: IPAConfig) -> None:
+    require(config.heads <= HEADS_PAD,
+            f"heads: expected 1..{HEADS_PAD} (the kernels' head axis), got {config.heads}")
+    require(8 <= config.head_dim <= 128, f"head_dim: expected 8..128, got {config.head_dim}")
 
 
 @dataclass
@@ -46,20 +62,37 @@ class TritonIPAWeights:
 
     @classmethod
     def from_state_dict(cls, state_dict, config: IPAConfig, device, dtype) -> TritonIPAWeights:
-        require(config.heads <= HEADS_PAD,
-                f"heads: expected 1..{HEADS_PAD} (the kernels' head axis), got {config.heads}")
-        require(8 <= config.head_dim <= 128,
-                f"head_dim: expected 8..128, got {config.head_dim}")
+        _check_config(config)
         sd = {k: v.detach() for k, v in state_dict.items()}
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()
-        w_in = torch.cat([sd[f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "q_pts",
-                                                       "k_pts", "v_pts")])
+        w_in = torch.cat([sd[f"{n}.weight"] for n in IN_PROJECTIONS])
         units = base2_units(sd["pair_bias.weight"], sd["head_weights"], config.head_dim)
         return cls(
             config, put(sd["layer_norm.weight"]), put(sd["layer_norm.bias"]), put(w_in),
             put(sd["pair_bias.weight"]), units.point_weight.to(device=device).contiguous(),
             put(sd["out_proj.weight"]), put(sd["out_proj.bias"]),
         )
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, torch.Tensor],
+                        config: IPAConfig) -> TritonIPAWeights:
+        """The same arrangement from `training_parameters`, by differentiable ops (one
+        concatenation, the softplus in fp32), so gradients reach `params`."""
+        w_in = torch.cat([params[f"{n}.weight"] for n in IN_PROJECTIONS])
+        point_weight = -F.softplus(params["head_weights"].float()) / 2.0 * LOG2E
+        return cls(config, params["layer_norm.weight"], params["layer_norm.bias"], w_in,
+                   params["pair_bias.weight"], point_weight, params["out_proj.weight"],
+                   params["out_proj.bias"])
+
+
+def training_parameters(state_dict, config: IPAConfig, device, dtype) -> dict[str, torch.Tensor]:
+    """The SPEC state_dict as fresh leaf tensors by name, on `device` in `dtype`, not requiring
+    grad (a caller that trains switches it on): what `triton_train_ipa` reads on every call."""
+    _check_config(config)
+    require(set(state_dict) == set(PARAMETER_NAMES),
+            f"state_dict: expected the keys {sorted(PARAMETER_NAMES)}, got {sorted(state_dict)}")
+    return {name: state_dict[name].detach().to(device=device, dtype=dtype).clone()
+            for name in PARAMETER_NAMES}
 
 
 # ---- the O(N) work around the kernels ------------------------------------------------------
@@ -202,5 +235,37 @@ def triton_fullfuse_ipa(
         return launch_fullfuse(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
                                ops.centred_t, ops.point_weight, ops.out_s, pair_repr,
                                weights.w_pair, modes, split)
+
+    return _around_kernels(weights, node_repr, translations, rotations, kernels)
+
+
+def triton_train_ipa(
+    params: dict[str, torch.Tensor],
+    config: IPAConfig,
+    node_repr: torch.Tensor,
+    pair_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+    *,
+    math_mode: str = "ieee",
+) -> torch.Tensor:
+    """IPA forward (SPEC.md) with an exact backward, `triton-train` variant: the attention core
+    is the custom op `ipa_bench::triton_ipa_core` (the fully fused kernel, then the fused
+    backward kernel of `backward.py`), the O(N) work around it PyTorch, differentiated by
+    autograd. Gradients reach every input and every tensor of `params`
+    (`training_parameters`: the SPEC state_dict by name) that requires grad.
+
+    Arguments and result as `triton_ipa`, all in `params`' dtype and device.
+    """
+    weights = TritonIPAWeights.from_parameters(params, config)
+    _check(weights, node_repr, pair_repr, translations, rotations)
+
+    def kernels(ops: Operands) -> torch.Tensor:
+        # The result does not depend on the kernel's origins: no gradient through them.
+        out_s, out_p, _ = core_op(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
+                                  ops.centred_t.detach(), pair_repr, weights.w_pair,
+                                  ops.point_weight, math_mode)
+        ops.out_s.copy_(out_s)
+        return out_p
 
     return _around_kernels(weights, node_repr, translations, rotations, kernels)

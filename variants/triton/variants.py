@@ -7,7 +7,7 @@ the style of FlashAttention-2 (Dao 2023; the Triton fused-attention tutorial): a
 block of queries, loops over key blocks, keeps a running max and sum in fp32 (online softmax,
 base-2 exponentials) and never writes the (B, H, N, N) logits or attention.
 
-Two registered variants, differing in where the pair bias z . W_b comes from:
+Three registered variants; the first two differ in where the pair bias z . W_b comes from:
 
 * `triton`: one GEMM reads `pair_repr` once and writes the bias as a (B, H, N, N) tensor
   (input dtype; `pair_bias.py`: Triton for bf16/fp16, cuBLAS for fp32/tf32), then the
@@ -19,6 +19,16 @@ Two registered variants, differing in where the pair bias z . W_b comes from:
   MiB at N = 4096); a program owns a query block for all heads. Triton compiles its 3-D tiles
   with heavy register spills, so it is 2.5x (bf16) to 1.8x (fp32) slower than `triton` at
   N = 4096: kept for its memory and as the measured record (docs/perf-notes.md).
+* `triton-train`: the training variant, `triton-fullfuse`'s kernel with an exact fused backward.
+  The attention core is a torch custom op (`core_op.py`) whose forward is that kernel, also
+  saving each row's log-sum-exp, and whose backward (`backward.py`, FlashAttention-2's scheme)
+  recomputes the logits, pair bias included, from pair_repr tile by tile, writes d pair_repr
+  once and sums dW_b by partial sums; nothing N x N x H is written in either pass. The O(N)
+  work around it is PyTorch, differentiated by autograd, from live parameters: the callable's
+  `parameters()` are the trainable tensors by state_dict name. It works under
+  `torch.compile(fullgraph=True)`. Forward numbers as `triton-fullfuse` plus a few
+  microseconds of host work (the weights are rearranged on every call); the backward is
+  unmeasured on the GPU (docs/perf-notes.md, "triton backward").
 
 What differs from the reference (all of it on purpose, none of it changes the function):
 * Point distances. fp32 (IEEE) mode computes them directly, sum_{p,c} (q - k)^2. The other
@@ -42,15 +52,15 @@ What differs from the reference (all of it on purpose, none of it changes the fu
 * softplus(head_weights) and the 1/sqrt(d) scale are applied in fp32, in base-2 units
   (`variants/base2.py`).
 
-Caveats. No backward. Heads 1..16, points 1..16, head_dim 8..128 (padded to powers of two, so
-e.g. d = 48 does 64-wide dots). fp32 (IEEE) is slow: Triton lowers IEEE fp32 dots to CUDA-core
-FMAs at ~13 % of FP32 peak here, so N = 4096 takes 11 ms, not the 4 ms target
-(docs/perf-notes.md). At N <= 1024 the forward is bound by host-side launch overhead (~20
-PyTorch ops and two Triton launches), not by the GPU. Under the CPU interpreter
+Caveats. Only `triton-train` has a backward. Heads 1..16, points 1..16, head_dim 8..128 (padded
+to powers of two, so e.g. d = 48 does 64-wide dots). fp32 (IEEE) is slow: Triton lowers IEEE
+fp32 dots to CUDA-core FMAs at ~13 % of FP32 peak here, so N = 4096 takes 11 ms, not the 4 ms
+target (docs/perf-notes.md). At N <= 1024 the forward is bound by host-side launch overhead
+(~20 PyTorch ops and two Triton launches), not by the GPU. Under the CPU interpreter
 (`TRITON_INTERPRET=1`, read when the kernel modules are first imported) every dot runs in fp32
 (the interpreter's bf16 `tl.dot` is wrong) and a single block-size config is used instead of
-autotuning. Inputs may have any strides: the kernels read `pair_repr` through its strides
-(no copy), the other inputs go through PyTorch ops.
+autotuning. Inputs may have any strides: the kernels read `pair_repr` through its strides (no
+copy), the other inputs go through PyTorch ops.
 
 This module imports no Triton: the kernel modules are imported by `build`, and a missing
 Triton is a reason (`requires`), not an ImportError.
@@ -102,6 +112,13 @@ class Triton(Variant):
         if reasons:
             raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
         # Imports Triton and defines the kernels now, not when timed.
+        forward = self._forward(state_dict, config, device, precision)
+        from variants.triton.common import chosen_configs
+
+        forward.kernel_info = chosen_configs
+        return forward
+
+    def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
         from variants.triton.pipeline import TritonIPAWeights
 
         forward_function = self._forward_function()
@@ -112,9 +129,6 @@ class Triton(Variant):
             return forward_function(weights, node_repr, pair_repr, translations, rotations,
                                     math_mode=mode)
 
-        from variants.triton.common import chosen_configs
-
-        forward.kernel_info = chosen_configs
         return forward
 
 
@@ -139,3 +153,46 @@ class TritonFullFuse(Triton):
         from variants.triton.pipeline import triton_fullfuse_ipa
 
         return triton_fullfuse_ipa
+
+
+class TritonTrain(TritonFullFuse):
+    """`triton-fullfuse`'s kernel as a custom op with an exact fused backward (`core_op.py`,
+    `backward.py`): the training variant. Its callable's `parameters()` gives the trainable
+    tensors, (name, tensor) pairs named as the SPEC state_dict; they do not require grad until
+    the caller says so, and every call reads them (an optimizer step is seen by the next call)."""
+
+    name = "triton-train"
+    description = ("triton-fullfuse's kernel as a custom op with a fused Triton backward "
+                   "(training; nothing N x N x H is ever written)")
+    supports_backward = True
+    # The largest head_dim whose backward kernel fits the H200's 227 KB of shared memory per
+    # block, by precision, for value points padded to <= 32 coordinates (Vp <= 10) and beyond:
+    # compiled for sm_90 on the CPU machine at every padded head_dim and point width (triton
+    # 3.9, docs/perf-notes.md). fp32 past 64 is the forward's limit already.
+    backward_max_head_dim = {"tf32": (32, 32), "bf16": (128, 64), "fp16": (128, 64)}
+
+    def not_supported_reasons(self, config, device, precision):
+        reasons = super().not_supported_reasons(config, device, precision)
+        name = get_precision(precision).name
+        wide = 3 * config.value_points > 32
+        limit = self.backward_max_head_dim.get(name, (128, 128))[wide]
+        if torch.device(device).type == "cuda" and config.head_dim > limit:
+            points = f" with value_points={config.value_points} > 10" if wide else ""
+            reasons.append(
+                f"head_dim={config.head_dim} > {limit} in {name}{points}: the backward kernel "
+                "needs more than the H200's 227 KB of shared memory per block (compiled for "
+                "sm_90, 2026-12-03)")
+        return reasons
+
+    def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
+        from variants.triton.pipeline import training_parameters, triton_train_ipa
+
+        params = training_parameters(state_dict, config, device, precision.dtype)
+        mode = precision.math_mode
+
+        def forward(node_repr, pair_repr, translations, rotations):
+            return triton_train_ipa(params, config, node_repr, pair_repr, translations,
+                                    rotations, math_mode=mode)
+
+        forward.parameters = params.items
+        return forward

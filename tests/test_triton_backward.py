@@ -1,0 +1,443 @@
+"""Tests of the Triton training variant `triton-train`: the attention core as a custom op with a
+fused backward (`variants/triton/core_op.py`, `backward.py`).
+
+CPU, under the Triton interpreter (`TRITON_INTERPRET=1`, as `make test` sets it without a GPU),
+at small awkward sizes (B = 2; N = 1, 17, 45; H = 3, Qp = 3, Vp = 5, pair_dim 40 so that the
+channel chunks are ragged): every gradient (node_repr, pair_repr, translations, rotations and
+each parameter by its state_dict name) against the float64 reference's autograd, within the
+suite's tolerance, max(2 x the eager fp32 reference's own error, the fp32 floor 2e-5), per
+tensor; bf16 the same way (the interpreter's dots in fp32); the forward's key ranges and the
+backward's query ranges against the whole range; pair_repr read through its strides; nothing
+N x N x H allocated in the forward or the backward; `torch.library.opcheck` of both custom ops;
+`torch.compile(fullgraph=True)` of the whole layer (AOTAutograd, the `aot_eager` backend:
+Inductor's CPU compile takes ~30 s here) with gradients equal to eager's; the callable's
+`parameters()`. GPU (marker `gpu`): the same gradients at N up to 1000 in fp32, bf16 and tf32,
+Inductor without a graph break, and the extra peak memory of a training step at N = 4096 against
+the size of d pair_repr.
+
+Run as a script on the GPU machine for the training-step numbers in docs/perf-notes.md
+("triton backward"):
+    PYTHONPATH=. python3 tests/test_triton_backward.py [--lengths N ...] [--precisions ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from harness.correctness import check_variant, rel_l2
+from harness.runner import INPUT_NAMES, InputRecipe, trainable_parameters, training_step
+from tests.test_triton import (
+    HAS_CUDA,
+    HAS_TRITON,
+    in_nan_buffer,
+    needs_interpreter,
+    needs_triton,
+    transposed_storage,
+)
+from variants.problem import (
+    IPAConfig,
+    IPAInputError,
+    get_precision,
+    math_mode,
+)
+from variants.reference import init_state_dict
+from variants.triton.variants import Triton, TritonFullFuse, TritonTrain
+
+if HAS_TRITON:
+    from variants.triton.backward import launch_backward
+    from variants.triton.common import dot_modes
+    from variants.triton.core_op import core_op, triton_ipa_core
+    from variants.triton.fullfuse import launch_fullfuse
+    from variants.triton.pipeline import PARAMETER_NAMES
+
+SMALL = IPAConfig(node_dim=48, pair_dim=40, heads=3, query_points=3, value_points=5)
+needs_gpu = pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA),
+                               reason="needs a CUDA device and triton")
+
+
+def recipe(batch: int, length: int, precision: str = "fp32", device: str = "cpu",
+           seed: int = 0, config: IPAConfig = SMALL) -> InputRecipe:
+    """The harness's seeded inputs and fixed random grad_out of a training step."""
+    return InputRecipe(config, batch, length, precision, device, seed)
+
+
+def train(fn, inputs: InputRecipe, params: dict[str, torch.Tensor] | None = None):
+    """One training step by the harness's own `training_step` on fresh leaves of `inputs`:
+    the output and the gradient of every input and parameter by name. `params` default to
+    `fn.parameters()`."""
+    args = tuple(t.requires_grad_(True) for t in inputs.values().as_tuple())
+    params = trainable_parameters(fn) if params is None else params
+    for p in params.values():
+        p.requires_grad_(True)
+    return training_step(fn, args, params, inputs.grad_output())
+
+
+def check_gradients(precision: str, batch: int, length: int, config: IPAConfig, device: str,
+                    seed: int = 0) -> dict[str, tuple[float, float]]:
+    """The suite's training-step protocol (`check_variant`, pass forward+backward): every
+    gradient of `triton-train` against the float64 oracle's autograd, each within
+    max(2 x the eager reference's own error in `precision`, the floor); the output and SE(3)
+    invariance too. Returns name -> (rel_l2, tolerance)."""
+    state_dict = init_state_dict(config, seed=seed)
+    result = check_variant(TritonTrain(), config, batch=batch, length=length, device=device,
+                           precision=precision, seeds=1, first_seed=seed,
+                           state_dict=state_dict, pass_name="forward+backward")
+    assert result.passed, result.failures
+    assert set(result.gradients) == set(INPUT_NAMES) | set(state_dict)
+    return {name: (f["rel_l2"], f["tol"]) for name, f in result.gradients.items()}
+
+
+# ---- CPU, under the interpreter -------------------------------------------------------------
+
+
+@needs_interpreter
+@pytest.mark.parametrize("length", [1, 17, 45])
+def test_fp32_gradients_match_float64_oracle(length):
+    check_gradients("fp32", 2, length, SMALL, "cpu")
+
+
+@needs_interpreter
+def test_bf16_gradients_match_float64_oracle_interpreted():
+    figures = check_gradients("bf16", 2, 17, SMALL, "cpu")
+    # fp32 points and softmax: well inside the bf16 reference's own error
+    assert all(err < 0.25 * tol for err, tol in figures.values()), figures
+
+
+@needs_interpreter
+def test_split_ranges_match_the_whole():
+    # N = 70: two ranges of 64 rows (the second ragged). The forward's key ranges merge their
+    # log-sum-exps; the backward's query ranges sum their key-side partial results.
+    b, n = 1, 70
+    operands = _core_operands(b, n)
+    q, k, v, q_pts, k_pts, v_pts, centre, pair, weight, point = operands
+    modes = dot_modes(torch.float32, "ieee")
+    forwards = []
+    for split in (1, 2):
+        out_s, lse = torch.empty(b, n, *q.shape[2:]), torch.empty(b, n, q.shape[2])
+        out_p = launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centre, point, out_s, pair, weight,
+                                modes, split, lse=lse)
+        forwards.append((out_s, out_p, lse))
+    for whole, parts in zip(*forwards, strict=True):
+        assert rel_l2(parts, whole) < 1e-6
+    out_s, out_p, lse = forwards[0]
+    g = torch.Generator().manual_seed(1)
+    args = (torch.randn(out_s.shape, generator=g), torch.randn(out_p.shape, generator=g),
+            *operands[:6], *operands[7:], out_s, out_p, lse, modes)
+    for whole, parts in zip(launch_backward(*args, split=1), launch_backward(*args, split=2),
+                            strict=True):
+        assert rel_l2(parts, whole) < 1e-6
+
+
+@needs_interpreter
+@pytest.mark.parametrize("layout", ["crop", "transposed"])
+def test_strided_pair_repr_gradients(layout):
+    # pair_repr read through its strides in both kernels (NaN in the crop's gaps), and its
+    # gradient is that of the contiguous input.
+    fn = TritonTrain().build(init_state_dict(SMALL, seed=2), SMALL, "cpu", "fp32")
+    inputs = recipe(2, 17, seed=3)
+    out, grads = train(fn, inputs)
+    node, pair, trans, rot = inputs.values().as_tuple()
+    strided = {"crop": in_nan_buffer, "transposed": transposed_storage}[layout](pair)
+    assert not strided.is_contiguous()
+    args = tuple(t.requires_grad_(True) for t in (node, strided, trans, rot))
+    out2, grads2 = training_step(fn, args, trainable_parameters(fn), inputs.grad_output())
+    torch.testing.assert_close(out2, out, rtol=1e-6, atol=1e-6)
+    for name, grad in grads.items():
+        assert torch.isfinite(grads2[name]).all(), name
+        torch.testing.assert_close(grads2[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class AllocationWatch(TorchDispatchMode):
+    """Shapes of every tensor an op allocates (outputs in memory none of its arguments own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        owned = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                 if isinstance(t, torch.Tensor)}
+        self.shapes += [tuple(t.shape) for t in tree_flatten(out)[0]
+                        if isinstance(t, torch.Tensor)
+                        and t.untyped_storage().data_ptr() not in owned]
+        return out
+
+
+@needs_interpreter
+def test_nothing_n_by_n_by_heads_is_allocated():
+    # The training step, and the two kernels' launchers on their own (the custom ops hide their
+    # insides from a dispatch mode): the only N x N tensor allocated is d pair_repr, once.
+    b, n = 2, 43  # N = 43 is no other size of the layer (3 H Vp = 45 is one)
+    fn = TritonTrain().build(init_state_dict(SMALL), SMALL, "cpu", "fp32")
+    inputs = recipe(b, n)
+    args = tuple(t.requires_grad_(True) for t in inputs.values().as_tuple())
+    params = {name: p.requires_grad_(True) for name, p in fn.parameters()}
+    grad_out = inputs.grad_output()
+    with AllocationWatch() as step:
+        training_step(fn, args, params, grad_out)
+    operands = _core_operands(b, n)
+    with torch.no_grad():
+        out_s, out_p, lse = core_op(*operands, "ieee")
+    with AllocationWatch() as kernels:
+        core_op(*operands, "ieee")
+        launch_backward(torch.randn_like(out_s), torch.randn_like(out_p), *operands[:6],
+                        *operands[7:], out_s, out_p, lse, dot_modes(torch.float32, "ieee"))
+    pair_grad = (b, n, n, SMALL.pair_dim)
+    for watch in (step, kernels):
+        square = [s for s in watch.shapes if s.count(n) >= 2 or n * n in s]
+        assert square == [pair_grad], square
+
+
+def _core_operands(b, n, config=SMALL, dtype=torch.float32, device="cpu", seed=0):
+    """Random operands of `core_op` in the layouts the pipeline builds (q, k, v as views of one
+    projection row), without math_mode; drawn on `device`."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    h, d = config.heads, config.head_dim
+    p3, vp3, c = 3 * config.query_points, 3 * config.value_points, config.pair_dim
+    rand = lambda *shape: torch.randn(*shape, generator=g, device=device)
+    proj = rand(b, n, 3 * h * d).to(dtype)
+    q, k, v = (proj[..., i * h * d:(i + 1) * h * d].view(b, n, h, d) for i in range(3))
+    return (q, k, v, rand(b, h, p3, n) * 3, rand(b, h, p3, n) * 3, rand(b, h, n, vp3) * 3,
+            rand(b, n, 3), rand(b, n, n, c).to(dtype), (rand(h, c) * 0.2).to(dtype),
+            -torch.rand(h, generator=g, device=device))
+
+
+@needs_interpreter
+def test_opcheck_forward_and_backward_ops():
+    operands = _core_operands(2, 17)
+    grads = [True] * 6 + [False] + [True] * 3  # every operand but the centre
+    args = [t.clone().requires_grad_(r) for t, r in zip(operands, grads, strict=True)]
+    results = torch.library.opcheck(core_op, (*args, "ieee"))
+    assert set(results.values()) == {"SUCCESS"}, results
+    with torch.no_grad():
+        out_s, out_p, lse = core_op(*operands, "ieee")
+    backward_args = (torch.randn_like(out_s), torch.randn_like(out_p), *operands[:6],
+                     *operands[7:], out_s, out_p, lse, "ieee")
+    op = torch.ops.ipa_bench.triton_ipa_core_backward
+    results = torch.library.opcheck(op, backward_args)
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+@needs_interpreter
+def test_compiles_without_a_graph_break():
+    # fullgraph=True raises on any graph break; AOTAutograd traces the backward through the
+    # backward op. Gradients equal eager's.
+    fn = TritonTrain().build(init_state_dict(SMALL, seed=4), SMALL, "cpu", "fp32")
+    inputs = recipe(2, 17, seed=4)
+    out, grads = train(fn, inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    out2, grads2 = train(compiled, inputs, trainable_parameters(fn))
+    torch.testing.assert_close(out2, out, rtol=0, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads2[name], grad, rtol=0, atol=0, msg=name)
+
+
+@needs_interpreter
+def test_parameters_are_the_state_dict_and_live():
+    sd = init_state_dict(SMALL)
+    fn = TritonTrain().build(sd, SMALL, "cpu", "fp32")
+    params = dict(fn.parameters())
+    assert list(params) == list(PARAMETER_NAMES) and set(params) == set(sd)
+    for name, p in params.items():
+        assert p.is_leaf and not p.requires_grad and p.shape == sd[name].shape, name
+        assert p.untyped_storage().data_ptr() != sd[name].untyped_storage().data_ptr(), name
+    inputs = recipe(1, 5).values().as_tuple()
+    out = fn(*inputs)
+    with torch.no_grad():
+        params["out_proj.bias"] += 1.0  # an optimizer step is seen by the next call
+    torch.testing.assert_close(fn(*inputs), out + 1.0)
+
+
+@needs_triton
+def test_bad_input_names_the_argument():
+    q, k, v, qp, kp, vp, centre, pair, weight, point = _core_operands(1, 5)
+    call = lambda **change: triton_ipa_core(**{
+        "q": q, "k": k, "v": v, "q_pts": qp, "k_pts": kp, "v_pts": vp, "centre": centre,
+        "pair_repr": pair, "pair_weight": weight, "point_weight": point, **change})
+    with pytest.raises(IPAInputError, match="pair_weight"):
+        call(pair_weight=weight.double())
+    with pytest.raises(IPAInputError, match="pair_repr"):
+        call(pair_repr=pair[:, :, :-1])
+    with pytest.raises(IPAInputError, match="centre"):
+        call(centre=centre[:, :-1])
+    with pytest.raises(IPAInputError, match="k_pts"):
+        call(k_pts=kp.double())
+    with pytest.raises(IPAInputError, match="math_mode"):
+        call(math_mode="tf32x3")
+    with pytest.raises(IPAInputError, match="state_dict"):
+        TritonTrain().build({}, SMALL, "cpu", "fp32")
+
+
+def test_only_the_training_variant_declares_a_backward():
+    assert TritonTrain.supports_backward
+    assert not Triton.supports_backward and not TritonFullFuse.supports_backward
+
+
+@needs_triton  # an installed Triton, or the reasons say it is missing
+def test_declares_its_shared_memory_limits():
+    # Cells whose backward kernel would need more than the H200's 227 KB per block.
+    train = TritonTrain()
+    over = [(IPAConfig(heads=6), "tf32"), (IPAConfig(heads=4, value_points=12), "bf16"),
+            (IPAConfig(heads=3, value_points=16), "fp16")]
+    for config, precision in over:
+        assert any("shared memory" in r and "backward" in r
+                   for r in train.not_supported_reasons(config, "cuda", precision))
+    fits = [(IPAConfig(), p) for p in ("fp32", "tf32", "bf16", "fp16")] + [
+        (IPAConfig(heads=3), "bf16"), (IPAConfig(heads=6, value_points=12), "bf16")]
+    for config, precision in fits:
+        assert train.not_supported_reasons(config, "cuda", precision) == []
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+GPU_CASES = [  # (batch, length, config)
+    (1, 1, IPAConfig()),
+    (2, 97, IPAConfig()),
+    (1, 33, IPAConfig(node_dim=128, pair_dim=24, heads=16, query_points=2, value_points=2)),
+    (1, 1000, IPAConfig()),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"B{c[0]}-N{c[1]}-H{c[2].heads}")
+def test_gradients_match_float64_oracle_gpu(case, precision):
+    check_gradients(precision, *case, "cuda")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_tf32_gradients_match_float64_oracle_gpu():
+    check_gradients("tf32", 2, 97, IPAConfig(), "cuda")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_inductor_compiles_without_a_graph_break_gpu():
+    config = IPAConfig()
+    fn = TritonTrain().build(init_state_dict(config), config, "cuda", "fp32")
+    inputs = recipe(1, 97, device="cuda", config=config)
+    out, grads = train(fn, inputs)
+    torch._dynamo.reset()
+    out2, grads2 = train(torch.compile(fn, fullgraph=True), inputs, trainable_parameters(fn))
+    assert rel_l2(out2, out) < 1e-5
+    for name, grad in grads.items():
+        assert rel_l2(grads2[name], grad) < 1e-5, name
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_step_memory_gpu(precision):
+    # Extra peak memory of forward + backward over the inputs: d pair_repr plus O(N) (~130 MiB
+    # predicted: saved activations, partial sums, dq), never a (B, H, N, N) tensor, which alone
+    # would take 768 MiB in fp32 and 384 MiB in bf16 here.
+    config, n = IPAConfig(), 4096
+    fn = TritonTrain().build(init_state_dict(config), config, "cuda", precision)
+    inputs = recipe(1, n, precision, "cuda", config=config)
+    args = tuple(t.requires_grad_(True) for t in inputs.values().as_tuple())
+    params = {name: p.requires_grad_(True) for name, p in fn.parameters()}
+    grad_out = inputs.grad_output()
+    step = lambda: training_step(fn, args, params, grad_out)[1]
+    step()  # compiles the kernels
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    grads = step()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    pair_grad = grads["pair_repr"].numel() * grads["pair_repr"].element_size()
+    assert extra < pair_grad + 256 * 2**20, (extra / 2**20, pair_grad / 2**20)
+
+
+# ---- the numbers for docs/perf-notes.md (run as a script on the GPU machine) ----------------
+
+
+def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
+    """Median ms (harness.measure: device events, L2 flushed) and extra peak MiB of one
+    training step (forward, then backward of a fixed grad_out) at the default config, B = 1,
+    for `triton-train` and the baselines; then the forward op and the backward op alone."""
+    import argparse
+    import time
+
+    import triton
+
+    from harness.measure import L2Flusher, TimingPolicy, peak_memory_mib, time_cpu, time_cuda
+    from variants.compiled import Compiled
+    from variants.reference import Reference
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096])
+    parser.add_argument("--precisions", nargs="*", default=["fp32", "bf16"])
+    parser.add_argument("--baselines", nargs="*", default=["torch-compile"])
+    parser.add_argument("--budget", type=float, default=1e9)
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run under the interpreter")
+    opts = parser.parse_args(argv)
+    start = time.time()
+    config, dev = IPAConfig(), torch.device(opts.device)
+    cuda = dev.type == "cuda"
+    print(f"# {torch.cuda.get_device_name(dev) if cuda else 'cpu'}, torch {torch.__version__}, "
+          f"triton {triton.__version__}, {time.strftime('%Y-%m-%d')}", flush=True)
+    sd = init_state_dict(config)
+    policy = TimingPolicy()
+    flusher = L2Flusher(dev) if cuda else None
+
+    def timed(call):
+        """Median ms as the sweep times, and extra peak MiB (CUDA only)."""
+        if not cuda:
+            return time_cpu(call, policy).median_ms, float("nan")
+        peak = peak_memory_mib(call, dev)
+        return time_cuda(call, policy, flusher).median_ms, peak
+
+    builders = {"triton-train": TritonTrain(), "reference": Reference(), "torch-compile":
+                Compiled()}
+    for precision in opts.precisions:
+        dtype = get_precision(precision).dtype
+        for n in opts.lengths:
+            inputs = recipe(1, n, precision, dev.type, seed=1, config=config)
+            args = tuple(t.requires_grad_(True) for t in inputs.values().as_tuple())
+            grad_out = inputs.grad_output()
+            for label in ["triton-train", *opts.baselines]:
+                if time.time() - start > opts.budget:
+                    continue
+                with math_mode(precision):
+                    fn = builders[label].build(sd, config, dev.type, precision)
+                    params = {name: p.requires_grad_(True)
+                              for name, p in trainable_parameters(fn).items()}
+                    step = lambda fn=fn, params=params, args=args, grad_out=grad_out: (
+                        training_step(fn, args, params, grad_out))
+                    t0 = time.time()
+                    step()
+                    if cuda:
+                        torch.cuda.synchronize()
+                    first = time.time() - t0
+                    ms, peak = timed(step)
+                print(f"{label:14s} {precision} N={n:5d} fwd+bwd {ms:8.3f} ms {peak:8.0f} MiB "
+                      f"(first call {first:.1f}s)", flush=True)
+                del fn, params, step
+                if cuda:
+                    torch.cuda.empty_cache()
+            if time.time() - start > opts.budget:
+                continue
+            operands = _core_operands(1, n, config, dtype, dev, seed=1)
+            with torch.no_grad():
+                out_s, out_p, lse = core_op(*operands, "ieee")
+                fwd, _ = timed(lambda ops=operands: core_op(*ops, "ieee"))
+                args = (torch.randn_like(out_s), torch.randn_like(out_p), *operands[:6],
+                        *operands[7:], out_s, out_p, lse, dot_modes(dtype, "ieee"))
+                bwd, bwd_peak = timed(lambda a=args: launch_backward(*a))
+            print(f"  core alone {precision} N={n}: forward op {fwd:.3f} ms, backward op "
+                  f"{bwd:.3f} ms, {bwd_peak:.0f} MiB", flush=True)
+    print(f"# done in {time.time() - start:.0f}s")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _bench_main(sys.argv[1:])

@@ -1,0 +1,115 @@
+"""The IPA attention core as a PyTorch custom op with an exact fused backward, for training:
+`ipa_bench::triton_ipa_core` (forward: the fully fused kernel of `fullfuse.py`, which also
+writes each row's log-sum-exp) and `ipa_bench::triton_ipa_core_backward` (the kernel of
+`backward.py`), joined by `torch.library.register_autograd`.
+
+Both are `torch.library.custom_op`s with fake (meta) implementations, so autograd,
+`torch.compile` (the ops are opaque nodes: no graph break, AOTAutograd traces the backward
+through the second op) and `torch.library.opcheck` understand them. `core_op` is the first,
+unchecked (for callers that built its operands); `triton_ipa_core` is the checked public
+function over it; `pipeline.triton_train_ipa` is the whole layer around it (the projections,
+frames and out_proj in PyTorch, differentiated by autograd).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from variants.triton.backward import launch_backward
+from variants.triton.common import (
+    check_attention_args,
+    check_fused_pair_args,
+    check_runnable,
+    dot_modes,
+)
+from variants.triton.fullfuse import launch_fullfuse
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("ipa_bench::triton_ipa_core", mutates_args=())
+def core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, v_pts: Tensor,
+          centre: Tensor, pair_repr: Tensor, pair_weight: Tensor, point_weight: Tensor,
+          math_mode: str) -> tuple[Tensor, Tensor, Tensor]:
+    modes = dot_modes(q.dtype, math_mode)
+    b, n, h, d = q.shape
+    out_s = torch.empty(b, n, h, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, n, h, dtype=torch.float32, device=q.device)
+    out_p = launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centre, point_weight, out_s,
+                            pair_repr, pair_weight, modes, None, lse=lse)
+    return out_s, out_p, lse
+
+
+@core_op.register_fake
+def _core_fake(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight, point_weight,
+               math_mode):
+    b, n, h, d = q.shape
+    return (q.new_empty(b, n, h, d), q_pts.new_empty(b, n, h, v_pts.shape[3]),
+            q_pts.new_empty(b, n, h))
+
+
+@torch.library.custom_op("ipa_bench::triton_ipa_core_backward", mutates_args=())
+def _core_backward(grad_s: Tensor, grad_p: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                   q_pts: Tensor, k_pts: Tensor, v_pts: Tensor, pair_repr: Tensor,
+                   pair_weight: Tensor, point_weight: Tensor, out_s: Tensor, out_p: Tensor,
+                   lse: Tensor, math_mode: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                         Tensor, Tensor, Tensor, Tensor]:
+    return launch_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
+                           pair_weight, point_weight, out_s, out_p, lse,
+                           dot_modes(q.dtype, math_mode))
+
+
+@_core_backward.register_fake
+def _core_backward_fake(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight,
+                        point_weight, out_s, out_p, lse, math_mode):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q_pts.new_empty(q_pts.shape), k_pts.new_empty(k_pts.shape),
+            v_pts.new_empty(v_pts.shape), pair_repr.new_empty(pair_repr.shape),
+            pair_weight.new_empty(pair_weight.shape), point_weight.new_empty(point_weight.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_pts, k_pts, v_pts, _, pair_repr, pair_weight, point_weight, math_mode = inputs
+    out_s, out_p, lse = output
+    ctx.save_for_backward(q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight, point_weight,
+                          out_s, out_p, lse)
+    ctx.math_mode = math_mode
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_s, grad_p, _grad_lse):
+    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_pair, d_weight, d_point = _core_backward(
+        grad_s, grad_p, *ctx.saved_tensors, ctx.math_mode)
+    # No gradient for `centre` (the result does not depend on it) nor for math_mode.
+    return dq, dk, dv, dq_pts, dk_pts, dv_pts, None, d_pair, d_weight, d_point, None
+
+
+core_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def triton_ipa_core(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight, point_weight,
+                    *, math_mode: str = "ieee") -> tuple[Tensor, Tensor, Tensor]:
+    """The IPA attention core with a backward: softmax over keys of the base-2 logits
+    q.k log2(e)/sqrt(D) + log2(e) pair_repr.pair_weight^T + point_weight |q_pts - k_pts|^2,
+    aggregating v and v_pts. Differentiable in every argument but `centre`.
+
+    q, k, v       (B, N, H, D) views with strides (*, *, D, 1), one dtype (fp32/bf16/fp16);
+                  1 <= H <= 16, 8 <= D <= 128
+    q_pts, k_pts  (B, H, 3*Qp, N) fp32, global frame (centred)
+    v_pts         (B, H, N, 3*Vp) fp32, global frame (centred)
+    centre        (B, N, 3) fp32: an origin per query row for the kernel's sums (frame origins
+                  in the same frame); the result does not depend on it
+    pair_repr     (B, N, N, C), any strides, q's dtype and device
+    pair_weight   (H, C) contiguous, q's dtype: pair_bias.weight (natural units)
+    point_weight  (H,) fp32: -softplus(head_weights) / 2 * log2(e) (`variants.base2`)
+    math_mode     "ieee" or "tf32" (fp32 only)
+    returns       out_s (B, N, H, D) in q's dtype: sum_j a_ij v_j; out_p (B, N, H, 3*Vp) fp32:
+                  sum_j a_ij v_pts_j; lse (B, N, H) fp32: each row's log2-sum-exp2 of its
+                  logits (saved for the backward; not differentiable)
+    """
+    check_attention_args(q, k, v, q_pts, k_pts, v_pts, centre, point_weight)
+    check_fused_pair_args(q, pair_repr, pair_weight)
+    dot_modes(q.dtype, math_mode)
+    check_runnable("q", q)
+    return core_op(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight, point_weight,
+                   math_mode)
