@@ -36,6 +36,7 @@ from harness.cells import (
     cell_key,
     describe_environment,
     label,
+    short_reason,
 )
 from harness.errors import RunFailure
 from harness.grid import Cell
@@ -207,7 +208,7 @@ def run_on_ray(sweep, todo: list[tuple[Cell, object]], results: ResultsFile, adv
                 done = ray.get(ref)
             except RayActorError as exc:
                 reason = (f"the Ray actor on {facts[slot]['node']} (GPU "
-                          f"{facts[slot]['gpu'] or '-'}) died: {_one_line(exc)}")
+                          f"{facts[slot]['gpu'] or '-'}) died: {short_reason(exc, limit=300)}")
                 ray.kill(actors[slot])
                 actors[slot], facts[slot] = start(slot)
                 if attempt < options.retries:
@@ -239,7 +240,3 @@ def run_on_ray(sweep, todo: list[tuple[Cell, object]], results: ResultsFile, adv
         if started_here:
             ray.shutdown()
 
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

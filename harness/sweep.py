@@ -70,18 +70,17 @@ class Sweep:
                  *, show_progress: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
                  threads: int | None = None, ray=None):
         self.variants = sorted(variants, key=lambda v: not v.is_baseline)  # baseline first
-        self.scan = {v.name: scan_variant(v) for v in self.variants}
         self.digests = {v.name: v.code_digest() for v in self.variants}
         self.grid = grid
         self.device = torch.device(device)
         self.out_dir = Path(out_dir)
         self.show_progress = show_progress
-        self.timeout_s, self.threads = timeout_s, threads
         self.ray = ray
         self.run_id = uuid.uuid4().hex[:12]
         self.started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         self.spec = SweepSpec(self.variants, grid, self.device.type, self.run_id,
-                              self.started_at, self.scan, self.digests, timeout_s, threads)
+                              self.started_at, {v.name: scan_variant(v) for v in self.variants},
+                              self.digests, timeout_s, threads)
 
     def _todo(self, results: ResultsFile) -> list[tuple[Cell, Variant]]:
         todo = []

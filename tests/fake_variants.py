@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from tests.planted import HookedReference
 from variants.base import Variant
-from variants.reference import Reference
+from variants.problem import get_precision
+from variants.reference import Reference, checked
 
 
 class Raising(Variant):
@@ -72,37 +75,46 @@ class _ScaledGradient(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-class WrongTranslationGradient(Reference):
-    """The reference's forward exactly; the gradient of `translations` is 1 % too large."""
+class _WrappedInputs(Reference):
+    """The reference with its inputs passed through `wrap` first: the forward values stay
+    exact, only what autograd sees changes (a wrong backward kernel)."""
 
-    name = "wrong-translation-gradient"
     is_baseline = False
+
+    @staticmethod
+    def wrap(node_repr, pair_repr, translations, rotations):
+        raise NotImplementedError
 
     def build(self, *args):
         fn = super().build(*args)
+        wrap = self.wrap
 
-        def forward(node_repr, pair_repr, translations, rotations):
-            return fn(node_repr, pair_repr, _ScaledGradient.apply(translations, 1.01), rotations)
+        def forward(*inputs):
+            return fn(*wrap(*inputs))
 
         forward.module = fn.module
         return forward
 
 
-class DetachedPairGradient(Reference):
+class WrongTranslationGradient(_WrappedInputs):
+    """The reference's forward exactly; the gradient of `translations` is 1 % too large."""
+
+    name = "wrong-translation-gradient"
+
+    @staticmethod
+    def wrap(node_repr, pair_repr, translations, rotations):
+        return node_repr, pair_repr, _ScaledGradient.apply(translations, 1.01), rotations
+
+
+class DetachedPairGradient(_WrappedInputs):
     """The reference's forward exactly, with `pair_repr` detached: no gradient reaches it (a
     backward that never writes d pair_repr)."""
 
     name = "detached-pair-gradient"
-    is_baseline = False
 
-    def build(self, *args):
-        fn = super().build(*args)
-
-        def forward(node_repr, pair_repr, translations, rotations):
-            return fn(node_repr, pair_repr.detach(), translations, rotations)
-
-        forward.module = fn.module
-        return forward
+    @staticmethod
+    def wrap(node_repr, pair_repr, translations, rotations):
+        return node_repr, pair_repr.detach(), translations, rotations
 
 
 # ---- backward bugs for `diagnose --pass forward+backward` ------------------------------------
@@ -110,30 +122,18 @@ class DetachedPairGradient(Reference):
 # `torch.autograd.Function` whose forward is the identity or the true op). Module-level
 # classes, so a worker process can unpickle them.
 
-import torch.nn.functional as F  # noqa: E402 - appended section
-
-from tests.planted import HookedReference  # noqa: E402 - appended section
-from variants.problem import get_precision  # noqa: E402 - appended section
-from variants.reference import checked  # noqa: E402 - appended section
-
 BACKWARD_BUG_SCALE = 1.05  # 5 %: far above the reference's own fp32 gradient error
 
 
-class WrongPairGradient(Reference):
+class WrongPairGradient(_WrappedInputs):
     """The reference's forward exactly; the gradient of `pair_repr` is 5 % too large."""
 
     name = "wrong-pair-gradient"
-    is_baseline = False
 
-    def build(self, *args):
-        fn = super().build(*args)
-
-        def forward(node_repr, pair_repr, translations, rotations):
-            return fn(node_repr, _ScaledGradient.apply(pair_repr, BACKWARD_BUG_SCALE),
-                      translations, rotations)
-
-        forward.module = fn.module
-        return forward
+    @staticmethod
+    def wrap(node_repr, pair_repr, translations, rotations):
+        return (node_repr, _ScaledGradient.apply(pair_repr, BACKWARD_BUG_SCALE), translations,
+                rotations)
 
 
 class _GradScaledLinear(torch.nn.Linear):

@@ -21,13 +21,7 @@ FILES = Path(__file__).parent / "model_new_files"
 SIZES = Sizes(batch=2, length=45, aligned_length=64)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tensors are small: intra-op threads only add contention on a shared CI box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -46,12 +46,7 @@ SHARED = {"node_repr", "layer_norm.weight", "layer_norm.bias"}
 VALUE = {"v_proj.weight", "v_pts.weight", "out_proj.weight", "out_proj.bias"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,7 @@ CPU_CHECK = ["check", "--device", "cpu", "--variant", "reference", "--dtype", "f
              "--batch", "2", "--length", "33", "--seeds", "2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tensors are small: intra-op threads only add contention on a shared CI box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)

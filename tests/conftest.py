@@ -1,0 +1,16 @@
+"""Fixtures shared by the test modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """These tensors are small: intra-op threads only add contention on a shared CI box.
+    A module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
