@@ -19,7 +19,7 @@ from variants.flex_attention import FlexAttention
 from variants.problem import IPAInputError
 from variants.reference import Reference
 from variants.sdpa_decomposition import SdpaDecomposition
-from variants.triton.variants import Triton, TritonFullFuse, TritonTrain
+from variants.triton.variants import Triton, TritonFullFuse, TritonFullFuseTrain, TritonTrain
 
 ENTRY_POINT_GROUP = "ipa_bench.variants"
 
@@ -35,6 +35,7 @@ BUILTIN: list[type[Variant]] = [
     FlexAttention,
     SdpaDecomposition,
     TritonTrain,
+    TritonFullFuseTrain,
 ]
 
 

@@ -1,16 +1,18 @@
-"""The Triton variants, `triton`, `triton-fullfuse` and `triton-train` (design and caveats:
-`variants.py`).
+"""The Triton variants, `triton`, `triton-fullfuse` and the training variants `triton-train` and
+`triton-fullfuse-train` (design and caveats: `variants.py`).
 
-variants.py   the three `Variant` classes; imports no Triton (kernels are imported by `build`)
-pipeline.py   the checked public forwards `triton_ipa`, `triton_fullfuse_ipa` and
-              `triton_train_ipa`, their weights and the O(N) PyTorch work around the kernels
-pair_bias.py  the (B, H, N, N) pair-bias GEMM: Triton kernel, cuBLAS form, `pair_bias`
-attention.py  the streamed per-head flash kernel over that bias: `ipa_attention`
-fullfuse.py   the fully fused kernel (bias computed in the key loop, split-key merge):
-              `ipa_fullfuse_attention`
-backward.py   the fully fused kernel's backward (logits recomputed from pair_repr tile by tile,
-              d pair_repr written once, dW_b by partial sums)
-core_op.py    the fully fused kernel and its backward as torch custom ops with autograd:
-              `triton_ipa_core`
-common.py     argument checks, dot modes, autotuning versus the interpreter's fixed config
+variants.py       the four `Variant` classes; imports no Triton (kernels are imported by `build`)
+pipeline.py       the checked public forwards `triton_ipa`, `triton_fullfuse_ipa` and
+                  `triton_train_ipa`, their weights and the O(N) PyTorch work around the kernels
+pair_bias.py      the (B, H, N, N) pair-bias GEMM: Triton kernel, cuBLAS form, `pair_bias`
+attention.py      the streamed per-head flash kernel over that bias: `ipa_attention`
+bias_backward.py  its backward: per-head key and query kernels (dS written over the saved
+                  bias), d pair_repr and dW_b by cuBLAS
+fullfuse.py       the fully fused kernel (bias computed in the key loop, split-key merge):
+                  `ipa_fullfuse_attention`
+backward.py       the fully fused kernel's backward (logits recomputed from pair_repr tile by
+                  tile, d pair_repr written once, dW_b by partial sums)
+core_op.py        both forwards with their backwards as torch custom ops with autograd:
+                  `triton_ipa_core`
+common.py         argument checks, dot modes, autotuning versus the interpreter's fixed config
 """

@@ -48,6 +48,7 @@ def _attention_kernel(
     PW,  # (H,) fp32 point weight: -softplus(head_weights) / 2 * log2(e) (negative)
     OS,  # (B, N, H, D) view: strides (sb, sn, D, 1), input dtype
     OP,  # (B, N, H, 3*Vp) fp32 aggregated global-frame value points
+    LSE,  # (B, N, H) fp32: each row's log2-sum-exp2 of its base-2 logits, when STORE_LSE
     N,
     q_scale,  # log2(e) / sqrt(D)
     stride_qb, stride_qn, stride_kb, stride_kn,
@@ -64,6 +65,7 @@ def _attention_kernel(
     PTS_PRECISION: tl.constexpr,
     POINTS_DOT: tl.constexpr,
     CAST_F32: tl.constexpr,
+    STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -175,6 +177,8 @@ def _attention_kernel(
         OP + ((b * N + offs_m[:, None]) * H + h) * VP3 + offs_e[None, :],
         acc_p, mask=m_ok[:, None] & e_ok[None, :],
     )
+    if STORE_LSE:  # saved for the backward (`bias_backward.py`)
+        tl.store(LSE + (b * N + offs_m) * H + h, m_i + tl.log2(l_i), mask=m_ok)
 
 
 # Config lists from compiling for sm_90 and reading register/stack use (cuobjdump): only
@@ -212,8 +216,9 @@ _attention_dot = autotuned(  # distances as a dot: bf16/fp16, tf32
 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
-                     modes: Modes):
-    """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p."""
+                     modes: Modes, lse: torch.Tensor | None = None):
+    """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
+    `lse` ((B, N, H) fp32) also writes each row's log2-sum-exp2 there."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     out_p = torch.empty(b, n, h, vp3, dtype=torch.float32, device=q.device)
@@ -221,12 +226,12 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     kernel = _attention_dot if modes.points_dot else _attention_direct
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, out_s, out_p,
-        n, base2.LOG2E / math.sqrt(d),
+        out_p if lse is None else lse, n, base2.LOG2E / math.sqrt(d),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out_s.stride(0), out_s.stride(1),
         pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
         VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
-        POINTS_DOT=modes.points_dot, CAST_F32=cast_f32(q.dtype),
+        POINTS_DOT=modes.points_dot, CAST_F32=cast_f32(q.dtype), STORE_LSE=lse is not None,
     )
     return out_p
 

@@ -278,6 +278,18 @@ _backward_16bit = autotuned(  # bf16 and fp16
 )
 
 
+def single_key_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight,
+                         point_weight):
+    """The attention core's gradients at N = 1, without a kernel: with one key the softmax is
+    the constant 1 and every logit gradient is exactly zero (the oracle's too), where a kernel's
+    P (dP - D) would leave rounding noise; the values' gradients are the outputs'."""
+    zero = lambda t: torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+    copy = lambda t: t.clone(memory_format=torch.contiguous_format)  # never the input
+    return (zero(q), zero(k), copy(grad_s.to(v.dtype)), zero(q_pts), zero(k_pts),
+            copy(grad_p.permute(0, 2, 1, 3)), zero(pair_repr), zero(pair_weight),
+            zero(point_weight))
+
+
 def launch_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight,
                     point_weight, out_s, out_p, lse, modes: Modes, split: int | None = None):
     """The kernel, unchecked (the custom op's operands; shapes in `core_op.triton_ipa_core`),
@@ -289,13 +301,8 @@ def launch_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pai
     p3, vp3, c = q_pts.shape[2], v_pts.shape[3], pair_repr.shape[3]
     dev, f32 = q.device, torch.float32
     if n == 1:
-        # One key: the softmax is the constant 1 and every logit gradient is exactly zero (the
-        # oracle's too), where the kernel's P (dP - D) would leave rounding noise.
-        zero = lambda t: torch.zeros(t.shape, dtype=t.dtype, device=dev)
-        copy = lambda t: t.clone(memory_format=torch.contiguous_format)  # never the input
-        return (zero(q), zero(k), copy(grad_s.to(v.dtype)), zero(q_pts), zero(k_pts),
-                copy(grad_p.permute(0, 2, 1, 3)), zero(pair_repr), zero(pair_weight),
-                zero(point_weight))
+        return single_key_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
+                                    pair_weight, point_weight)
     split, split_len = split_range(n, default_split(b, n, dev) if split is None else split)
     grad_s, grad_p = grad_s.contiguous(), grad_p.contiguous()
     # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.

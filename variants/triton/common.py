@@ -47,14 +47,16 @@ class _FixedConfig:
         return lambda *args, **kwargs: launch(*args, **kwargs, **self.meta)
 
 
-def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: dict[str, int]):
+def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: dict[str, int],
+              restore_value: list[str] | None = None):
     """`kernel` autotuned over `configs` (keyed on `key`) on the GPU; under the interpreter,
     where `triton.autotune` with several configs fails, `kernel` with the meta-parameters
-    `interpreted` and no autotuner. Launch either as `result[grid](...)`."""
+    `interpreted` and no autotuner. Launch either as `result[grid](...)`. `restore_value`:
+    arguments the kernel writes over, restored after each trial run."""
     if INTERPRET:
         tuned = _FixedConfig(kernel, interpreted)
     else:
-        tuned = triton.autotune(configs=configs, key=key)(kernel)
+        tuned = triton.autotune(configs=configs, key=key, restore_value=restore_value)(kernel)
     TUNED[name] = tuned
     return tuned
 

@@ -1,21 +1,31 @@
-"""The IPA attention core as a PyTorch custom op with an exact fused backward, for training:
-`ipa_bench::triton_ipa_core` (forward: the fully fused kernel of `fullfuse.py`, which also
-writes each row's log-sum-exp) and `ipa_bench::triton_ipa_core_backward` (the kernel of
-`backward.py`), joined by `torch.library.register_autograd`.
+"""The IPA attention core as PyTorch custom ops with exact backwards, for training, in two
+forms:
+
+- `ipa_bench::triton_ipa_core` (forward: the fully fused kernel of `fullfuse.py`, which also
+  writes each row's log-sum-exp) and `ipa_bench::triton_ipa_core_backward` (the fused kernel of
+  `backward.py`): nothing N x N x H is written (`triton-fullfuse-train`);
+- `ipa_bench::triton_ipa_core_bias` (forward: the `triton` forward, the pair bias as a
+  (B, H, N, N) tensor by one GEMM, then the attention kernel of `attention.py` saving the
+  log-sum-exp) and `ipa_bench::triton_ipa_core_bias_backward` (`bias_backward.py`, which
+  overwrites the saved bias with its gradient) (`triton-train`);
+
+each pair joined by `torch.library.register_autograd`.
 
 Both are `torch.library.custom_op`s with fake (meta) implementations, so autograd,
 `torch.compile` (the ops are opaque nodes: no graph break, AOTAutograd traces the backward
-through the second op) and `torch.library.opcheck` understand them. `core_op` is the first,
-unchecked (for callers that built its operands); `triton_ipa_core` is the checked public
-function over it; `pipeline.triton_train_ipa` is the whole layer around it (the projections,
-frames and out_proj in PyTorch, differentiated by autograd).
+through the second op) and `torch.library.opcheck` understand them. `core_op` and
+`bias_core_op` are unchecked (for callers that built their operands); `triton_ipa_core` is the
+checked public function over both; `pipeline.triton_train_ipa` is the whole layer around them
+(the projections, frames and out_proj in PyTorch, differentiated by autograd).
 """
 
 from __future__ import annotations
 
 import torch
 
+from variants.triton.attention import launch_attention
 from variants.triton.backward import launch_backward
+from variants.triton.bias_backward import launch_bias_backward
 from variants.triton.common import (
     check_attention_args,
     check_fused_pair_args,
@@ -23,6 +33,7 @@ from variants.triton.common import (
     dot_modes,
 )
 from variants.triton.fullfuse import launch_fullfuse
+from variants.triton.pair_bias import bias_tensor
 
 Tensor = torch.Tensor
 
@@ -62,10 +73,11 @@ def _core_backward(grad_s: Tensor, grad_p: Tensor, q: Tensor, k: Tensor, v: Tens
 @_core_backward.register_fake
 def _core_backward_fake(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight,
                         point_weight, out_s, out_p, lse, math_mode):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            q_pts.new_empty(q_pts.shape), k_pts.new_empty(k_pts.shape),
-            v_pts.new_empty(v_pts.shape), pair_repr.new_empty(pair_repr.shape),
-            pair_weight.new_empty(pair_weight.shape), point_weight.new_empty(point_weight.shape))
+    return _gradients_like(q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight, point_weight)
+
+
+def _gradients_like(*tensors):
+    return tuple(t.new_empty(t.shape) for t in tensors)
 
 
 def _setup_context(ctx, inputs, output):
@@ -87,8 +99,74 @@ def _backward(ctx, grad_s, grad_p, _grad_lse):
 core_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("ipa_bench::triton_ipa_core_bias", mutates_args=())
+def bias_core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, v_pts: Tensor,
+                 centre: Tensor, pair_repr: Tensor, pair_weight: Tensor, point_weight: Tensor,
+                 math_mode: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    modes = dot_modes(q.dtype, math_mode)
+    b, n, h, d = q.shape
+    bias = bias_tensor(pair_repr, pair_weight, modes)
+    out_s = torch.empty(b, n, h, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, n, h, dtype=torch.float32, device=q.device)
+    out_p = launch_attention(q, k, v, q_pts, k_pts, v_pts, centre, point_weight, out_s, bias,
+                             modes, lse=lse)
+    return out_s, out_p, lse, bias
+
+
+@bias_core_op.register_fake
+def _bias_core_fake(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight, point_weight,
+                    math_mode):
+    b, n, h, _ = q.shape
+    return (*_core_fake(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight,
+                        point_weight, math_mode), pair_repr.new_empty(b, h, n, n))
+
+
+@torch.library.custom_op("ipa_bench::triton_ipa_core_bias_backward", mutates_args=("bias",))
+def _bias_core_backward(grad_s: Tensor, grad_p: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                        q_pts: Tensor, k_pts: Tensor, v_pts: Tensor, pair_repr: Tensor,
+                        pair_weight: Tensor, point_weight: Tensor, out_s: Tensor, out_p: Tensor,
+                        lse: Tensor, bias: Tensor, math_mode: str
+                        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                   Tensor]:
+    return launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
+                                pair_weight, point_weight, out_s, out_p, lse, bias,
+                                dot_modes(q.dtype, math_mode))
+
+
+@_bias_core_backward.register_fake
+def _bias_core_backward_fake(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
+                             pair_weight, point_weight, out_s, out_p, lse, bias, math_mode):
+    return _gradients_like(q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight, point_weight)
+
+
+def _bias_setup_context(ctx, inputs, output):
+    q, k, v, q_pts, k_pts, v_pts, _, pair_repr, pair_weight, point_weight, math_mode = inputs
+    out_s, out_p, lse, bias = output
+    ctx.save_for_backward(q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight, point_weight,
+                          out_s, out_p, lse, bias)
+    ctx.math_mode = math_mode
+    ctx.mark_non_differentiable(lse, bias)
+    # No zero-filled (B, H, N, N) gradient for the bias output: unused gradients arrive as None.
+    ctx.set_materialize_grads(False)
+
+
+def _bias_backward(ctx, grad_s, grad_p, _grad_lse, _grad_bias):
+    # The saved bias becomes dS: a second backward through this graph fails autograd's
+    # saved-tensor version check instead of reading it.
+    out_s, out_p = ctx.saved_tensors[9:11]
+    grad_s = torch.zeros_like(out_s) if grad_s is None else grad_s
+    grad_p = torch.zeros_like(out_p) if grad_p is None else grad_p
+    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_pair, d_weight, d_point = _bias_core_backward(
+        grad_s, grad_p, *ctx.saved_tensors, ctx.math_mode)
+    return dq, dk, dv, dq_pts, dk_pts, dv_pts, None, d_pair, d_weight, d_point, None
+
+
+bias_core_op.register_autograd(_bias_backward, setup_context=_bias_setup_context)
+
+
 def triton_ipa_core(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight, point_weight,
-                    *, math_mode: str = "ieee") -> tuple[Tensor, Tensor, Tensor]:
+                    *, math_mode: str = "ieee", bias_tensor: bool = False
+                    ) -> tuple[Tensor, Tensor, Tensor]:
     """The IPA attention core with a backward: softmax over keys of the base-2 logits
     q.k log2(e)/sqrt(D) + log2(e) pair_repr.pair_weight^T + point_weight |q_pts - k_pts|^2,
     aggregating v and v_pts. Differentiable in every argument but `centre`.
@@ -103,6 +181,8 @@ def triton_ipa_core(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight
     pair_weight   (H, C) contiguous, q's dtype: pair_bias.weight (natural units)
     point_weight  (H,) fp32: -softplus(head_weights) / 2 * log2(e) (`variants.base2`)
     math_mode     "ieee" or "tf32" (fp32 only)
+    bias_tensor   False: the fully fused pair (`core_op`); True: the bias as a (B, H, N, N)
+                  tensor, kept for the backward, which turns it into dS (`bias_core_op`)
     returns       out_s (B, N, H, D) in q's dtype: sum_j a_ij v_j; out_p (B, N, H, 3*Vp) fp32:
                   sum_j a_ij v_pts_j; lse (B, N, H) fp32: each row's log2-sum-exp2 of its
                   logits (saved for the backward; not differentiable)
@@ -111,5 +191,6 @@ def triton_ipa_core(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight
     check_fused_pair_args(q, pair_repr, pair_weight)
     dot_modes(q.dtype, math_mode)
     check_runnable("q", q)
-    return core_op(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight, point_weight,
-                   math_mode)
+    op = bias_core_op if bias_tensor else core_op
+    return op(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight, point_weight,
+              math_mode)[:3]

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from variants.triton.common import (
     HEADS_PAD,
+    Modes,
     autotuned,
     cast_f32,
     check_pair_repr,
@@ -106,6 +107,14 @@ def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: s
         H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
     )
     return out
+
+
+def bias_tensor(pair_repr: torch.Tensor, weight: torch.Tensor, modes: Modes) -> torch.Tensor:
+    """The (B, H, N, N) bias as the `triton` forward computes it, unchecked: cuBLAS where the
+    modes say so on CUDA, else the Triton GEMM."""
+    if modes.cublas_bias and pair_repr.is_cuda:
+        return cublas_pair_bias(pair_repr, weight, tf32=modes.dot == "tf32")
+    return launch_pair_bias(pair_repr, weight, modes.dot)
 
 
 def cublas_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, tf32: bool):

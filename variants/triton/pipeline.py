@@ -1,6 +1,6 @@
-"""The three Triton IPA forwards, each a checked public function: `triton_ipa` (the bias GEMM,
-then the streamed attention kernel), `triton_fullfuse_ipa` (the fully fused kernel) and
-`triton_train_ipa` (the fully fused kernel as a custom op with a backward, `core_op.py`).
+"""The Triton IPA forwards, each a checked public function: `triton_ipa` (the bias GEMM, then the
+streamed attention kernel), `triton_fullfuse_ipa` (the fully fused kernel) and
+`triton_train_ipa` (either of them as a custom op with a backward, `core_op.py`).
 
 All share the O(N) work around their kernels, done in PyTorch: LayerNorm, one GEMM for all six
 projections, the frame transforms in fp32 (translations centred on their per-batch mean first:
@@ -24,15 +24,14 @@ from variants.problem import IPAConfig, validate_inputs
 from variants.triton.attention import launch_attention
 from variants.triton.common import (
     HEADS_PAD,
-    Modes,
     check_runnable,
     check_split,
     dot_modes,
     require,
 )
-from variants.triton.core_op import core_op
+from variants.triton.core_op import bias_core_op, core_op
 from variants.triton.fullfuse import launch_fullfuse
-from variants.triton.pair_bias import cublas_pair_bias, launch_pair_bias
+from variants.triton.pair_bias import bias_tensor
 
 # The SPEC state_dict's names; the six projections in the order of the one input GEMM.
 IN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "q_pts", "k_pts", "v_pts")
@@ -197,17 +196,11 @@ def triton_ipa(
 
     def kernels(ops: Operands) -> torch.Tensor:
         # The launchers' own checks are skipped: every operand is built by the prologue.
-        bias = _pair_bias(pair_repr, weights.w_pair, modes)
+        bias = bias_tensor(pair_repr, weights.w_pair, modes)
         return launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
                                 ops.centred_t, ops.point_weight, ops.out_s, bias, modes)
 
     return _around_kernels(weights, node_repr, translations, rotations, kernels)
-
-
-def _pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, modes: Modes) -> torch.Tensor:
-    if modes.cublas_bias and pair_repr.is_cuda:
-        return cublas_pair_bias(pair_repr, weight, tf32=modes.dot == "tf32")
-    return launch_pair_bias(pair_repr, weight, modes.dot)
 
 
 def triton_fullfuse_ipa(
@@ -248,23 +241,27 @@ def triton_train_ipa(
     rotations: torch.Tensor,
     *,
     math_mode: str = "ieee",
+    fused: bool = False,
 ) -> torch.Tensor:
-    """IPA forward (SPEC.md) with an exact backward, `triton-train` variant: the attention core
-    is the custom op `ipa_bench::triton_ipa_core` (the fully fused kernel, then the fused
-    backward kernel of `backward.py`), the O(N) work around it PyTorch, differentiated by
-    autograd. Gradients reach every input and every tensor of `params`
-    (`training_parameters`: the SPEC state_dict by name) that requires grad.
+    """IPA forward (SPEC.md) with an exact backward, the training variants: the attention core
+    is a custom op (`core_op.py`), the O(N) work around it PyTorch, differentiated by autograd.
+    `fused=False` (`triton-train`): `triton`'s forward (the pair bias as a (B, H, N, N) tensor,
+    then the attention kernel) and the backward of `bias_backward.py`; `fused=True`
+    (`triton-fullfuse-train`): the fully fused kernel and the fused backward of `backward.py`.
+    Gradients reach every input and every tensor of `params` (`training_parameters`: the SPEC
+    state_dict by name) that requires grad.
 
     Arguments and result as `triton_ipa`, all in `params`' dtype and device.
     """
     weights = TritonIPAWeights.from_parameters(params, config)
     _check(weights, node_repr, pair_repr, translations, rotations)
+    op = core_op if fused else bias_core_op
 
     def kernels(ops: Operands) -> torch.Tensor:
         # The result does not depend on the kernel's origins: no gradient through them.
-        out_s, out_p, _ = core_op(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
-                                  ops.centred_t.detach(), pair_repr, weights.w_pair,
-                                  ops.point_weight, math_mode)
+        out_s, out_p = op(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
+                          ops.centred_t.detach(), pair_repr, weights.w_pair, ops.point_weight,
+                          math_mode)[:2]
         ops.out_s.copy_(out_s)
         return out_p
 

@@ -7,7 +7,7 @@ the style of FlashAttention-2 (Dao 2023; the Triton fused-attention tutorial): a
 block of queries, loops over key blocks, keeps a running max and sum in fp32 (online softmax,
 base-2 exponentials) and never writes the (B, H, N, N) logits or attention.
 
-Three registered variants; the first two differ in where the pair bias z . W_b comes from:
+Four registered variants; the first two differ in where the pair bias z . W_b comes from:
 
 * `triton`: one GEMM reads `pair_repr` once and writes the bias as a (B, H, N, N) tensor
   (input dtype; `pair_bias.py`: Triton for bf16/fp16, cuBLAS for fp32/tf32), then the
@@ -19,16 +19,17 @@ Three registered variants; the first two differ in where the pair bias z . W_b c
   MiB at N = 4096); a program owns a query block for all heads. Triton compiles its 3-D tiles
   with heavy register spills, so it is 2.5x (bf16) to 1.8x (fp32) slower than `triton` at
   N = 4096: kept for its memory and as the measured record (docs/perf-notes.md).
-* `triton-train`: the training variant, `triton-fullfuse`'s kernel with an exact fused backward.
-  The attention core is a torch custom op (`core_op.py`) whose forward is that kernel, also
-  saving each row's log-sum-exp, and whose backward (`backward.py`, FlashAttention-2's scheme)
-  recomputes the logits, pair bias included, from pair_repr tile by tile, writes d pair_repr
-  once and sums dW_b by partial sums; nothing N x N x H is written in either pass. The O(N)
-  work around it is PyTorch, differentiated by autograd, from live parameters: the callable's
-  `parameters()` are the trainable tensors by state_dict name. It works under
-  `torch.compile(fullgraph=True)`. Forward numbers as `triton-fullfuse` plus a few
-  microseconds of host work (the weights are rearranged on every call); the backward is
-  unmeasured on the GPU (docs/perf-notes.md, "triton backward").
+* Two training variants, each the forward of one of the above as a torch custom op
+  (`core_op.py`) with an exact FlashAttention-2-style backward; the O(N) work around it is
+  PyTorch, differentiated by autograd, from live parameters (the callable's `parameters()` are
+  the trainable tensors by state_dict name); both work under `torch.compile(fullgraph=True)`:
+  - `triton-train`: `triton`'s forward, saving each row's log-sum-exp and the (B, H, N, N)
+    bias; the backward (`bias_backward.py`) recomputes P per (batch, head) from it, writes dS
+    over it (no second N x N x H tensor), reads dS back for dq, and leaves d pair_repr and
+    dW_b to two cuBLAS GEMMs. Extra memory: d pair_repr + the bias + O(N).
+  - `triton-fullfuse-train`: `triton-fullfuse`'s kernel; the backward (`backward.py`)
+    recomputes the logits, pair bias included, from pair_repr tile by tile, writes d pair_repr
+    once and sums dW_b by partial sums; nothing N x N x H is written in either pass.
 
 What differs from the reference (all of it on purpose, none of it changes the function):
 * Point distances. fp32 (IEEE) mode computes them directly, sum_{p,c} (q - k)^2. The other
@@ -52,10 +53,10 @@ What differs from the reference (all of it on purpose, none of it changes the fu
 * softplus(head_weights) and the 1/sqrt(d) scale are applied in fp32, in base-2 units
   (`variants/base2.py`).
 
-Caveats. Only `triton-train` has a backward. Heads 1..16, points 1..16, head_dim 8..128 (padded
-to powers of two, so e.g. d = 48 does 64-wide dots). fp32 (IEEE) is slow: Triton lowers IEEE
-fp32 dots to CUDA-core FMAs at ~13 % of FP32 peak here, so N = 4096 takes 11 ms, not the 4 ms
-target (docs/perf-notes.md). At N <= 1024 the forward is bound by host-side launch overhead
+Caveats. Only the two training variants have a backward. Heads 1..16, points 1..16, head_dim
+8..128 (padded to powers of two, so e.g. d = 48 does 64-wide dots). fp32 (IEEE) is slow: Triton
+lowers IEEE fp32 dots to CUDA-core FMAs at ~13 % of FP32 peak here, so N = 4096 takes 11 ms, not
+the 4 ms target (docs/perf-notes.md). At N <= 1024 the forward is bound by host-side launch overhead
 (~20 PyTorch ops and two Triton launches), not by the GPU. Under the CPU interpreter
 (`TRITON_INTERPRET=1`, read when the kernel modules are first imported) every dot runs in fp32
 (the interpreter's bf16 `tl.dot` is wrong) and a single block-size config is used instead of
@@ -155,13 +156,43 @@ class TritonFullFuse(Triton):
         return triton_fullfuse_ipa
 
 
-class TritonTrain(TritonFullFuse):
-    """`triton-fullfuse`'s kernel as a custom op with an exact fused backward (`core_op.py`,
-    `backward.py`): the training variant. Its callable's `parameters()` gives the trainable
-    tensors, (name, tensor) pairs named as the SPEC state_dict; they do not require grad until
-    the caller says so, and every call reads them (an optimizer step is seen by the next call)."""
+def _training_forward(state_dict, config, device, precision: Precision, fused: bool):
+    """The training variants' callable: `triton_train_ipa` over fresh parameter tensors, which
+    its `parameters()` gives, (name, tensor) pairs named as the SPEC state_dict; they do not
+    require grad until the caller says so, and every call reads them (an optimizer step is seen
+    by the next call)."""
+    from variants.triton.pipeline import training_parameters, triton_train_ipa
+
+    params = training_parameters(state_dict, config, device, precision.dtype)
+    mode = precision.math_mode
+
+    def forward(node_repr, pair_repr, translations, rotations):
+        return triton_train_ipa(params, config, node_repr, pair_repr, translations, rotations,
+                                math_mode=mode, fused=fused)
+
+    forward.parameters = params.items
+    return forward
+
+
+class TritonTrain(Triton):
+    """`triton`'s forward as a custom op with an exact backward (`core_op.py`,
+    `bias_backward.py`): the forward keeps its (B, H, N, N) pair bias, the backward's key kernel
+    overwrites it with dS, and cuBLAS turns dS into d pair_repr and dW_b."""
 
     name = "triton-train"
+    description = ("triton's forward with a flash backward (the saved (B,H,N,N) bias becomes "
+                   "dS; d pair_repr and dW_b by cuBLAS): training")
+    supports_backward = True
+
+    def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
+        return _training_forward(state_dict, config, device, precision, fused=False)
+
+
+class TritonFullFuseTrain(TritonFullFuse):
+    """`triton-fullfuse`'s kernel as a custom op with an exact fused backward (`core_op.py`,
+    `backward.py`): nothing N x N x H is written in either pass."""
+
+    name = "triton-fullfuse-train"
     description = ("triton-fullfuse's kernel as a custom op with a fused Triton backward "
                    "(training; nothing N x N x H is ever written)")
     supports_backward = True
@@ -185,14 +216,4 @@ class TritonTrain(TritonFullFuse):
         return reasons
 
     def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
-        from variants.triton.pipeline import training_parameters, triton_train_ipa
-
-        params = training_parameters(state_dict, config, device, precision.dtype)
-        mode = precision.math_mode
-
-        def forward(node_repr, pair_repr, translations, rotations):
-            return triton_train_ipa(params, config, node_repr, pair_repr, translations,
-                                    rotations, math_mode=mode)
-
-        forward.parameters = params.items
-        return forward
+        return _training_forward(state_dict, config, device, precision, fused=True)

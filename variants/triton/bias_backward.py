@@ -1,0 +1,328 @@
+"""The backward of the `triton` forward (the pair bias as a (B, H, N, N) tensor, then the streamed
+attention kernel of `attention.py`): two per-head kernels and cuBLAS.
+
+Idea: FlashAttention-2's backward (Dao 2023, section 3.2), per (batch, head) as the forward,
+with the bias read from the tensor the forward wrote rather than recomputed from pair_repr. The
+forward saves each row's log2-sum-exp2 (LSE, base-2 units as in `variants/base2.py`), so P is
+recomputed, never stored. With D_i = dO_i . O_i precomputed:
+
+  key kernel (a program owns BLOCK_N keys of one (b, h) and walks every query block)
+      s  = q.k log2(e)/sqrt(d) + log2(e) bias + pw |qp - kp|^2      (the forward's logits)
+      P  = 2^(s - LSE);  dP = dO_s . v + dO_p . vp;  dS = P (dP - D)   (d loss / d logit)
+      dv += P^T dO_s, dvp += P^T dO_p, dk += dS^T q / sqrt(d),
+      dkp = 2 w (kp colsum(dS) - dS^T qp) with w = pw ln 2 = -softplus(head_weights) / 2,
+      d pw += ln 2 sum dS |qp - kp|^2 (a sum per key, summed by PyTorch),
+      and dS is written over the bias tile it was computed from: every tile belongs to exactly
+      one program, which reads it before it writes it, so the (B, H, N, N) buffer the forward
+      saved becomes the bias gradient and no second N x N x H tensor is allocated.
+  query kernel (a program owns BLOCK_M queries of one (b, h)) reads dS back:
+      dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp): no atomics, no recomputation.
+  cuBLAS: d pair_repr[b] = dS[b]^T W_b, one GEMM per batch element written once (the only
+      N x N x C tensor of the step), and dW_b = sum_b dS[b] z[b] (a GEMM over N*N rows: z read
+      once, no atomic hot spot).
+
+Every point product runs in IEEE fp32, whatever the dtype: the forward's tf32 products of
+centred coordinates would cancel here (dS kp is subtracted from qp rowsum(dS), at 100 A
+offsets), so the backward computes them directly. The forward's buffer is mutated: the op
+declares it (`mutates_args`), and autograd's version counter turns a second backward through
+the same graph (retain_graph) into PyTorch's in-place error rather than a wrong gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from variants import base2
+from variants.triton.backward import single_key_gradients
+from variants.triton.common import Modes, autotuned, cast_f32, pow2
+
+LOG2E = tl.constexpr(base2.LOG2E)
+LN2 = tl.constexpr(math.log(2.0))
+
+
+@triton.jit(do_not_specialize=["N", "N_KEY"])
+def _key_kernel(
+    Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
+    QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
+    VP,  # (B, H, N, 3*Vp) fp32 global-frame value points
+    BIAS,  # (B, H, N, N) input dtype: the pair bias (natural units) in, dS out (in place)
+    PW,  # (H,) fp32 point weight: -softplus(head_weights) / 2 * log2(e) (negative)
+    DOS,  # (B, N, H, D) contiguous, input dtype: d loss / d out_s
+    DOP,  # (B, N, H, 3*Vp) fp32 contiguous: d loss / d out_p
+    LSE,  # (B, N, H) fp32: log2-sum-exp2 of each row's base-2 logits (the forward's)
+    DELTA,  # (B, N, H) fp32: D_i = dO_s . out_s + dO_p . out_p
+    DK, DV,  # (B, N, H, D) fp32
+    DKP,  # (B, H, 3*Qp, N) fp32
+    DVP,  # (B, H, N, 3*Vp) fp32
+    DPW,  # (B, H, N) fp32: each key's sum over queries of d point_weight
+    N,
+    q_scale,  # log2(e) / sqrt(D)
+    stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
+    N_KEY,  # autotune bucket, unused in the body
+    H: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    P3: tl.constexpr,
+    P3_PAD: tl.constexpr,
+    VP3: tl.constexpr,
+    VP3_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = pid_bh % H
+    bh = b * H + h
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    offs_p = tl.arange(0, P3_PAD)
+    offs_e = tl.arange(0, VP3_PAD)
+    n_ok = offs_n < N
+    d_ok = offs_d < D
+    p_ok = offs_p < P3
+    e_ok = offs_e < VP3
+    nd_ok = n_ok[:, None] & d_ok[None, :]
+
+    pw = tl.load(PW + h)
+    k = tl.load(K + b * stride_kb + h * D + offs_n[:, None] * stride_kn + offs_d[None, :],
+                mask=nd_ok, other=0.0)  # (BN, D_PAD)
+    v = tl.load(V + b * stride_vb + h * D + offs_n[:, None] * stride_vn + offs_d[None, :],
+                mask=nd_ok, other=0.0)
+    if CAST_F32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
+                 mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
+    vp = tl.load(VP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :],
+                 mask=n_ok[:, None] & e_ok[None, :], other=0.0)  # (BN, VP3_PAD)
+
+    acc_dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    acc_dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    acc_dkp = tl.zeros([BLOCK_N, P3_PAD], dtype=tl.float32)  # sum_i dS qp_i
+    acc_dvp = tl.zeros([BLOCK_N, VP3_PAD], dtype=tl.float32)
+    colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_dpw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    bias_cols = BIAS + bh * N * N + offs_n[None, :]
+    for i0 in range(0, N, BLOCK_M):
+        offs_m = i0 + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < N
+        tile_ok = m_ok[:, None] & n_ok[None, :]
+        row_h = (b * N + offs_m) * H + h  # (B, N, H) row index
+
+        # The forward's base-2 logits, recomputed (distances directly, in fp32).
+        q = tl.load(Q + b * stride_qb + h * D + offs_m[:, None] * stride_qn + offs_d[None, :],
+                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # (BM, D_PAD)
+        if CAST_F32:
+            q = q.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * q_scale
+        dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for c in tl.static_range(P3):
+            qc = tl.load(QP + (bh * P3 + c) * N + offs_m, mask=m_ok, other=0.0)
+            kc = tl.load(KP + (bh * P3 + c) * N + offs_n, mask=n_ok, other=0.0)
+            diff = qc[:, None] - kc[None, :]
+            dist += diff * diff
+        tile = bias_cols + offs_m[:, None].to(tl.int64) * N
+        bias = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)
+        s = s + bias * LOG2E + pw * dist
+        lse = tl.load(LSE + row_h, mask=m_ok, other=0.0)
+        p = tl.where(tile_ok, tl.exp2(s - lse[:, None]), 0.0)
+
+        # dP and the values' gradients.
+        dos = tl.load(DOS + row_h[:, None] * D + offs_d[None, :],
+                      mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # (BM, D_PAD)
+        if CAST_F32:
+            dos = dos.to(tl.float32)
+        dop = tl.load(DOP + row_h[:, None] * VP3 + offs_e[None, :],
+                      mask=m_ok[:, None] & e_ok[None, :], other=0.0)  # (BM, VP3_PAD)
+        acc_dv += tl.dot(tl.trans(p).to(dos.dtype), dos, input_precision=DOT_PRECISION)
+        acc_dvp += tl.dot(tl.trans(p), dop, input_precision="ieee")
+        dp = tl.dot(dos, tl.trans(v), input_precision=DOT_PRECISION)
+        dp += tl.dot(dop, tl.trans(vp), input_precision="ieee")
+        delta = tl.load(DELTA + row_h, mask=m_ok, other=0.0)
+        ds = p * (dp - delta[:, None])  # d loss / d logit (natural units)
+        tl.store(tile, ds.to(BIAS.dtype.element_ty), mask=tile_ok)
+
+        # Keys: dk += dS^T q, the point sums, dS's column sums; d pw.
+        dst = tl.trans(ds)
+        acc_dk += tl.dot(dst.to(q.dtype), q, input_precision=DOT_PRECISION)
+        qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
+                     mask=m_ok[:, None] & p_ok[None, :], other=0.0)  # (BM, P3_PAD)
+        acc_dkp += tl.dot(dst, qp, input_precision="ieee")
+        colsum += tl.sum(ds, 0)
+        acc_dpw += tl.sum(ds * dist, 0)
+
+    key_h = (b * N + offs_n) * H + h
+    tl.store(DK + key_h[:, None] * D + offs_d[None, :], acc_dk * (q_scale * LN2), mask=nd_ok)
+    tl.store(DV + key_h[:, None] * D + offs_d[None, :], acc_dv, mask=nd_ok)
+    dkp = pw * (kp * colsum[:, None] - acc_dkp) * (2.0 * LN2)
+    tl.store(DKP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None], dkp,
+             mask=n_ok[:, None] & p_ok[None, :])
+    tl.store(DVP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :], acc_dvp,
+             mask=n_ok[:, None] & e_ok[None, :])
+    tl.store(DPW + bh * N + offs_n, acc_dpw * LN2, mask=n_ok)
+
+
+@triton.jit(do_not_specialize=["N", "N_KEY"])
+def _query_kernel(
+    K,  # (B, N, H, D) view: strides (sb, sn, D, 1), input dtype
+    QP, KP,  # (B, H, 3*Qp, N) fp32
+    DS,  # (B, H, N, N) input dtype: d loss / d logit, from the key kernel
+    PW,  # (H,) fp32
+    DQ,  # (B, N, H, D) fp32
+    DQP,  # (B, H, 3*Qp, N) fp32
+    N,
+    q_scale,
+    stride_kb, stride_kn,
+    N_KEY,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    P3: tl.constexpr,
+    P3_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = pid_bh % H
+    bh = b * H + h
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_p = tl.arange(0, P3_PAD)
+    m_ok = offs_m < N
+    d_ok = offs_d < D
+    p_ok = offs_p < P3
+
+    acc_dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    acc_dqp = tl.zeros([BLOCK_M, P3_PAD], dtype=tl.float32)  # sum_j dS kp_j
+    rowsum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    ds_rows = DS + bh * N * N + offs_m[:, None].to(tl.int64) * N
+    for j0 in range(0, N, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        ds = tl.load(ds_rows + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+        k = tl.load(K + b * stride_kb + h * D + offs_n[:, None] * stride_kn + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BN, D_PAD)
+        if CAST_F32:
+            k = k.to(tl.float32)
+        acc_dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
+                     mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
+        ds = ds.to(tl.float32)
+        acc_dqp += tl.dot(ds, kp, input_precision="ieee")
+        rowsum += tl.sum(ds, 1)
+
+    pw = tl.load(PW + h)
+    row_h = (b * N + offs_m) * H + h
+    tl.store(DQ + row_h[:, None] * D + offs_d[None, :], acc_dq * (q_scale * LN2),
+             mask=m_ok[:, None] & d_ok[None, :])
+    qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
+                 mask=m_ok[:, None] & p_ok[None, :], other=0.0)
+    dqp = pw * (qp * rowsum[:, None] - acc_dqp) * (2.0 * LN2)
+    tl.store(DQP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None], dqp,
+             mask=m_ok[:, None] & p_ok[None, :])
+
+
+_KEY = ["N_KEY", "H", "D_PAD", "P3_PAD", "DOT_PRECISION"]
+_INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16}
+# The key kernel writes dS over its input: the autotuner restores it after every trial run.
+_key_fp32 = autotuned(
+    "bias_backward_keys_fp32", _key_kernel,
+    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+             for m, n, w, s in [(16, 32, 4, 1), (16, 64, 4, 1), (32, 32, 4, 1), (32, 64, 4, 1),
+                                (32, 64, 8, 1), (64, 64, 8, 1), (16, 128, 4, 1),
+                                (32, 128, 8, 1)]],
+    key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
+)
+_key_16bit = autotuned(
+    "bias_backward_keys_16bit", _key_kernel,
+    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+             for m, n, w, s in [(16, 64, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2),
+                                (32, 128, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
+                                (32, 32, 4, 2)]],
+    key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
+)
+_query = autotuned(  # reads dS only: trials are harmless
+    "bias_backward_queries", _query_kernel,
+    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+             for m, n, w, s in [(64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2),
+                                (32, 64, 4, 2)]],
+    key=_KEY, interpreted=_INTERPRETED,
+)
+
+
+def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight,
+                         point_weight, out_s, out_p, lse, bias, modes: Modes):
+    """The two kernels and the pair GEMMs, unchecked (the custom op's operands; shapes in
+    `core_op.triton_ipa_core_bias`). `bias` is overwritten with dS. Returns the gradients of
+    q, k, v (their dtype), q_pts, k_pts, v_pts (fp32), pair_repr, pair_weight (their dtype)
+    and point_weight (fp32)."""
+    b, n, h, d = q.shape
+    if n == 1:
+        return single_key_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
+                                    pair_weight, point_weight)
+    p3, vp3 = q_pts.shape[2], v_pts.shape[3]
+    dev, f32 = q.device, torch.float32
+    grad_s, grad_p = grad_s.contiguous(), grad_p.contiguous()
+    # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
+    delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
+    dq = torch.empty(b, n, h, d, dtype=f32, device=dev)
+    dk, dv = torch.empty_like(dq), torch.empty_like(dq)
+    dq_pts, dk_pts = torch.empty_like(q_pts), torch.empty_like(k_pts)
+    dv_pts = torch.empty_like(v_pts)
+    # fp32 inputs run every dot in IEEE fp32, tf32 mode included: dS = P (dP - D) subtracts two
+    # nearly equal numbers, and a TF32 dP made the tf32 gradients 10x the tf32 reference's
+    # error (H200, N = 97: rel_l2 1.6-2.8e-2 against a tolerance of 2e-3).
+    shared = dict(H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), DOT_PRECISION="ieee",
+                  CAST_F32=cast_f32(q.dtype))
+    q_scale = base2.LOG2E / math.sqrt(d)
+    key_kernel = _key_fp32 if q.dtype == torch.float32 else _key_16bit
+    d_point = torch.empty(b, h, n, dtype=f32, device=dev)
+    key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h)](
+        q, k, v, q_pts, k_pts, v_pts, bias, point_weight, grad_s, grad_p, lse, delta,
+        dk, dv, dk_pts, dv_pts, d_point, n, q_scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), **shared,
+    )
+    ds = bias  # overwritten by the key kernel
+    _query[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
+        k, q_pts, k_pts, ds, point_weight, dq, dq_pts, n, q_scale, k.stride(0), k.stride(1),
+        pow2(n, 64), **shared,
+    )
+    # The pair bias's backward: d pair_repr[b] = dS[b]^T W_b, dW_b = sum_b dS[b] z[b].
+    c = pair_repr.shape[3]
+    d_pair = torch.empty(b, n, n, c, dtype=pair_repr.dtype, device=dev)
+    d_weight = torch.zeros(h, c, dtype=f32, device=dev)
+    # dW_b is a GEMM with N*N-long rows and a (H, C) result: one cuBLAS call would run it on a
+    # few blocks, so the rows are cut into `chunks` batched GEMMs whose results are summed.
+    chunks = math.gcd(n * n, 256)
+    with _no_tf32():
+        for bi in range(b):
+            ds_b = ds[bi].view(h, n * n)
+            torch.mm(ds_b.t(), pair_weight, out=d_pair[bi].view(n * n, c))
+            z_b = pair_repr[bi].reshape(chunks, n * n // chunks, c)
+            partial = torch.bmm(ds_b.view(h, chunks, -1).transpose(0, 1), z_b)
+            d_weight += partial.float().sum(0)
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_pair,
+            d_weight.to(pair_weight.dtype), d_point.sum((0, 2)))
+
+
+class _no_tf32:
+    """cuBLAS in IEEE fp32 for the pair GEMMs, whatever the global TF32 switch says."""
+
+    def __enter__(self):
+        self.saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.saved
