@@ -40,7 +40,8 @@ class KnownWrong:
 
 # Found by the registry tests and the H200 sweep (torch 2.11.0+cu130, 2026-12-02), at the
 # default AlphaFold2 layer: compiled vs eager in float64 differs, `aot_eager` is exact
-# (gpu_diagnostics/compile_probe.py; docs/perf-notes.md).
+# (gpu_diagnostics/compile_probe.py; docs/perf-notes.md); standalone, torch only:
+# docs/repro/torch_compile_ipa.py (docs/reliability.md).
 KNOWN_WRONG = (
     KnownWrong("2.11", "cuda", 2, 97, "Inductor (torch 2.11) miscompiles the reference at "
                "B=2, N=97: compiled vs eager rel_l2 3e5 in float64, aot_eager exact"),
