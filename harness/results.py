@@ -338,6 +338,36 @@ def read_results(path: str | Path, what: str = "RESULTS.csv", *,
     return df if every_row else latest_per_key(df)
 
 
+def read_gradients(csv_path: str | Path) -> pd.DataFrame:
+    """The per-gradient figures beside a results CSV (`gradients.jsonl`), one row per cell and
+    gradient tensor: the key columns, `tensor`, `rel_l2`, `tol`, `reference_rel_l2` and
+    `of_tol` (rel_l2 / tol: above 1 is outside tolerance). A cell measured again counts by its
+    last line. Empty (with those columns) when the file is absent: a forward-only sweep."""
+    path = Path(csv_path).parent / GRADIENTS_JSONL
+    columns = [*KEY_COLUMNS, "tensor", "rel_l2", "tol", "reference_rel_l2", "of_tol"]
+    if not path.is_file():
+        return pd.DataFrame(columns=columns)
+    latest: dict[tuple, dict] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+            key, figures = record["key"], record["gradients"]
+            latest[tuple(str(key[c]) for c in KEY_COLUMNS)] = {
+                "key": key, "gradients": figures}
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise IPAInputError(f"{path}: line {number} is not a gradient record "
+                                "(a truncated or edited file?)") from None
+    rows = [{**{c: record["key"][c] for c in KEY_COLUMNS}, "tensor": tensor,
+             **{f: figures.get(f, math.nan) for f in ("rel_l2", "tol", "reference_rel_l2")}}
+            for record in latest.values() for tensor, figures in record["gradients"].items()]
+    df = pd.DataFrame(rows, columns=columns[:-1])
+    for column in ("batch", "length", "heads", "node_dim", "pair_dim", "query_points",
+                   "value_points"):
+        df[column] = df[column].astype(int)
+    df["of_tol"] = df["rel_l2"] / df["tol"]
+    return df
+
+
 def has_flag(df: pd.DataFrame, flag: str) -> pd.Series:
     """Which rows carry `flag` in their `;`-joined `flags`."""
     return df["flags"].astype("string").fillna("").str.split(";").map(lambda flags: flag in flags)

@@ -117,3 +117,17 @@ def test_notebook_on_the_published_h200_default_run(monkeypatch):
     assert exponents["cuda-fused"] < 1.2 and exponents["triton-fullfuse"] < 1.3
     assert exponents["triton"] > 1.6 and exponents["cuda-hybrid"] > 1.8  # an N x N x H tensor
     assert "torch-compile" in text and "mismatch" in text  # the Inductor miscompile at N=3000
+
+
+def test_notebook_training_section_on_the_published_h200_training_run(monkeypatch):
+    """Training rows get their own section: time and memory vs N, beside the same cells'
+    forward rows from another run on the same GPU, and the error of every gradient tensor."""
+    training = REPO / "results" / "h200-2026-12-03-training" / "results.csv"
+    quick = REPO / "results" / "h200-2026-12-03-workers" / "quick.csv"
+    text, images = _execute_notebook(monkeypatch, f"{training}{os.pathsep}{quick}")
+    assert "No training rows" not in text
+    assert "training step beside the forward" in text and "torch-compile" in text
+    worst = re.search(r"gradient error / tolerance, h200-2026-12-03-training bf16 N = 1024; "
+                      r"worst per variant:\n(.*?)(\n\n|$)", text, re.S)
+    assert worst and "triton-train" in worst.group(1) and "sdpa-decomposition" in worst.group(1)
+    assert images >= 7 + 2 + 2  # forward sections, training time/memory, gradients per dtype

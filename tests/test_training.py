@@ -11,7 +11,7 @@ import pytest
 from harness.correctness import check_variant
 from harness.grid import grid_from_dict
 from harness.model_new import model_new_variant
-from harness.results import GRADIENTS_JSONL
+from harness.results import GRADIENTS_JSONL, read_gradients
 from harness.sweep import Sweep
 from tests.fake_variants import DetachedPairGradient, WrongTranslationGradient
 from tests.test_integrity import HONEST
@@ -110,3 +110,21 @@ def test_a_sweep_writes_training_rows_and_the_gradient_breakdown(tmp_path):
     records = [json.loads(line) for line in (tmp_path / GRADIENTS_JSONL).read_text().splitlines()]
     assert {r["key"]["variant"] for r in records} == {"reference", "wrong-translation-gradient"}
     assert all(set(r["gradients"]) == INPUTS | PARAMETERS for r in records)
+    # read back per tensor (the notebook's training section): the planted bug is the one
+    # tensor outside tolerance
+    figures = read_gradients(path)
+    assert len(figures) == 2 * len(INPUTS | PARAMETERS)
+    outside = figures[figures["of_tol"] > 1]
+    assert list(zip(outside["variant"], outside["tensor"], strict=True)) == [
+        ("wrong-translation-gradient", "translations")]
+    # a cell measured again counts by its last record; a damaged line is named
+    with (tmp_path / GRADIENTS_JSONL).open("a") as f:
+        f.write(json.dumps({**records[0], "gradients": {"node_repr": {
+            "rel_l2": 1.0, "tol": 0.5, "reference_rel_l2": 0.25}}}) + "\n")
+    again = read_gradients(path)
+    assert len(again[again["variant"] == records[0]["key"]["variant"]]) == 1
+    with (tmp_path / GRADIENTS_JSONL).open("a") as f:
+        f.write('{"key": {"variant"\n')
+    with pytest.raises(IPAInputError, match="line 4 is not a gradient record"):
+        read_gradients(path)
+    assert read_gradients(tmp_path / "elsewhere" / "results.csv").empty
