@@ -48,7 +48,8 @@ def _attention_kernel(
     PW,  # (H,) fp32 point weight: -softplus(head_weights) / 2 * log2(e) (negative)
     OS,  # (B, N, H, D) view: strides (sb, sn, D, 1), input dtype
     OP,  # (B, N, H, 3*Vp) fp32 aggregated global-frame value points
-    LSE,  # (B, N, H) fp32: each row's log2-sum-exp2 of its base-2 logits, when STORE_LSE
+    STATS,  # (B, N, H, 3) fp32, when STORE_STATS: each row's max m and log2-sum log2(l) of
+    # its base-2 logits, and its attention-weighted mean squared point distance
     N,
     q_scale,  # log2(e) / sqrt(D)
     stride_qb, stride_qn, stride_kb, stride_kn,
@@ -65,7 +66,7 @@ def _attention_kernel(
     PTS_PRECISION: tl.constexpr,
     POINTS_DOT: tl.constexpr,
     CAST_F32: tl.constexpr,
-    STORE_LSE: tl.constexpr,
+    STORE_STATS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -112,6 +113,7 @@ def _attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc_s = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     acc_p = tl.zeros([BLOCK_M, VP3_PAD], dtype=tl.float32)
+    acc_d = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum_j p_ij dist_ij, for STATS
     for j0 in range(0, N, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
@@ -150,6 +152,8 @@ def _attention_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        if STORE_STATS:
+            acc_d = acc_d * alpha + tl.sum(p * dist, 1)
         v = tl.load(
             V + b * stride_vb + h * D + offs_n[:, None] * stride_vn + offs_d[None, :],
             mask=n_ok[:, None] & d_ok[None, :], other=0.0,
@@ -177,8 +181,11 @@ def _attention_kernel(
         OP + ((b * N + offs_m[:, None]) * H + h) * VP3 + offs_e[None, :],
         acc_p, mask=m_ok[:, None] & e_ok[None, :],
     )
-    if STORE_LSE:  # saved for the backward (`bias_backward.py`)
-        tl.store(LSE + (b * N + offs_m) * H + h, m_i + tl.log2(l_i), mask=m_ok)
+    if STORE_STATS:  # saved for the backward (`bias_backward.py`)
+        stats = STATS + ((b * N + offs_m) * H + h) * 3
+        tl.store(stats, m_i, mask=m_ok)
+        tl.store(stats + 1, tl.log2(l_i), mask=m_ok)
+        tl.store(stats + 2, acc_d / l_i, mask=m_ok)
 
 
 # Config lists from compiling for sm_90 and reading register/stack use (cuobjdump): only
@@ -216,9 +223,10 @@ _attention_dot = autotuned(  # distances as a dot: bf16/fp16, tf32
 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
-                     modes: Modes, lse: torch.Tensor | None = None):
+                     modes: Modes, stats: torch.Tensor | None = None):
     """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
-    `lse` ((B, N, H) fp32) also writes each row's log2-sum-exp2 there."""
+    `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
+    kernel's STATS)."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     out_p = torch.empty(b, n, h, vp3, dtype=torch.float32, device=q.device)
@@ -226,12 +234,12 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     kernel = _attention_dot if modes.points_dot else _attention_direct
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, out_s, out_p,
-        out_p if lse is None else lse, n, base2.LOG2E / math.sqrt(d),
+        out_p if stats is None else stats, n, base2.LOG2E / math.sqrt(d),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out_s.stride(0), out_s.stride(1),
         pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
         VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
-        POINTS_DOT=modes.points_dot, CAST_F32=cast_f32(q.dtype), STORE_LSE=lse is not None,
+        POINTS_DOT=modes.points_dot, CAST_F32=cast_f32(q.dtype), STORE_STATS=stats is not None,
     )
     return out_p
 

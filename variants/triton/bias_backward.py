@@ -3,15 +3,16 @@ attention kernel of `attention.py`): two per-head kernels and cuBLAS.
 
 Idea: FlashAttention-2's backward (Dao 2023, section 3.2), per (batch, head) as the forward,
 with the bias read from the tensor the forward wrote rather than recomputed from pair_repr. The
-forward saves each row's log2-sum-exp2 (LSE, base-2 units as in `variants/base2.py`), so P is
-recomputed, never stored. With D_i = dO_i . O_i precomputed:
+forward saves each row's statistics (base-2 units as in `variants/base2.py`): its max m and
+log2 l of its softmax, so that P = 2^((s - m) - log2 l) is recomputed, never stored, and its
+attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i precomputed:
 
   key kernel (a program owns BLOCK_N keys of one (b, h) and walks every query block)
       s  = q.k log2(e)/sqrt(d) + log2(e) bias + pw |qp - kp|^2      (the forward's logits)
-      P  = 2^(s - LSE);  dP = dO_s . v + dO_p . vp;  dS = P (dP - D)   (d loss / d logit)
+      P  = 2^((s - m) - log2 l);  dP = dO_s . v + dO_p . vp;  dS = P (dP - D)  (d / d logit)
       dv += P^T dO_s, dvp += P^T dO_p, dk += dS^T q / sqrt(d),
       dkp = 2 w (kp colsum(dS) - dS^T qp) with w = pw ln 2 = -softplus(head_weights) / 2,
-      d pw += ln 2 sum dS |qp - kp|^2 (a sum per key, summed by PyTorch),
+      d pw += ln 2 sum dS (|qp - kp|^2 - dbar) (a sum per key, summed by PyTorch),
       and dS is written over the bias tile it was computed from: every tile belongs to exactly
       one program, which reads it before it writes it, so the (B, H, N, N) buffer the forward
       saved becomes the bias gradient and no second N x N x H tensor is allocated.
@@ -21,6 +22,12 @@ recomputed, never stored. With D_i = dO_i . O_i precomputed:
       N x N x C tensor of the step), and dW_b = sum_b dS[b] z[b] (a GEMM over N*N rows: z read
       once, no atomic hot spot).
 
+Two choices are for accuracy, found by emulating the backward in fp32 against float64 at
+N = 1024 (docs/perf-notes.md): P from (s - m) - log2 l rather than s - LSE, whose rounding at
+|LSE| scales each row's P and made the point-weight gradients 6-10x the reference's error; and
+d pw summed over dist - dbar rather than dist: the two are equal because every row of dS sums to
+zero, but any error that scales a row of dS is then multiplied by the spread of the distances
+around their mean instead of by the distances themselves (hundreds of A^2).
 Every point product runs in IEEE fp32, whatever the dtype: the forward's tf32 products of
 centred coordinates would cancel here (dS kp is subtracted from qp rowsum(dS), at 100 A
 offsets), so the backward computes them directly. The forward's buffer is mutated: the op
@@ -53,7 +60,7 @@ def _key_kernel(
     PW,  # (H,) fp32 point weight: -softplus(head_weights) / 2 * log2(e) (negative)
     DOS,  # (B, N, H, D) contiguous, input dtype: d loss / d out_s
     DOP,  # (B, N, H, 3*Vp) fp32 contiguous: d loss / d out_p
-    LSE,  # (B, N, H) fp32: log2-sum-exp2 of each row's base-2 logits (the forward's)
+    STATS,  # (B, N, H, 3) fp32, the forward's: row max m, log2 l, mean distance dbar
     DELTA,  # (B, N, H) fp32: D_i = dO_s . out_s + dO_p . out_p
     DK, DV,  # (B, N, H, D) fp32
     DKP,  # (B, H, 3*Qp, N) fp32
@@ -131,8 +138,9 @@ def _key_kernel(
         tile = bias_cols + offs_m[:, None].to(tl.int64) * N
         bias = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)
         s = s + bias * LOG2E + pw * dist
-        lse = tl.load(LSE + row_h, mask=m_ok, other=0.0)
-        p = tl.where(tile_ok, tl.exp2(s - lse[:, None]), 0.0)
+        row_max = tl.load(STATS + row_h * 3, mask=m_ok, other=0.0)
+        log_sum = tl.load(STATS + row_h * 3 + 1, mask=m_ok, other=0.0)
+        p = tl.where(tile_ok, tl.exp2((s - row_max[:, None]) - log_sum[:, None]), 0.0)
 
         # dP and the values' gradients.
         dos = tl.load(DOS + row_h[:, None] * D + offs_d[None, :],
@@ -156,7 +164,8 @@ def _key_kernel(
                      mask=m_ok[:, None] & p_ok[None, :], other=0.0)  # (BM, P3_PAD)
         acc_dkp += tl.dot(dst, qp, input_precision="ieee")
         colsum += tl.sum(ds, 0)
-        acc_dpw += tl.sum(ds * dist, 0)
+        dbar = tl.load(STATS + row_h * 3 + 2, mask=m_ok, other=0.0)
+        acc_dpw += tl.sum(ds * (dist - dbar[:, None]), 0)
 
     key_h = (b * N + offs_n) * H + h
     tl.store(DK + key_h[:, None] * D + offs_d[None, :], acc_dk * (q_scale * LN2), mask=nd_ok)
@@ -262,7 +271,7 @@ _query = autotuned(  # reads dS only: trials are harmless
 
 
 def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight,
-                         point_weight, out_s, out_p, lse, bias, modes: Modes):
+                         point_weight, out_s, out_p, stats, bias, modes: Modes):
     """The two kernels and the pair GEMMs, unchecked (the custom op's operands; shapes in
     `core_op.triton_ipa_core_bias`). `bias` is overwritten with dS. Returns the gradients of
     q, k, v (their dtype), q_pts, k_pts, v_pts (fp32), pair_repr, pair_weight (their dtype)
@@ -289,7 +298,7 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     key_kernel = _key_fp32 if q.dtype == torch.float32 else _key_16bit
     d_point = torch.empty(b, h, n, dtype=f32, device=dev)
     key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h)](
-        q, k, v, q_pts, k_pts, v_pts, bias, point_weight, grad_s, grad_p, lse, delta,
+        q, k, v, q_pts, k_pts, v_pts, bias, point_weight, grad_s, grad_p, stats, delta,
         dk, dv, dk_pts, dv_pts, d_point, n, q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), **shared,

@@ -23,10 +23,10 @@ Four registered variants; the first two differ in where the pair bias z . W_b co
   (`core_op.py`) with an exact FlashAttention-2-style backward; the O(N) work around it is
   PyTorch, differentiated by autograd, from live parameters (the callable's `parameters()` are
   the trainable tensors by state_dict name); both work under `torch.compile(fullgraph=True)`:
-  - `triton-train`: `triton`'s forward, saving each row's log-sum-exp and the (B, H, N, N)
-    bias; the backward (`bias_backward.py`) recomputes P per (batch, head) from it, writes dS
-    over it (no second N x N x H tensor), reads dS back for dq, and leaves d pair_repr and
-    dW_b to two cuBLAS GEMMs. Extra memory: d pair_repr + the bias + O(N).
+  - `triton-train`: `triton`'s forward, saving each row's softmax statistics and the
+    (B, H, N, N) bias; the backward (`bias_backward.py`) recomputes P per (batch, head) from
+    them, writes dS over the bias (no second N x N x H tensor), reads dS back for dq, and
+    leaves d pair_repr and dW_b to two cuBLAS GEMMs. Extra memory: d pair_repr + the bias + O(N).
   - `triton-fullfuse-train`: `triton-fullfuse`'s kernel; the backward (`backward.py`)
     recomputes the logits, pair bias included, from pair_repr tile by tile, writes d pair_repr
     once and sums dW_b by partial sums; nothing N x N x H is written in either pass.
