@@ -22,6 +22,10 @@ Verdicts, and the rules behind them:
 * `fixed`: the status was not `ok` and now is. `still STATUS`: not `ok` in both (e.g.
   `still unsupported`), whatever the numbers.
 * `same`: none of the above.
+* `other GPU (OLD NAME -> NEW NAME): not judged`: the cell ran on different GPU models
+  (`device_name`) in the two files, as cells of a Ray sweep over a mixed cluster can; its
+  ratios are shown but compare machines, so no latency or memory verdict is drawn. Status
+  verdicts (`PASS->FAIL`, `fixed`) still apply.
 
 The exit status is 1 when any cell is `PASS->FAIL`, `SLOWER` or `MORE MEMORY`, else 0.
 Cells present in only one file are listed (e.g. a sweep run with `--max-length`) and do
@@ -100,6 +104,9 @@ def _verdict(row, threshold: float) -> str:
         return "PASS->FAIL"
     if not old_ok:
         return "fixed" if new_ok else f"still {row.status_new}"
+    if str(row.device_name_old) != str(row.device_name_new):
+        # A mixed-GPU run (Ray) put this cell on another model: the ratios compare machines.
+        return f"other GPU ({row.device_name_old} -> {row.device_name_new}): not judged"
     verdicts = []
     lat = row.latency_ratio
     if not math.isnan(lat):

@@ -1,8 +1,8 @@
 """`ipa-bench report RESULTS.csv`: a markdown summary of a sweep.
 
-Per dtype, over the N slice: the best variant at each N with its latency, speedup over the
-baseline and memory; latency and memory of every variant side by side; the same latency
-tables for CUDA-graph replay where the sweep has them (small N, where eager calls are
+Per GPU model (when a run has several), pass and dtype, over the N slice: the best variant at
+each N with its latency, speedup over the baseline and memory; latency and memory of every
+variant side by side; the same latency tables for CUDA-graph replay where the sweep has them (small N, where eager calls are
 launch-bound); then every cell that failed, with its reason.
 """
 
@@ -56,15 +56,20 @@ MODE_TITLES = {"eager": "eager", "graph": "CUDA-graph replay (launch overhead re
 
 
 def _sections(df: pd.DataFrame):
-    """(title, mode, rows) for every pass, mode and dtype present: forward before training,
-    eager first, dtypes in order."""
-    for pass_name in PASSES:
-        for mode in MODE_TITLES:
-            rows = df[(df["pass"] == pass_name) & (df["mode"] == mode)]
-            for dtype, ddf in rows.groupby("dtype", sort=False):
-                what = MODE_TITLES[mode] if pass_name == "forward" else (
-                    f"training step (forward+backward), {MODE_TITLES[mode]}")
-                yield f"{dtype}, {what}", mode, ddf
+    """(title, mode, rows) for every GPU model, pass, mode and dtype present: forward before
+    training, eager first, dtypes in order. Rows of different GPU models (a Ray sweep over a
+    mixed cluster) never share a table: their titles name the model."""
+    names = list(dict.fromkeys(df["device_name"].astype(str)))
+    for name in names:
+        on_device = df[df["device_name"].astype(str) == name]
+        prefix = f"{name}: " if len(names) > 1 else ""
+        for pass_name in PASSES:
+            for mode in MODE_TITLES:
+                rows = on_device[(on_device["pass"] == pass_name) & (on_device["mode"] == mode)]
+                for dtype, ddf in rows.groupby("dtype", sort=False):
+                    what = MODE_TITLES[mode] if pass_name == "forward" else (
+                        f"training step (forward+backward), {MODE_TITLES[mode]}")
+                    yield f"{prefix}{dtype}, {what}", mode, ddf
 
 
 def report(df: pd.DataFrame) -> str:

@@ -207,3 +207,17 @@ def test_bad_inputs_are_usage_errors(tmp_path, capsys):
     assert cli_main(["compare", str(tmp_path / "other.csv"), str(SMOKE_CSV)]) == 2
     err = capsys.readouterr().err
     assert "OLD.csv: no such file" in err and "missing columns" in err
+
+
+def test_cells_run_on_another_gpu_model_are_not_judged(tmp_path, capsys):
+    # A mixed-GPU Ray run: one cell moved from an H200 to an A100 between the two runs and is
+    # 2x slower; that compares machines, not code. The H200 cell's slowdown still counts.
+    old = [_row("reference", 256), _row("reference", 1024)]
+    new = [dict(_row("reference", 256, 20.0), device_name="NVIDIA A100"),
+           _row("reference", 1024, 12.0)]
+    assert _run(tmp_path, old, new) == 1
+    out = _out(capsys)
+    moved = _table_lines_with(out, " N256 ")
+    assert len(moved) == 1 and "other GPU (NVIDIA H200 -> NVIDIA A100): not judged" in moved[0]
+    assert "2.000x" in moved[0] and "SLOWER" not in moved[0]
+    assert "SLOWER" in _table_lines_with(out, " N1024 ")[0]

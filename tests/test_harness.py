@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harness.cli import main as cli_main
@@ -161,6 +162,18 @@ def test_report_shows_cuda_graph_rows_in_their_own_sections():
     graph = text.split("## bf16, CUDA-graph replay")[1].split("\n## ")[0]
     assert "| 256 | triton | 0.08429 |" in re.sub(" +", " ", graph)
     assert "Extra peak memory" not in graph
+
+
+def test_report_keeps_gpu_models_apart():
+    """A run whose cells ran on two GPU models (a Ray sweep over a mixed cluster) gets one set
+    of tables per model, named, and never ranks a variant of one against the other's."""
+    rows = read_results(REPO / "results" / "h200-2026-12-02-quick" / "results.csv")
+    other = rows[rows["variant"] == "reference"].assign(device_name="NVIDIA A100",
+                                                        median_ms=lambda r: r["median_ms"] / 100)
+    text = report(pd.concat([rows[rows["variant"] != "reference"], other], ignore_index=True))
+    assert "## NVIDIA H200: fp32, eager" in text and "## NVIDIA A100: fp32, eager" in text
+    h200 = text.split("## NVIDIA H200: fp32, eager")[1].split("\n## ")[0]
+    assert "reference" not in h200  # the 100x-faster A100 rows are not in the H200's tables
 
 
 def test_torn_last_line_is_repaired_on_resume(tmp_path):
