@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -11,6 +12,9 @@ import torch.nn.functional as F
 from harness.cli import build_parser
 from harness.cli import main as cli_main
 from harness.correctness import check_variant, rigid_motion
+from harness.grid import grid_from_dict
+from harness.results import read_results
+from harness.sweep import Sweep
 from tests.planted import InverseFrameBug
 from variants.problem import (
     CA_STEP_ANGSTROM,
@@ -238,17 +242,58 @@ def test_not_supported_reasons_are_explained():
             assert reasons and all(isinstance(r, str) and r for r in reasons)
 
 
-def test_third_party_variant_plugs_in_through_entry_point(tmp_path, monkeypatch):
+PLUGIN = """
+import torch
+from variants.reference import Reference
+
+torch.ipa_bench_plugin_imported = True  # import-time code, as a hostile plugin's could be
+
+
+class Plugged(Reference):
+    name = "plugged-reference"
+    description = "the reference, installed by another package"
+    is_baseline = False
+    precisions = ("fp32",)
+"""
+
+
+def _install_plugin(tmp_path, monkeypatch, target: str, module_text: str = PLUGIN) -> None:
     dist = tmp_path / "ipa_bench_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ipa-bench-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        f"[{ENTRY_POINT_GROUP}]\nplanted = tests.planted:InverseFrameBug\n"
-    )
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nplugged = {target}\n")
+    (tmp_path / "ipa_bench_plugin_mod.py").write_text(module_text)
     monkeypatch.syspath_prepend(str(tmp_path))
-    variant = get_variant("planted-inverse-frame")
-    assert type(variant) is InverseFrameBug
-    assert list(all_variants())[-1] == "planted-inverse-frame"
+
+
+def test_third_party_variant_plugs_in_through_entry_point(tmp_path, monkeypatch):
+    # Listed by its declared metadata, never imported into this process; built and run in a
+    # worker process (a sweep), where its import-time code cannot reach the oracle.
+    _install_plugin(tmp_path, monkeypatch, "ipa_bench_plugin_mod:Plugged")
+    variant = get_variant("plugged-reference")
+    assert list(all_variants())[-1] == "plugged-reference"
+    assert "ipa_bench_plugin_mod" not in sys.modules
+    assert not hasattr(torch, "ipa_bench_plugin_imported")
+    assert variant.description == "the reference, installed by another package"
+    assert variant.not_supported_reasons(IPAConfig(), "cpu", "bf16") == [
+        "precision 'bf16' not supported (supports ['fp32'])"]
+    assert variant.code_digest()  # from its declared files, read, not imported
+    grid = grid_from_dict({"base": {"node_dim": 24, "pair_dim": 8, "heads": 3,
+                                    "query_points": 3, "value_points": 5, "dtypes": ["fp32"],
+                                    "modes": ["eager"], "seeds": 1, "budget_s": 0.05},
+                           "slice": [{"length": [7]}]})
+    path = Sweep([variant], grid, "cpu", tmp_path / "out", show_progress=False).run()
+    (row,) = read_results(path).to_dict("records")
+    assert (row["variant"], row["status"]) == ("plugged-reference", "ok")
+    assert "ipa_bench_plugin_mod" not in sys.modules
+    assert type(variant.real()).__name__ == "Plugged"  # what a worker builds
+
+
+def test_an_entry_point_that_is_not_a_variant_is_named(tmp_path, monkeypatch):
+    _install_plugin(tmp_path, monkeypatch, "ipa_bench_plugin_mod:NOT_A_CLASS",
+                    "NOT_A_CLASS = 3\n")
+    with pytest.raises(TypeError, match="entry point 'plugged'.*expected a Variant subclass"):
+        all_variants()
 
 
 # ---- correctness protocol ------------------------------------------------------------------

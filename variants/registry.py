@@ -5,11 +5,26 @@ Third-party packages register a `Variant` subclass under the entry-point group
 
     [project.entry-points."ipa_bench.variants"]
     my-kernel = "my_package.my_module:MyVariant"
+
+Such a module is code from outside this project, and importing it runs it: it could patch
+torch for everyone in the process. The harness's own process therefore never imports it. A
+one-off probe process does (`_probe_entry_points`) and reports each class's declared metadata
+(name, devices, precisions, limits, requirements, backward, code paths); the registry holds an
+`EntryPointVariant` built from that, and only the worker process that builds the variant
+imports the module again (issue #14: nothing a variant imports can change the reference's or
+another variant's numbers).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
+import subprocess
+import sys
+from functools import cache
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from variants.base import Variant
 from variants.compiled import Compiled
@@ -43,26 +58,114 @@ class UnknownVariantError(IPAInputError):
     """A variant name that is not registered (a usage error, not a variant's bug)."""
 
 
-def _entry_point_variants() -> list[type[Variant]]:
-    found = []
+# What the probe reads of each entry point's class: the attributes `Variant`'s own checks use.
+_METADATA = ("name", "description", "devices", "precisions", "supports_backward", "requires",
+             "limits")
+PROBE_TIMEOUT_S = 120
+
+
+class EntryPointVariant(Variant):
+    """A third-party variant, known here by the metadata its class declares (read by the probe
+    process); `build` imports its module, which only a worker process does. The base class's
+    checks (device, precision, requirements, limits) use the declared metadata; a class that
+    adds its own reasons reports them when its worker builds it. `known_issues` of such a class
+    are not consulted."""
+
+    is_baseline = False
+
+    def __init__(self, target: str, metadata: dict):
+        self.target = target  # "module:attribute"
+        for key in _METADATA:
+            value = metadata[key]
+            setattr(self, key, tuple(value) if isinstance(value, list) else value)
+        self.limits = {k: tuple(v) for k, v in metadata["limits"].items()}
+        self._code_paths = [Path(p) for p in metadata["code_paths"]]
+        self._real: Variant | None = None
+
+    def real(self) -> Variant:
+        """The class itself, imported here (a worker's business, or a test's)."""
+        if self._real is None:
+            self._real = _load(self.target)()
+        return self._real
+
+    def build(self, state_dict, config, device, precision):
+        return self.real().build(state_dict, config, device, precision)
+
+    def code_paths(self) -> list[Path]:
+        return self._code_paths
+
+    def __getstate__(self):  # a worker imports the class afresh
+        return {**self.__dict__, "_real": None}
+
+
+def _load(target: str) -> type[Variant]:
+    module, _, attribute = target.partition(":")
+    cls = importlib.import_module(module)
+    for part in attribute.split("."):
+        cls = getattr(cls, part)
+    return cls
+
+
+def _describe(target: str) -> dict:
+    cls = _load(target)
+    if not (isinstance(cls, type) and issubclass(cls, Variant)):
+        raise TypeError(f"expected a Variant subclass, got {cls!r}")
+    instance = cls()
+    described = {key: getattr(cls, key) for key in _METADATA}
+    described["limits"] = {k: list(v) for k, v in cls.limits.items()}
+    described["code_paths"] = [str(p) for p in instance.code_paths()]
+    return described
+
+
+def _probe_main() -> None:
+    """The probe process: every entry point of the group described as JSON on stdout."""
+    described = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        if not (isinstance(cls, type) and issubclass(cls, Variant)):
-            raise TypeError(
-                f"entry point {ep.name!r} in group {ENTRY_POINT_GROUP!r}: expected a "
-                f"Variant subclass, got {cls!r}"
-            )
-        found.append(cls)
-    return found
+        try:
+            described.append({"target": ep.value, **_describe(ep.value)})
+        except Exception as exc:  # reported by the parent, naming the entry point
+            described.append({"target": ep.value, "entry_point": ep.name,
+                              "error": f"{type(exc).__name__}: {exc}"})
+    print(json.dumps(described))
+
+
+@cache
+def _probe_entry_points(targets: tuple[str, ...], path: tuple[str, ...]) -> tuple[dict, ...]:
+    if not targets:
+        return ()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from variants.registry import _probe_main; _probe_main()"],
+            capture_output=True, text=True, env=env, timeout=PROBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"entry points {list(targets)}: importing them took more than "
+                           f"{PROBE_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"entry points {list(targets)}: the process importing them exited "
+                           f"with {done.returncode}: {tail}")
+    described = json.loads(done.stdout.strip().splitlines()[-1])
+    for entry in described:
+        if "error" in entry:
+            raise TypeError(f"entry point {entry['entry_point']!r} ({entry['target']}) in group "
+                            f"{ENTRY_POINT_GROUP!r}: {entry['error']}")
+    return tuple(described)
+
+
+def _entry_point_variants() -> list[Variant]:
+    targets = tuple(ep.value for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return [EntryPointVariant(d["target"], d)
+            for d in _probe_entry_points(targets, tuple(sys.path))]
 
 
 def all_variants() -> dict[str, Variant]:
     """Every registered variant by name: built-ins first, then entry points."""
     registry: dict[str, Variant] = {}
-    for cls in BUILTIN + _entry_point_variants():
-        if cls.name in registry:
-            raise ValueError(f"variant name {cls.name!r} registered twice")
-        registry[cls.name] = cls()
+    for variant in [cls() for cls in BUILTIN] + _entry_point_variants():
+        if variant.name in registry:
+            raise ValueError(f"variant name {variant.name!r} registered twice")
+        registry[variant.name] = variant
     return registry
 
 
