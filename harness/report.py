@@ -2,8 +2,8 @@
 
 Per GPU model (when a run has several), pass and dtype, over the N slice: the best variant at
 each N with its latency, speedup over the baseline and memory; latency and memory of every
-variant side by side; the same latency tables for CUDA-graph replay where the sweep has them (small N, where eager calls are
-launch-bound); then every cell that failed, with its reason.
+variant side by side; the same latency tables for CUDA-graph replay where the sweep has them
+(small N, where eager calls are launch-bound); then every cell that failed, with its reason.
 """
 
 from __future__ import annotations
