@@ -80,31 +80,36 @@ def get_precision(name: str | Precision) -> Precision:
     return PRECISIONS[key]
 
 
+class ForwardInputs:
+    """What a problem's inputs dataclass shares: its fields are the forward's tensors in
+    argument order, the first one (B, N, ...)."""
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def to(self, device=None, dtype=None):
+        return type(self)(*(t.to(device=device, dtype=dtype) for t in self.as_tuple()))
+
+    def clone(self):
+        return type(self)(*(t.clone() for t in self.as_tuple()))
+
+    @property
+    def batch(self) -> int:
+        return self.as_tuple()[0].shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.as_tuple()[0].shape[1]
+
+
 @dataclass
-class IPAInputs:
+class IPAInputs(ForwardInputs):
     """The four forward inputs (SPEC 'Inputs'), all on one device in one dtype."""
 
     node_repr: torch.Tensor  # (B, N, node_dim)
     pair_repr: torch.Tensor  # (B, N, N, pair_dim)
     translations: torch.Tensor  # (B, N, 3), Angstrom
     rotations: torch.Tensor  # (B, N, 3, 3), proper rotations, row-vector convention
-
-    def as_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return (self.node_repr, self.pair_repr, self.translations, self.rotations)
-
-    def to(self, device=None, dtype=None) -> IPAInputs:
-        return IPAInputs(*(t.to(device=device, dtype=dtype) for t in self.as_tuple()))
-
-    def clone(self) -> IPAInputs:
-        return IPAInputs(*(t.clone() for t in self.as_tuple()))
-
-    @property
-    def batch(self) -> int:
-        return self.node_repr.shape[0]
-
-    @property
-    def length(self) -> int:
-        return self.node_repr.shape[1]
 
 
 def random_rotations(count: int, generator: torch.Generator) -> torch.Tensor:

@@ -20,7 +20,13 @@ from dataclasses import dataclass, fields
 import torch
 
 from variants import problem as simplified
-from variants.problem import PRECISIONS, IPAConfig, IPAInputError, random_rigid_motion
+from variants.problem import (
+    PRECISIONS,
+    ForwardInputs,
+    IPAConfig,
+    IPAInputError,
+    random_rigid_motion,
+)
 
 NAME = "openfold"
 
@@ -264,7 +270,7 @@ INPUT_NAMES = ("s", "z", "translations", "rotations", "mask")
 
 
 @dataclass
-class OpenFoldInputs:
+class OpenFoldInputs(ForwardInputs):
     """The five forward inputs, in forward order (SPEC 'Interchange'), one device, one dtype."""
 
     s: torch.Tensor  # (B, N, c_s)
@@ -272,23 +278,6 @@ class OpenFoldInputs:
     translations: torch.Tensor  # (B, N, 3), Angstrom
     rotations: torch.Tensor  # (B, N, 3, 3), proper rotations, column convention R p + t
     mask: torch.Tensor  # (B, N), 1 = residue present, 0 = padding
-
-    def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        return (self.s, self.z, self.translations, self.rotations, self.mask)
-
-    def to(self, device=None, dtype=None) -> OpenFoldInputs:
-        return OpenFoldInputs(*(t.to(device=device, dtype=dtype) for t in self.as_tuple()))
-
-    def clone(self) -> OpenFoldInputs:
-        return OpenFoldInputs(*(t.clone() for t in self.as_tuple()))
-
-    @property
-    def batch(self) -> int:
-        return self.s.shape[0]
-
-    @property
-    def length(self) -> int:
-        return self.s.shape[1]
 
     @property
     def lengths(self) -> list[int]:
