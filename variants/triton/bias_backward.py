@@ -28,11 +28,16 @@ N = 1024 (docs/perf-notes.md): P from (s - m) - log2 l rather than s - LSE, whos
 d pw summed over dist - dbar rather than dist: the two are equal because every row of dS sums to
 zero, but any error that scales a row of dS is then multiplied by the spread of the distances
 around their mean instead of by the distances themselves (hundreds of A^2).
-Every point product runs in IEEE fp32, whatever the dtype: the forward's tf32 products of
-centred coordinates would cancel here (dS kp is subtracted from qp rowsum(dS), at 100 A
-offsets), so the backward computes them directly. The forward's buffer is mutated: the op
-declares it (`mutates_args`), and autograd's version counter turns a second backward through
-the same graph (retain_graph) into PyTorch's in-place error rather than a wrong gradient.
+
+The point products (dP's point half, dvp, dkp, dqp) run on coordinates centred on the
+program's first key (key kernel) or query (query kernel) point: dS kp is subtracted from
+qp rowsum(dS), and dO_p . vp from D, which at the 10-100 A of the global frame would cancel;
+D takes dO_p . centre off to match. They run in IEEE fp32 for fp32 inputs and in TF32 for
+16-bit ones; the squared distances are recomputed directly in fp32.
+
+The forward's buffer is mutated: the op declares it (`mutates_args`), and autograd's version
+counter turns a second backward through the same graph (retain_graph) into PyTorch's in-place
+error rather than a wrong gradient.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ def _key_kernel(
     VP3: tl.constexpr,
     VP3_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PTS_PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -105,10 +111,17 @@ def _key_kernel(
     if CAST_F32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
+    # Point products run on coordinates centred on this block's first key point (small
+    # numbers: the sums they enter cancel at the 10-100 A of the global frame otherwise).
+    n0 = pid_n * BLOCK_N
+    centre_p = tl.load(KP + (bh * P3 + offs_p % 3) * N + n0)  # (P3_PAD,): x, y, z, x, ...
+    centre_e = tl.load(KP + (bh * P3 + offs_e % 3) * N + n0)  # (VP3_PAD,)
     kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
                  mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
+    kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre_p[None, :], 0.0)
     vp = tl.load(VP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :],
                  mask=n_ok[:, None] & e_ok[None, :], other=0.0)  # (BN, VP3_PAD)
+    vp = tl.where(n_ok[:, None] & e_ok[None, :], vp - centre_e[None, :], 0.0)
 
     acc_dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     acc_dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
@@ -150,10 +163,10 @@ def _key_kernel(
         dop = tl.load(DOP + row_h[:, None] * VP3 + offs_e[None, :],
                       mask=m_ok[:, None] & e_ok[None, :], other=0.0)  # (BM, VP3_PAD)
         acc_dv += tl.dot(tl.trans(p).to(dos.dtype), dos, input_precision=DOT_PRECISION)
-        acc_dvp += tl.dot(tl.trans(p), dop, input_precision="ieee")
+        acc_dvp += tl.dot(tl.trans(p), dop, input_precision=PTS_PRECISION)
         dp = tl.dot(dos, tl.trans(v), input_precision=DOT_PRECISION)
-        dp += tl.dot(dop, tl.trans(vp), input_precision="ieee")
-        delta = tl.load(DELTA + row_h, mask=m_ok, other=0.0)
+        dp += tl.dot(dop, tl.trans(vp), input_precision=PTS_PRECISION)  # centred vp: dP - c.dO_p
+        delta = tl.load(DELTA + row_h, mask=m_ok, other=0.0) - tl.sum(dop * centre_e[None, :], 1)
         ds = p * (dp - delta[:, None])  # d loss / d logit (natural units)
         tl.store(tile, ds.to(BIAS.dtype.element_ty), mask=tile_ok)
 
@@ -162,7 +175,8 @@ def _key_kernel(
         acc_dk += tl.dot(dst.to(q.dtype), q, input_precision=DOT_PRECISION)
         qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
                      mask=m_ok[:, None] & p_ok[None, :], other=0.0)  # (BM, P3_PAD)
-        acc_dkp += tl.dot(dst, qp, input_precision="ieee")
+        qp = tl.where(m_ok[:, None] & p_ok[None, :], qp - centre_p[None, :], 0.0)
+        acc_dkp += tl.dot(dst, qp, input_precision=PTS_PRECISION)
         colsum += tl.sum(ds, 0)
         dbar = tl.load(STATS + row_h * 3 + 2, mask=m_ok, other=0.0)
         acc_dpw += tl.sum(ds * (dist - dbar[:, None]), 0)
@@ -196,6 +210,7 @@ def _query_kernel(
     P3: tl.constexpr,
     P3_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PTS_PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -212,8 +227,10 @@ def _query_kernel(
     d_ok = offs_d < D
     p_ok = offs_p < P3
 
+    # Points centred on this block's first query point, as in the key kernel.
+    centre = tl.load(QP + (bh * P3 + offs_p % 3) * N + pid_m * BLOCK_M)  # (P3_PAD,)
     acc_dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    acc_dqp = tl.zeros([BLOCK_M, P3_PAD], dtype=tl.float32)  # sum_j dS kp_j
+    acc_dqp = tl.zeros([BLOCK_M, P3_PAD], dtype=tl.float32)  # sum_j dS (kp_j - centre)
     rowsum = tl.zeros([BLOCK_M], dtype=tl.float32)
     ds_rows = DS + bh * N * N + offs_m[:, None].to(tl.int64) * N
     for j0 in range(0, N, BLOCK_N):
@@ -227,8 +244,9 @@ def _query_kernel(
         acc_dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
         kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
                      mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
+        kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre[None, :], 0.0)
         ds = ds.to(tl.float32)
-        acc_dqp += tl.dot(ds, kp, input_precision="ieee")
+        acc_dqp += tl.dot(ds, kp, input_precision=PTS_PRECISION)
         rowsum += tl.sum(ds, 1)
 
     pw = tl.load(PW + h)
@@ -237,12 +255,13 @@ def _query_kernel(
              mask=m_ok[:, None] & d_ok[None, :])
     qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
                  mask=m_ok[:, None] & p_ok[None, :], other=0.0)
+    qp = tl.where(m_ok[:, None] & p_ok[None, :], qp - centre[None, :], 0.0)
     dqp = pw * (qp * rowsum[:, None] - acc_dqp) * (2.0 * LN2)
     tl.store(DQP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None], dqp,
              mask=m_ok[:, None] & p_ok[None, :])
 
 
-_KEY = ["N_KEY", "H", "D_PAD", "P3_PAD", "DOT_PRECISION"]
+_KEY = ["N_KEY", "H", "D_PAD", "P3_PAD", "DOT_PRECISION", "PTS_PRECISION"]
 _INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16}
 # The key kernel writes dS over its input: the autotuner restores it after every trial run.
 _key_fp32 = autotuned(
@@ -289,11 +308,13 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     dk, dv = torch.empty_like(dq), torch.empty_like(dq)
     dq_pts, dk_pts = torch.empty_like(q_pts), torch.empty_like(k_pts)
     dv_pts = torch.empty_like(v_pts)
-    # fp32 inputs run every dot in IEEE fp32, tf32 mode included: dS = P (dP - D) subtracts two
-    # nearly equal numbers, and a TF32 dP made the tf32 gradients 10x the tf32 reference's
-    # error (H200, N = 97: rel_l2 1.6-2.8e-2 against a tolerance of 2e-3).
+    # fp32 inputs run every dot in IEEE fp32, tf32 mode included (dS = P (dP - D) subtracts
+    # nearly equal numbers; tf32 gradients miss their tolerance either way, docs/perf-notes.md).
+    # 16-bit inputs: the scalar dots on tensor cores, the point products (fp32 operands,
+    # centred coordinates) in TF32, whose 1e-3 is well inside a bf16/fp16 gradient tolerance.
+    points = "ieee" if q.dtype == torch.float32 else "tf32"
     shared = dict(H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), DOT_PRECISION="ieee",
-                  CAST_F32=cast_f32(q.dtype))
+                  PTS_PRECISION=points, CAST_F32=cast_f32(q.dtype))
     q_scale = base2.LOG2E / math.sqrt(d)
     key_kernel = _key_fp32 if q.dtype == torch.float32 else _key_16bit
     d_point = torch.empty(b, h, n, dtype=f32, device=dev)
