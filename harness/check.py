@@ -16,13 +16,13 @@ from rich.table import Table
 from harness import options
 from harness.correctness import DEFAULT_SEEDS, CheckResult, ReferenceCache, check_variant
 from harness.model_new import ModelNewError
+from harness.problems import problem_of
 from harness.results import ERR_RATIO_LABEL, format_err_ratio
 from harness.runner import PASSES
 from harness.scan import scan_variant
 from harness.version import __version__
 from harness.worker import WorkerFailure, WorkerPool, exception_name
-from variants.problem import get_precision
-from variants.reference import init_state_dict
+from variants.problem import IPAInputError, get_precision
 from variants.registry import all_variants
 
 LIST_SCHEMA = "ipa-bench.list/1"
@@ -36,21 +36,23 @@ def _yes_no(flag: bool) -> str:
 def run_list(args: argparse.Namespace) -> int:
     config = options.config_from_args(args)
     entries = []
-    for variant in all_variants().values():
+    for variant in all_variants(args.problem).values():
         reasons = variant.not_supported_reasons(config, args.device, "fp32")
         entries.append({
             "name": variant.name, "description": variant.description,
             "is_baseline": variant.is_baseline, "devices": list(variant.devices),
             "precisions": list(variant.precisions),
             "supports_backward": variant.supports_backward, "requires": list(variant.requires),
+            "problems": list(variant.problems),
             "runnable": not reasons, "reasons": reasons,
         })
     if args.json:
         options.print_json({"schema": LIST_SCHEMA, "ipa_bench_version": __version__,
-                            "device": args.device, "precision": "fp32",
+                            "problem": args.problem, "device": args.device, "precision": "fp32",
                             "config": dataclasses.asdict(config), "variants": entries})
         return options.EXIT_OK
-    table = Table(title=f"IPA variants (runnable on {args.device}, fp32, {config})")
+    table = Table(title=f"IPA variants of problem {args.problem} (runnable on {args.device}, "
+                  f"fp32, {config})")
     for column in ("variant", "baseline", "devices", "precisions", "backward", "runnable here",
                    "description"):
         table.add_column(column, overflow="fold")
@@ -118,10 +120,13 @@ def _failure_message(exc: Exception) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     config = options.config_from_args(args)
+    if args.pass_name != "forward" and args.problem != "simplified":
+        raise IPAInputError(f"--pass {args.pass_name}: training steps are judged for problem "
+                            f"'simplified' only so far, not {args.problem!r}")
     options.require_inputs_fit(config, args.batch, args.length, args.device)
     variants = options.selected_variants(args)
     precisions = options.selected_precisions(args)
-    state_dict = init_state_dict(config, seed=args.weights_seed)
+    state_dict = problem_of(config).init_state_dict(config, seed=args.weights_seed)
     references = ReferenceCache(state_dict)
     results = []
     show = not (args.no_progress or args.json)
@@ -149,7 +154,8 @@ def run_check(args: argparse.Namespace) -> int:
     code = options.EXIT_FAILED if failed else options.EXIT_OK
     if args.json:
         options.print_json({"schema": CHECK_SCHEMA, "ipa_bench_version": __version__,
-                            "device": args.device, "config": dataclasses.asdict(config),
+                            "problem": args.problem, "device": args.device,
+                            "config": dataclasses.asdict(config),
                             "weights_seed": args.weights_seed, "passed": not failed,
                             "results": [check_result_json(r) for r in results],
                             "scan": {name: [dataclasses.asdict(f) for f in found]
@@ -170,6 +176,7 @@ def add_list_parser(subparsers) -> None:
     options.add_device_option(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON document instead of the table (docs/cli-json.md)")
+    options.add_problem_option(p)
     options.add_config_options(p)
     p.set_defaults(run=run_list)
 
@@ -192,6 +199,7 @@ def add_check_parser(subparsers) -> None:
                    "and every input's and parameter's gradient judged against the float64 "
                    "oracle's autograd, with a tolerance from the reference's own gradient error")
     options.add_output_options(p)
+    options.add_problem_option(p)
     options.add_config_options(p)
     options.add_timeout_option(p)
     p.set_defaults(run=run_check)

@@ -21,7 +21,6 @@ from harness.runner import (
     InputRecipe,
     LocalRunner,
     RunOutput,
-    rigid_motion,
 )
 from harness.worker import Worker
 from variants.base import IPAFunction, Variant
@@ -32,9 +31,8 @@ from variants.problem import (
     Precision,
     get_precision,
     math_mode,
-    validate_inputs,
 )
-from variants.reference import IPAReference, init_state_dict, make_module
+from variants.reference import IPAReference, make_module
 
 DEFAULT_SEEDS = 5
 
@@ -85,12 +83,17 @@ class OutputJudgement:
 
 
 def judge_output(
-    result: RunOutput, oracle: torch.Tensor, reference_err: float, precision: Precision
+    result: RunOutput, oracle: torch.Tensor, reference_err: float, precision: Precision,
+    parts: dict[str, torch.Tensor] | None = None,
+    part_errs: dict[str, float] | None = None,
 ) -> OutputJudgement:
     """Judge one call's `result` against the float64 `oracle` of its inputs.
 
     Fails outright: not a tensor, a wrong shape or dtype, NaN/Inf, an input modified in
     place. Otherwise the error fails when `rel_l2 > tolerance(reference_err, precision)`.
+    With `parts` (a problem's row groups, bool (B, N), first the one the figures report) each
+    part is judged on its rows against its own reference error (`part_errs`); a part other
+    than the first that fails adds a failure naming it.
     """
     tol = tolerance(reference_err, precision)
     failures = []
@@ -107,10 +110,23 @@ def judge_output(
     if bad:
         failures.append(f"{bad} NaN/Inf values in the output")
     failures += [f"the variant modified its input {name}" for name in result.modified]
-    err = rel_l2(out, oracle)
+    err_max = None
+    if not parts or failures:
+        err = rel_l2(out, oracle)
+    else:
+        (_, rows), *others = parts.items()
+        err, err_max = rel_l2(out[rows], oracle[rows]), max_abs(out[rows], oracle[rows])
+        for name, rows in others:
+            if rows.any():
+                part_tol = tolerance(part_errs[name], precision)
+                part_err = rel_l2(out[rows], oracle[rows])
+                if not part_err <= part_tol:
+                    failures.append(f"{name} rows: rel_l2 {part_err:.3e} > tol {part_tol:.3e}")
     if not err <= tol and not failures:
         failures.append(f"rel_l2 {err:.3e} > tol {tol:.3e}")
-    return OutputJudgement(err, max_abs(out, oracle), reference_err, tol, failures)
+    if err_max is None:
+        err_max = max_abs(out, oracle)
+    return OutputJudgement(err, err_max, reference_err, tol, failures)
 
 
 # Largest (B, rows, N, H, Qp, 3) point-difference tensor the chunked reference materialises.
@@ -198,6 +214,11 @@ class ReferenceFigures:
     oracle: torch.Tensor  # the float64 oracle's output
     reference_err: float  # rel_l2 of the reference (in the checked precision) vs the oracle
     reference_invariance_err: float = math.nan  # of the reference under a rigid motion
+    # The problem's row groups judged apart (bool (B, N); the first is the figures'), the
+    # reference's error on each, and the rows invariance is judged on.
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    part_errs: dict[str, float] = field(default_factory=dict)
+    invariance_rows: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -238,29 +259,41 @@ class ReferenceCache:
         self._figures: dict[tuple, ReferenceFigures] = {}
         self._gradients: dict[InputRecipe, GradientFigures] = {}
 
-    def get(self, config: IPAConfig, device: str, precision: Precision) -> IPAReference:
+    def get(self, config, device: str, precision: Precision) -> torch.nn.Module:
+        from harness.problems import problem_of
+
         key = (config, device, precision.name)
         if key not in self._built:
-            self._built[key] = make_module(self.state_dict, config, device, precision.dtype)
+            self._built[key] = problem_of(config).make_module(self.state_dict, config, device,
+                                                              precision.dtype)
         return self._built[key]
 
     def figures(self, recipe: InputRecipe, motion_seed: int | None = None) -> ReferenceFigures:
         """The oracle's output and the reference's error on `recipe`'s inputs, and with
         `motion_seed` the reference's own invariance error under that rigid motion."""
+        from harness.problems import problem_of
+
         key = (recipe, motion_seed)
         if key not in self._figures:
+            problem = problem_of(recipe.config)
             precision = get_precision(recipe.precision)
             inputs = recipe.values()
-            validate_inputs(recipe.config, *inputs.as_tuple())
+            problem.validate_inputs(recipe.config, *inputs.as_tuple())
+            parts = problem.output_parts(inputs)
+            rows = problem.invariance_rows(inputs)
             with math_mode(precision), torch.no_grad():
-                oracle = oracle_forward(self.state_dict, recipe.config, inputs)
+                oracle = problem.oracle(self.state_dict, recipe.config, inputs)
                 reference = self.get(recipe.config, recipe.device, precision)
-                ref_out = chunked_forward(reference, inputs)
+                ref_out = problem.reference_forward(reference, inputs)
                 invariance = math.nan
                 if motion_seed is not None:
-                    moved = chunked_forward(reference, rigid_motion(inputs, motion_seed))
-                    invariance = rel_l2(moved, ref_out)
-            self._figures[key] = ReferenceFigures(oracle, rel_l2(ref_out, oracle), invariance)
+                    moved = problem.reference_forward(
+                        reference, problem.rigid_motion(inputs, motion_seed))
+                    invariance = rel_l2(moved[rows], ref_out[rows])
+            part_errs = {name: rel_l2(ref_out[r], oracle[r]) for name, r in parts.items()
+                         if r.any()}
+            self._figures[key] = ReferenceFigures(
+                oracle, part_errs[next(iter(parts))], invariance, parts, part_errs, rows)
         return self._figures[key]
 
     def gradient_figures(self, recipe: InputRecipe) -> GradientFigures:
@@ -347,15 +380,24 @@ def check_variant(
     `pass_name="forward+backward"` every call is a training step and every gradient is
     judged too (`judge_gradients`).
     """
+    from harness.problems import problem_of
+
+    problem = problem_of(config)
     precision = get_precision(precision)
     result = CheckResult(variant.name, precision.name, device, batch, length, config,
                          pass_name=pass_name)
+    if problem.name not in variant.problems:
+        raise IPAInputError(f"variant {variant.name!r} implements {list(variant.problems)}, "
+                            f"not problem {problem.name!r}")
+    if pass_name != "forward" and problem.name != "simplified":
+        raise IPAInputError(f"pass {pass_name!r}: training steps are judged for problem "
+                            f"'simplified' only so far, not {problem.name!r}")
     result.skipped = pass_reasons(variant, pass_name, device) or (
         variant.not_supported_reasons(config, device, precision))
     if result.skipped:
         return result
     if build is None:
-        state_dict = init_state_dict(config) if state_dict is None else state_dict
+        state_dict = problem.init_state_dict(config) if state_dict is None else state_dict
         build = BuildSpec(("check", config), state_dict, config, precision.name)
     references = references or ReferenceCache(build.state_dict)
     if runner is None:
@@ -370,10 +412,15 @@ def check_variant(
     # One more call on the first inputs under a rigid motion; every output is its own copy,
     # so a variant that returns one reused buffer cannot compare that buffer with itself.
     runs = runner.outputs(build, [*recipes, recipes[0].moved(first_seed)], pass_name)
-    judged = [(r.seed, judge_output(run, f.oracle, f.reference_err, precision))
+    judged = [(r.seed, judge_output(run, f.oracle, f.reference_err, precision, f.parts,
+                                    f.part_errs))
               for r, f, run in zip(recipes, figures, runs, strict=False)]
     first, moved = runs[0].out, runs[-1].out
-    result.invariance_err = rel_l2(moved, first) if first is not None else math.inf
+    rows = figures[0].invariance_rows
+    result.invariance_err = (
+        rel_l2(moved[rows.to(moved.device)], first[rows.to(first.device)])
+        if first is not None and moved is not None and first.shape == moved.shape
+        and first.shape[:2] == rows.shape else math.inf)
     result.invariance_tol = tolerance(figures[0].reference_invariance_err, precision)
 
     worst = max((j for _, j in judged), key=lambda j: j.err_over_tol)

@@ -48,18 +48,48 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """--node-dim, --pair-dim, --heads, --query-points, --value-points (SPEC defaults)."""
+    """--node-dim, --pair-dim, --heads, --head-dim, --query-points, --value-points (SPEC
+    defaults; the names every problem's config maps to, docs/problems.md)."""
     defaults = IPAConfig()
     group = parser.add_argument_group("layer configuration")
     for field in ("node_dim", "pair_dim", "heads", "query_points", "value_points"):
         flag = "--" + field.replace("_", "-")
         group.add_argument(flag, type=int, default=getattr(defaults, field),
                            help=f"(default {getattr(defaults, field)})")
+    group.add_argument("--head-dim", type=int, default=None,
+                       help="per-head width: derived (node_dim / heads) in the simplified "
+                       "problem, where another value is an error; c_hidden in openfold "
+                       "(default 16)")
 
 
-def config_from_args(args: argparse.Namespace) -> IPAConfig:
-    return IPAConfig(args.node_dim, args.pair_dim, args.heads, args.query_points,
-                     args.value_points)
+def add_problem_option(parser: argparse.ArgumentParser) -> None:
+    from harness.problems import DEFAULT, PROBLEMS
+
+    parser.add_argument("--problem", choices=sorted(PROBLEMS), default=DEFAULT,
+                        help=f"the function under test (default {DEFAULT}: SPEC.md; openfold: "
+                        "SPEC-openfold.md, docs/problems.md)")
+
+
+def problem_name(args: argparse.Namespace) -> str:
+    return getattr(args, "problem", "simplified")
+
+
+def config_from_args(args: argparse.Namespace):
+    """The layer configuration of the selected problem from the shared size options."""
+    from harness.problems import PROBLEMS
+
+    columns = dict(node_dim=args.node_dim, pair_dim=args.pair_dim, heads=args.heads,
+                   query_points=args.query_points, value_points=args.value_points)
+    problem = PROBLEMS[problem_name(args)]
+    if problem.name == "simplified":
+        config = IPAConfig(**columns)
+        if args.head_dim is not None and args.head_dim != config.head_dim:
+            raise IPAInputError(f"--head-dim: the simplified problem derives it as node_dim / "
+                                f"heads = {config.head_dim}, got {args.head_dim}")
+        return config
+    head_dim = args.head_dim if args.head_dim is not None else (
+        problem.config_class().columns()["head_dim"])
+    return problem.config_class.from_columns(**columns, head_dim=head_dim)
 
 
 def add_selection_options(parser: argparse.ArgumentParser) -> None:
@@ -90,12 +120,16 @@ def selected_variants(args: argparse.Namespace, *, with_baseline: bool = False) 
     `with_baseline` (sweeps need it for speedups)."""
     from harness.model_new import model_new_variant
 
+    problem = problem_name(args)
+    if args.model_new and problem != "simplified":
+        raise IPAInputError(f"--model-new: ModelNew files are checked for the simplified "
+                            f"problem only so far, not {problem!r}")
     if args.variant:
-        chosen = [get_variant(n) for n in args.variant]
+        chosen = [get_variant(n, problem) for n in args.variant]
     elif args.model_new:
-        chosen = [baseline()] if with_baseline else []
+        chosen = [baseline(problem)] if with_baseline else []
     else:
-        chosen = list(all_variants().values())
+        chosen = list(all_variants(problem).values())
     files = [model_new_variant(path) for path in args.model_new]
     basenames = [v.name for v in files]
     for variant, path in zip(files, args.model_new, strict=True):
@@ -120,12 +154,13 @@ def device_memory_bytes(device: str) -> int:
 def require_inputs_fit(config: IPAConfig, batch: int, length: int, device: str) -> None:
     """Refuse (a usage error, before anything runs) a size whose `pair_repr` alone cannot be
     held: it is drawn in float32 and upcast to float64 for the oracle, 12 bytes an element."""
-    need = 12 * batch * length * length * config.pair_dim
+    pair_dim = config.columns()["pair_dim"]
+    need = 12 * batch * length * length * pair_dim
     have = device_memory_bytes(device)
     if need > have:
         raise IPAInputError(
             f"--batch {batch}, --length {length}: pair_repr (B x N x N x pair_dim = "
-            f"{batch} x {length} x {length} x {config.pair_dim}) needs {need / 2**30:.1f} GiB in "
+            f"{batch} x {length} x {length} x {pair_dim}) needs {need / 2**30:.1f} GiB in "
             f"float32 plus its float64 copy for the oracle, more than the {have / 2**30:.1f} GiB "
             f"of this {device} device")
 

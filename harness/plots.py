@@ -58,11 +58,12 @@ _OTHER_MARKERS = ["*", "h", "p", "d", "8", "H"]
 
 @functools.cache
 def _registry_order() -> list[str]:
-    """Built-in variant names in registry order (entry points excluded: their order depends
+    """Built-in variant names in registry order, each once (`reference` and `torch-compile`
+    exist in every problem and keep one style; entry points are excluded: their order depends
     on what else is installed, so they take the hashed styles)."""
     from variants.registry import BUILTIN
 
-    return [cls.name for cls in BUILTIN]
+    return list(dict.fromkeys(cls.name for cls in BUILTIN))
 
 
 def variant_style(name: str) -> dict[str, str]:

@@ -32,10 +32,10 @@ from harness.measure import (
 )
 from variants.base import IPAFunction, Variant
 from variants.problem import (
+    ForwardInputs,
     IPAConfig,
     IPAInputs,
     get_precision,
-    make_inputs,
     math_mode,
     random_rigid_motion,
 )
@@ -79,16 +79,21 @@ class InputRecipe:
 
         return probe_named(self.probe) if self.probe else None
 
-    def values(self) -> IPAInputs:
-        """The input values (the oracle sees these, upcast)."""
-        inputs = make_inputs(self.config, self.batch, self.length,
-                             dtype=get_precision(self.precision).dtype, device=self.device,
-                             seed=self.seed, origin_offset=self.origin_offset)
+    def values(self) -> ForwardInputs:
+        """The input values (the oracle sees these, upcast), drawn by the problem of
+        `config` (`harness.problems`)."""
+        from harness.problems import problem_of
+
+        problem = problem_of(self.config)
+        inputs = problem.make_inputs(self.config, self.batch, self.length,
+                                     dtype=get_precision(self.precision).dtype,
+                                     device=self.device, seed=self.seed,
+                                     origin_offset=self.origin_offset)
         probe = self._probe()
         if probe and probe.inputs:
             inputs = probe.inputs(inputs)
         if self.motion_seed is not None:
-            inputs = rigid_motion(inputs, self.motion_seed)
+            inputs = problem.rigid_motion(inputs, self.motion_seed)
         return inputs
 
     def presented(self, values: IPAInputs) -> IPAInputs:
@@ -104,8 +109,8 @@ class InputRecipe:
         """The fixed random `grad_out` of a training step on these inputs (drawn in float64,
         stored in the recipe's dtype; the oracle upcasts the same values)."""
         g = torch.Generator().manual_seed(GRAD_OUT_SEED + self.seed)
-        grad = torch.randn(self.batch, self.length, self.config.node_dim, generator=g,
-                           dtype=torch.float64)
+        grad = torch.randn(self.batch, self.length, self.config.columns()["node_dim"],
+                           generator=g, dtype=torch.float64)
         return grad.to(self.device, get_precision(self.precision).dtype)
 
 
@@ -141,9 +146,15 @@ class TimedRun:
     refill_outputs: dict[str, list[RunOutput]]
 
 
-def modified_inputs(after: IPAInputs, before: IPAInputs) -> list[str]:
-    return [name for name, now, then in zip(INPUT_NAMES, after.as_tuple(), before.as_tuple(),
-                                            strict=True) if not torch.equal(now, then)]
+def input_names(inputs: ForwardInputs) -> tuple[str, ...]:
+    """The forward's argument names of a problem's inputs, in order."""
+    return tuple(f.name for f in dataclasses.fields(inputs))
+
+
+def modified_inputs(after: ForwardInputs, before: ForwardInputs) -> list[str]:
+    return [name for name, now, then in zip(input_names(after), after.as_tuple(),
+                                            before.as_tuple(), strict=True)
+            if not torch.equal(now, then)]
 
 
 def _copy(t: torch.Tensor, to_cpu: bool) -> torch.Tensor:

@@ -37,7 +37,7 @@ def test_list_json(capsys):
     _check_header(doc, "ipa-bench.list/1")
     assert [v["name"] for v in doc["variants"]] == list(all_variants())
     keys = {"name", "description", "is_baseline", "devices", "precisions", "requires",
-            "supports_backward", "runnable", "reasons"}
+            "supports_backward", "problems", "runnable", "reasons"}
     for entry in doc["variants"]:
         assert set(entry) == keys
         assert entry["runnable"] == (entry["reasons"] == [])

@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 from harness.cli import build_parser
 from harness.cli import main as cli_main
-from harness.correctness import check_variant, rigid_motion
+from harness.correctness import check_variant
 from harness.grid import grid_from_dict
 from harness.results import read_results
+from harness.runner import rigid_motion
 from harness.sweep import Sweep
 from tests.planted import InverseFrameBug
 from variants.problem import (
@@ -229,7 +230,9 @@ def test_registry_has_one_baseline_named_reference():
 
 
 def test_unknown_variant_lists_known_ones():
-    with pytest.raises(IPAInputError, match="unknown name 'nope'; known variants: reference, "):
+    with pytest.raises(IPAInputError,
+                       match="unknown name 'nope' for problem 'simplified'; known variants: "
+                             "reference, "):
         get_variant("nope")
 
 

@@ -45,7 +45,7 @@ def _line_colors(fig) -> dict[str, str]:
 
 
 def test_builtin_variants_get_distinct_styles_and_none_is_red():
-    styles = [variant_style(cls.name) for cls in BUILTIN]
+    styles = [variant_style(name) for name in dict.fromkeys(cls.name for cls in BUILTIN)]
     assert len({s["color"] for s in styles}) == len(styles)
     assert len({s["marker"] for s in styles}) == len(styles)
     assert "#d62728" not in {s["color"] for s in styles}  # red means MISMATCH only

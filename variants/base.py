@@ -95,6 +95,8 @@ class Variant:
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     precisions: ClassVar[tuple[str, ...]] = ("fp64", "fp32", "tf32", "fp16", "bf16")
     supports_backward: ClassVar[bool] = False
+    # The problems it implements (`harness.problems`: "simplified", "openfold").
+    problems: ClassVar[tuple[str, ...]] = ("simplified",)
     requires: ClassVar[tuple[str, ...]] = ()
     # Limits on the config, checked by the base class: name -> (min, max), inclusive.
     limits: ClassVar[dict[str, tuple[int, int]]] = {}

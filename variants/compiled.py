@@ -50,16 +50,21 @@ KNOWN_WRONG = (
 )
 
 
+def inductor_reasons(device, precision) -> list[str]:
+    """What Inductor cannot compile reliably here, whichever problem's module it compiles."""
+    if torch.device(device).type == "cpu" and get_precision(precision).name == "fp16":
+        return ["Inductor's CPU backend does not handle fp16 matmuls reliably"]
+    return []
+
+
 class Compiled(Variant):
     name = "torch-compile"
     description = "torch.compile(reference), Inductor, static shapes"
     supports_backward = True
 
     def not_supported_reasons(self, config, device, precision):
-        reasons = super().not_supported_reasons(config, device, precision)
-        if torch.device(device).type == "cpu" and get_precision(precision).name == "fp16":
-            reasons.append("Inductor's CPU backend does not handle fp16 matmuls reliably")
-        return reasons
+        return (super().not_supported_reasons(config, device, precision)
+                + inductor_reasons(device, precision))
 
     def code_paths(self):
         return [*super().code_paths(), Path(reference.__file__)]  # it compiles the reference

@@ -44,6 +44,13 @@ class IPAConfig:
         """Positional arguments of the reference / KernelBench `ModelNew` constructor."""
         return (self.node_dim, self.pair_dim, self.heads, self.query_points, self.value_points)
 
+    def columns(self) -> dict[str, int]:
+        """The sizes under the results CSV's column names, shared by every problem
+        (docs/problems.md)."""
+        return {"node_dim": self.node_dim, "pair_dim": self.pair_dim, "heads": self.heads,
+                "head_dim": self.head_dim, "query_points": self.query_points,
+                "value_points": self.value_points}
+
 
 @dataclass(frozen=True)
 class Precision:

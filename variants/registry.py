@@ -31,6 +31,8 @@ from variants.compiled import Compiled
 from variants.cuda_fused import CudaFused
 from variants.cuda_hybrid import CudaHybrid
 from variants.flex_attention import FlexAttention
+from variants.openfold.reference import Compiled as OpenFoldCompiled
+from variants.openfold.reference import Reference as OpenFoldReference
 from variants.problem import IPAInputError
 from variants.reference import Reference
 from variants.sdpa_decomposition import SdpaDecomposition
@@ -51,6 +53,8 @@ BUILTIN: list[type[Variant]] = [
     SdpaDecomposition,
     TritonTrain,
     TritonFullFuseTrain,
+    OpenFoldReference,
+    OpenFoldCompiled,
 ]
 
 
@@ -59,8 +63,8 @@ class UnknownVariantError(IPAInputError):
 
 
 # What the probe reads of each entry point's class: the attributes `Variant`'s own checks use.
-_METADATA = ("name", "description", "devices", "precisions", "supports_backward", "requires",
-             "limits")
+_METADATA = ("name", "description", "devices", "precisions", "supports_backward", "problems",
+             "requires", "limits")
 PROBE_TIMEOUT_S = 120
 
 
@@ -159,26 +163,31 @@ def _entry_point_variants() -> list[Variant]:
             for d in _probe_entry_points(targets, tuple(sys.path))]
 
 
-def all_variants() -> dict[str, Variant]:
-    """Every registered variant by name: built-ins first, then entry points."""
+def all_variants(problem: str = "simplified") -> dict[str, Variant]:
+    """Every registered variant of `problem` by name: built-ins first, then entry points.
+    Names are unique within a problem (`reference` is in each)."""
     registry: dict[str, Variant] = {}
     for variant in [cls() for cls in BUILTIN] + _entry_point_variants():
+        if problem not in variant.problems:
+            continue
         if variant.name in registry:
             raise ValueError(f"variant name {variant.name!r} registered twice")
         registry[variant.name] = variant
     return registry
 
 
-def get_variant(name: str) -> Variant:
-    """The variant called `name`; an unknown name is an error listing the known ones."""
-    registry = all_variants()
+def get_variant(name: str, problem: str = "simplified") -> Variant:
+    """The variant of `problem` called `name`; an unknown name is an error listing the known
+    ones."""
+    registry = all_variants(problem)
     if name not in registry:
         raise UnknownVariantError(
-            f"variant: unknown name {name!r}; known variants: {', '.join(registry)}"
+            f"variant: unknown name {name!r} for problem {problem!r}; known variants: "
+            f"{', '.join(registry)}"
         )
     return registry[name]
 
 
-def baseline() -> Variant:
-    (base,) = [v for v in all_variants().values() if v.is_baseline]
+def baseline(problem: str = "simplified") -> Variant:
+    (base,) = [v for v in all_variants(problem).values() if v.is_baseline]
     return base

@@ -2,7 +2,7 @@
 
 `problem.py` holds the problem as data (config, parameters, inputs, checks, invariance, cost
 model), `reference.py` the eager module and the float64 oracle. `PROBLEM` gathers them under
-the `Problem` interface that docs/problems.md proposes; the harness does not read it yet.
+the `Problem` interface that docs/problems.md proposes (`harness/problems.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ PROBLEM = SimpleNamespace(
     check_input_values=problem.check_input_values,
     module_class=reference.OpenFoldIPA,
     make_module=reference.make_module,
+    reference_forward=reference.chunked_forward,
     oracle=reference.oracle_forward,
     tol_floors=problem.TOL_FLOORS,
     not_supported_reasons=problem.not_supported_reasons,

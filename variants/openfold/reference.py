@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from variants.base import Variant
+from variants.compiled import inductor_reasons
 from variants.openfold.problem import (
     OpenFoldConfig,
     OpenFoldInputs,
@@ -194,7 +195,7 @@ class Reference(Variant):
 
     name = "reference"
     description = "eager OpenFold IPA from the SPEC (baseline; float64 copy is the oracle)"
-    problems = ("openfold",)  # proposed Variant attribute (docs/problems.md)
+    problems = ("openfold",)
     is_baseline = True
     supports_backward = True
 
@@ -213,4 +214,33 @@ class Reference(Variant):
             return module(s, z, translations, rotations, mask)
 
         forward.module = module
+        return forward
+
+
+class Compiled(Reference):
+    """`torch.compile` of the eager module (Inductor, static shapes), as problem `simplified`'s
+    `torch-compile`: what a user tries first. Each build starts from a reset Dynamo cache (a
+    sweep must not reach Dynamo's recompile limit, past which it silently runs eager)."""
+
+    name = "torch-compile"
+    description = "torch.compile(OpenFold reference), Inductor, static shapes"
+    is_baseline = False
+
+    def not_supported_reasons(self, config, device, precision):
+        return (super().not_supported_reasons(config, device, precision)
+                + inductor_reasons(device, precision))
+
+    def build(self, state_dict, config: OpenFoldConfig, device, precision: str | Precision):
+        eager = super().build(state_dict, config, device, precision)
+        torch._dynamo.reset()
+        compiled = torch.compile(eager.module, dynamic=False)
+
+        def forward(s, z, translations, rotations, mask):
+            validate_inputs(config, s, z, translations, rotations, mask,
+                            dtypes=(eager.module.linear_b.weight.dtype,),
+                            device=torch.device(device), check_values=False)
+            return compiled(s, z, translations, rotations, mask)
+
+        forward.module = eager.module
+        forward.parameters = eager.module.named_parameters
         return forward
