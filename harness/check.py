@@ -14,7 +14,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness import options
-from harness.correctness import DEFAULT_SEEDS, CheckResult, ReferenceCache, check_variant
+from harness.correctness import (
+    DEFAULT_SEEDS,
+    CheckResult,
+    ReferenceCache,
+    check_variant,
+    require_pass_for_problem,
+)
 from harness.model_new import ModelNewError
 from harness.problems import problem_of
 from harness.results import ERR_RATIO_LABEL, format_err_ratio
@@ -22,7 +28,7 @@ from harness.runner import PASSES
 from harness.scan import scan_variant
 from harness.version import __version__
 from harness.worker import WorkerFailure, WorkerPool, exception_name
-from variants.problem import IPAInputError, get_precision
+from variants.problem import get_precision
 from variants.registry import all_variants
 
 LIST_SCHEMA = "ipa-bench.list/1"
@@ -120,9 +126,7 @@ def _failure_message(exc: Exception) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     config = options.config_from_args(args)
-    if args.pass_name != "forward" and args.problem != "simplified":
-        raise IPAInputError(f"--pass {args.pass_name}: training steps are judged for problem "
-                            f"'simplified' only so far, not {args.problem!r}")
+    require_pass_for_problem(args.pass_name, args.problem)  # before anything runs
     options.require_inputs_fit(config, args.batch, args.length, args.device)
     variants = options.selected_variants(args)
     precisions = options.selected_precisions(args)

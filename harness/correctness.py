@@ -110,23 +110,20 @@ def judge_output(
     if bad:
         failures.append(f"{bad} NaN/Inf values in the output")
     failures += [f"the variant modified its input {name}" for name in result.modified]
-    err_max = None
-    if not parts or failures:
-        err = rel_l2(out, oracle)
-    else:
+    judged, judged_oracle = out, oracle  # the figures' rows: the first part's, or all
+    if parts and not failures:
         (_, rows), *others = parts.items()
-        err, err_max = rel_l2(out[rows], oracle[rows]), max_abs(out[rows], oracle[rows])
+        judged, judged_oracle = out[rows], oracle[rows]
         for name, rows in others:
             if rows.any():
                 part_tol = tolerance(part_errs[name], precision)
                 part_err = rel_l2(out[rows], oracle[rows])
                 if not part_err <= part_tol:
                     failures.append(f"{name} rows: rel_l2 {part_err:.3e} > tol {part_tol:.3e}")
+    err = rel_l2(judged, judged_oracle)
     if not err <= tol and not failures:
         failures.append(f"rel_l2 {err:.3e} > tol {tol:.3e}")
-    if err_max is None:
-        err_max = max_abs(out, oracle)
-    return OutputJudgement(err, err_max, reference_err, tol, failures)
+    return OutputJudgement(err, max_abs(judged, judged_oracle), reference_err, tol, failures)
 
 
 # Largest (B, rows, N, H, Qp, 3) point-difference tensor the chunked reference materialises.
@@ -389,9 +386,7 @@ def check_variant(
     if problem.name not in variant.problems:
         raise IPAInputError(f"variant {variant.name!r} implements {list(variant.problems)}, "
                             f"not problem {problem.name!r}")
-    if pass_name != "forward" and problem.name != "simplified":
-        raise IPAInputError(f"pass {pass_name!r}: training steps are judged for problem "
-                            f"'simplified' only so far, not {problem.name!r}")
+    require_pass_for_problem(pass_name, problem.name)
     result.skipped = pass_reasons(variant, pass_name, device) or (
         variant.not_supported_reasons(config, device, precision))
     if result.skipped:
@@ -415,12 +410,10 @@ def check_variant(
     judged = [(r.seed, judge_output(run, f.oracle, f.reference_err, precision, f.parts,
                                     f.part_errs))
               for r, f, run in zip(recipes, figures, runs, strict=False)]
-    first, moved = runs[0].out, runs[-1].out
     rows = figures[0].invariance_rows
-    result.invariance_err = (
-        rel_l2(moved[rows.to(moved.device)], first[rows.to(first.device)])
-        if first is not None and moved is not None and first.shape == moved.shape
-        and first.shape[:2] == rows.shape else math.inf)
+    first, moved = (_rows_of(run.out, rows) for run in (runs[0], runs[-1]))
+    result.invariance_err = (rel_l2(moved, first) if first is not None and moved is not None
+                             and first.shape == moved.shape else math.inf)
     result.invariance_tol = tolerance(figures[0].reference_invariance_err, precision)
 
     worst = max((j for _, j in judged), key=lambda j: j.err_over_tol)
@@ -446,6 +439,21 @@ def check_variant(
     if pass_name != "forward":
         _judge_training(result, recipes, runs, references, precision)
     return result
+
+
+def _rows_of(out: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """`out`'s rows where `rows` (bool (B, N)) is set; None when `out` is not a (B, N, ...)
+    tensor."""
+    if out is None or tuple(out.shape[:2]) != tuple(rows.shape):
+        return None
+    return out[rows.to(out.device)]
+
+
+def require_pass_for_problem(pass_name: str, problem: str) -> None:
+    """Training steps are judged for the simplified problem only, so far (usage error)."""
+    if pass_name != "forward" and problem != "simplified":
+        raise IPAInputError(f"pass {pass_name!r}: training steps are judged for problem "
+                            f"'simplified' only so far, not {problem!r}")
 
 
 def pass_reasons(variant: Variant, pass_name: str, device: str) -> list[str]:

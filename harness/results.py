@@ -361,8 +361,7 @@ def read_gradients(csv_path: str | Path) -> pd.DataFrame:
              **{f: figures.get(f, math.nan) for f in ("rel_l2", "tol", "reference_rel_l2")}}
             for record in latest.values() for tensor, figures in record["gradients"].items()]
     df = pd.DataFrame(rows, columns=columns[:-1])
-    for column in ("batch", "length", "heads", "node_dim", "pair_dim", "query_points",
-                   "value_points"):
+    for column in ["length", *SHAPE_COLUMNS]:
         df[column] = df[column].astype(int)
     df["of_tol"] = df["rel_l2"] / df["tol"]
     return df

@@ -416,9 +416,9 @@ def test_training_step_memory_gpu(variant, precision):
     grads = step()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
-    pair_grad = grads["pair_repr"].numel() * grads["pair_repr"].element_size()
-    bias = 0 if variant is TritonFullFuseTrain else config.heads * n * n * pair_grad // (
-        n * n * config.pair_dim)
+    element = grads["pair_repr"].element_size()
+    pair_grad = grads["pair_repr"].numel() * element
+    bias = 0 if variant is TritonFullFuseTrain else config.heads * n * n * element
     assert extra < pair_grad + bias + 256 * 2**20, (extra / 2**20, pair_grad / 2**20)
 
 

@@ -50,21 +50,29 @@ KNOWN_WRONG = (
 )
 
 
-def inductor_reasons(device, precision) -> list[str]:
-    """What Inductor cannot compile reliably here, whichever problem's module it compiles."""
-    if torch.device(device).type == "cpu" and get_precision(precision).name == "fp16":
-        return ["Inductor's CPU backend does not handle fp16 matmuls reliably"]
-    return []
+class InductorCompiled:
+    """What every problem's `torch-compile` variant shares (a mixin before its `Variant`):
+    Inductor's limits, and a static-shape compile from a reset Dynamo cache, so that each
+    build is compiled afresh and a sweep never reaches Dynamo's recompile limit, past which it
+    would silently run eager."""
 
-
-class Compiled(Variant):
-    name = "torch-compile"
-    description = "torch.compile(reference), Inductor, static shapes"
     supports_backward = True
 
     def not_supported_reasons(self, config, device, precision):
-        return (super().not_supported_reasons(config, device, precision)
-                + inductor_reasons(device, precision))
+        reasons = super().not_supported_reasons(config, device, precision)
+        if torch.device(device).type == "cpu" and get_precision(precision).name == "fp16":
+            reasons.append("Inductor's CPU backend does not handle fp16 matmuls reliably")
+        return reasons
+
+    @staticmethod
+    def compile(module: torch.nn.Module):
+        torch._dynamo.reset()
+        return torch.compile(module, dynamic=False)
+
+
+class Compiled(InductorCompiled, Variant):
+    name = "torch-compile"
+    description = "torch.compile(reference), Inductor, static shapes"
 
     def code_paths(self):
         return [*super().code_paths(), Path(reference.__file__)]  # it compiles the reference
@@ -76,7 +84,6 @@ class Compiled(Variant):
     def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
         dtype = get_precision(precision).dtype
         module = make_module(state_dict, config, device, dtype)
-        torch._dynamo.reset()
-        fn = checked(torch.compile(module, dynamic=False), config, device, dtype)
+        fn = checked(self.compile(module), config, device, dtype)
         fn.parameters = module.named_parameters  # state_dict names, for gradients
         return fn

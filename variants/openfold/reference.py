@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from variants.base import Variant
-from variants.compiled import inductor_reasons
+from variants.compiled import InductorCompiled
 from variants.openfold.problem import (
     OpenFoldConfig,
     OpenFoldInputs,
@@ -217,23 +217,17 @@ class Reference(Variant):
         return forward
 
 
-class Compiled(Reference):
+class Compiled(InductorCompiled, Reference):
     """`torch.compile` of the eager module (Inductor, static shapes), as problem `simplified`'s
-    `torch-compile`: what a user tries first. Each build starts from a reset Dynamo cache (a
-    sweep must not reach Dynamo's recompile limit, past which it silently runs eager)."""
+    `torch-compile`: what a user tries first."""
 
     name = "torch-compile"
     description = "torch.compile(OpenFold reference), Inductor, static shapes"
     is_baseline = False
 
-    def not_supported_reasons(self, config, device, precision):
-        return (super().not_supported_reasons(config, device, precision)
-                + inductor_reasons(device, precision))
-
     def build(self, state_dict, config: OpenFoldConfig, device, precision: str | Precision):
         eager = super().build(state_dict, config, device, precision)
-        torch._dynamo.reset()
-        compiled = torch.compile(eager.module, dynamic=False)
+        compiled = self.compile(eager.module)
 
         def forward(s, z, translations, rotations, mask):
             validate_inputs(config, s, z, translations, rotations, mask,

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from variants import base2
+from variants import base2, problem
 from variants.triton.backward import single_key_gradients
 from variants.triton.common import Modes, autotuned, cast_f32, pow2
 
@@ -336,7 +336,7 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     # dW_b is a GEMM with N*N-long rows and a (H, C) result: one cuBLAS call would run it on a
     # few blocks, so the rows are cut into `chunks` batched GEMMs whose results are summed.
     chunks = math.gcd(n * n, 256)
-    with _no_tf32():
+    with problem.math_mode("fp32"):  # IEEE cuBLAS, whatever the global TF32 switch says
         for bi in range(b):
             ds_b = ds[bi].view(h, n * n)
             torch.mm(ds_b.t(), pair_weight, out=d_pair[bi].view(n * n, c))
@@ -346,13 +346,3 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_pair,
             d_weight.to(pair_weight.dtype), d_point.sum((0, 2)))
 
-
-class _no_tf32:
-    """cuBLAS in IEEE fp32 for the pair GEMMs, whatever the global TF32 switch says."""
-
-    def __enter__(self):
-        self.saved = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32 = self.saved

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from variants import problem
 from variants.triton.common import (
     HEADS_PAD,
     Modes,
@@ -131,10 +132,7 @@ def cublas_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, tf32: boo
     """
     b, n, _, c = pair_repr.shape
     h = weight.shape[0]
-    matmul = torch.backends.cuda.matmul
-    saved = matmul.allow_tf32
-    matmul.allow_tf32 = tf32
-    try:
+    with problem.math_mode("tf32" if tf32 else "fp32"):
         if n == 1 or pair_repr.stride(1) == n * pair_repr.stride(2):
             # (H, C) @ (B, C, N*N): one GEMM over every row
             return torch.matmul(weight, pair_repr.view(b, n * n, c).transpose(1, 2)).view(
@@ -145,8 +143,6 @@ def cublas_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, tf32: boo
             # (N_i batches) (H, C) @ (C, N_j) -> out[bi, :, i, :]
             torch.bmm(w, pair_repr[bi].transpose(1, 2), out=out[bi].transpose(0, 1))
         return out
-    finally:
-        matmul.allow_tf32 = saved
 
 
 def pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, math_mode: str = "ieee"):
