@@ -10,7 +10,7 @@
 # session.log (wall times, test summary): 6 files.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
-OLD=${OLD:?OLD=path to the e4b9a52 snapshot}
+OLD=${OLD:-}  # unset: the workers' runs only (cold, then warm), against the recorded A/B
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 IPA_BENCH_CACHE=${IPA_BENCH_CACHE:-/tmp/ipa-cache}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
@@ -29,13 +29,16 @@ sweep() {  # sweep DIR TREE LABEL [extra args...]
 }
 # Each tree once cold (CUDA build, Triton and Inductor compiles; discarded), then each warm,
 # back to back: the warm pair is the A/B.
-sweep /tmp/ab-old-cold "$OLD" "in-process e4b9a52, cold (discarded)"
+[[ -n $OLD ]] && sweep /tmp/ab-old-cold "$OLD" "in-process e4b9a52, cold (discarded)"
 sweep /tmp/ab-new-cold . "workers HEAD, cold (discarded)"
-sweep /tmp/ab-old "$OLD" "in-process e4b9a52, warm"
+[[ -n $OLD ]] && sweep /tmp/ab-old "$OLD" "in-process e4b9a52, warm"
 sweep /tmp/ab-new . "workers HEAD, warm"
-cp /tmp/ab-old/results.csv "$OUT/ab-inprocess.csv"; cp /tmp/ab-new/results.csv "$OUT/ab-workers.csv"
-PYTHONPATH=. python3 -m harness.cli compare "$OUT/ab-inprocess.csv" "$OUT/ab-workers.csv" --markdown \
-    > "$OUT/compare-ab.md" 2>&1
+cp /tmp/ab-new/results.csv "$OUT/ab-workers.csv"
+if [[ -n $OLD ]]; then
+    cp /tmp/ab-old/results.csv "$OUT/ab-inprocess.csv"
+    PYTHONPATH=. python3 -m harness.cli compare "$OUT/ab-inprocess.csv" "$OUT/ab-workers.csv" \
+        --markdown > "$OUT/compare-ab.md" 2>&1
+fi
 timeout -s INT "${LIM_TEST:-120}" env PYTHONPATH=. python3 -m pytest -q -m gpu tests/test_integrity.py \
     tests/test_faults.py -p no:cacheprovider -rfE --tb=short 2>&1 | tail -15 >> "$log"
 if [[ -d build/ray-bundle ]]; then
@@ -46,4 +49,4 @@ if [[ -d build/ray-bundle ]]; then
         > "$OUT/compare-ray.md" 2>&1
     tail -20 /tmp/ab-ray.log >> "$log"
 fi
-cat "$log"; head -30 "$OUT/compare-ab.md"; head -30 "$OUT/compare-ray.md" 2>/dev/null
+cat "$log"; head -30 "$OUT/compare-ab.md" "$OUT/compare-ray.md" 2>/dev/null

@@ -441,6 +441,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096])
     parser.add_argument("--precisions", nargs="*", default=["fp32", "bf16"])
+    parser.add_argument("--variants", nargs="*", default=[v.name for v in TRAINING])
     parser.add_argument("--baselines", nargs="*", default=["torch-compile"])
     parser.add_argument("--budget", type=float, default=1e9)
     parser.add_argument("--device", default="cuda", help="cpu: a dry run under the interpreter")
@@ -468,7 +469,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
             inputs = recipe(1, n, precision, dev.type, seed=1, config=config)
             args = tuple(t.requires_grad_(True) for t in inputs.values().as_tuple())
             grad_out = inputs.grad_output()
-            for label in [*(v.name for v in TRAINING), *opts.baselines]:
+            for label in [*opts.variants, *opts.baselines]:
                 if time.time() - start > opts.budget:
                     continue
                 with math_mode(precision):
@@ -492,8 +493,9 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                 continue
             operands = _core_operands(1, n, config, dtype, dev, seed=1)
             modes = dot_modes(dtype, "ieee")
-            for label, op, backward in [("bias", bias_core_op, launch_bias_backward),
-                                        ("fullfuse", core_op, launch_backward)]:
+            ops = [("bias", bias_core_op, launch_bias_backward, "triton-train"),
+                   ("fullfuse", core_op, launch_backward, "triton-fullfuse-train")]
+            for label, op, backward, _ in (o for o in ops if o[3] in opts.variants):
                 with torch.no_grad():
                     saved = op(*operands, "ieee")
                     fwd, _ = timed(lambda ops=operands, op=op: op(*ops, "ieee"))

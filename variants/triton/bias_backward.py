@@ -1,5 +1,5 @@
 """The backward of the `triton` forward (the pair bias as a (B, H, N, N) tensor, then the streamed
-attention kernel of `attention.py`): two per-head kernels and cuBLAS.
+attention kernel of `attention.py`): two per-head kernels and one pass over pair_repr.
 
 Idea: FlashAttention-2's backward (Dao 2023, section 3.2), per (batch, head) as the forward,
 with the bias read from the tensor the forward wrote rather than recomputed from pair_repr. The
@@ -18,9 +18,10 @@ attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i preco
       saved becomes the bias gradient and no second N x N x H tensor is allocated.
   query kernel (a program owns BLOCK_M queries of one (b, h)) reads dS back:
       dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp): no atomics, no recomputation.
-  cuBLAS: d pair_repr[b] = dS[b]^T W_b, one GEMM per batch element written once (the only
-      N x N x C tensor of the step), and dW_b = sum_b dS[b] z[b] (a GEMM over N*N rows: z read
-      once, no atomic hot spot).
+  pair kernel (a program owns a run of (i, j) pairs of one batch element) reads each dS and
+      z tile once: d pair_repr = dS^T W_b written once (the only N x N x C tensor of the step)
+      and dW_b = sum dS z into a partial sum per program (no atomic hot spot), summed by
+      PyTorch. fp32 dots as 3xTF32: cuBLAS ran both products as SIMT sgemm (K = H = 12).
 
 Two choices are for accuracy, found by emulating the backward in fp32 against float64 at
 N = 1024 (docs/perf-notes.md): P from (s - m) - log2 l rather than s - LSE, whose rounding at
@@ -48,9 +49,9 @@ import torch
 import triton
 import triton.language as tl
 
-from variants import base2, problem
+from variants import base2
 from variants.triton.backward import single_key_gradients
-from variants.triton.common import Modes, autotuned, cast_f32, pow2
+from variants.triton.common import INTERPRET, Modes, autotuned, cast_f32, pow2
 
 LOG2E = tl.constexpr(base2.LOG2E)
 LN2 = tl.constexpr(math.log(2.0))
@@ -261,6 +262,52 @@ def _query_kernel(
              mask=m_ok[:, None] & p_ok[None, :])
 
 
+@triton.jit(do_not_specialize=["PAIRS", "PER_PROGRAM"])
+def _pair_kernel(
+    DS,  # (B, H, PAIRS) dS, the bias's dtype
+    Z,  # (B, PAIRS, C) pair_repr
+    W,  # (H, C) the pair-bias weight W_b
+    DZ,  # (B, PAIRS, C) d pair_repr, written once
+    DW,  # (B, programs, H_PAD, C_PAD) fp32 partial sums of dW_b, summed by PyTorch
+    PAIRS,  # N * N
+    PER_PROGRAM,  # pairs per program, a multiple of BLOCK_P
+    H: tl.constexpr,
+    H_PAD: tl.constexpr,
+    C: tl.constexpr,
+    C_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """A program owns PER_PROGRAM consecutive (i, j) pairs of one batch element: per tile of
+    BLOCK_P pairs it reads dS (H values a pair) and z once, writes d pair_repr = dS^T W_b and
+    adds dS z to its own (H, C) partial dW_b (no atomics; one partial per program)."""
+    pid, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    h = tl.arange(0, H_PAD)
+    c = tl.arange(0, C_PAD)
+    w = tl.load(W + h[:, None] * C + c[None, :], mask=(h[:, None] < H) & (c[None, :] < C),
+                other=0.0)
+    if CAST_F32:
+        w = w.to(tl.float32)
+    acc = tl.zeros((H_PAD, C_PAD), dtype=tl.float32)
+    start = pid * PER_PROGRAM
+    for p0 in range(start, start + PER_PROGRAM, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        in_p = p < PAIRS
+        ds = tl.load(DS + b * H * PAIRS + h[:, None] * PAIRS + p[None, :],
+                     mask=(h[:, None] < H) & in_p[None, :], other=0.0)
+        zc = (b * PAIRS + p[:, None]) * C + c[None, :]
+        in_z = in_p[:, None] & (c[None, :] < C)
+        z = tl.load(Z + zc, mask=in_z, other=0.0)
+        if CAST_F32:
+            ds, z = ds.to(tl.float32), z.to(tl.float32)
+        dz = tl.dot(tl.trans(ds), w, input_precision=PRECISION)
+        tl.store(DZ + zc, dz.to(DZ.dtype.element_ty), mask=in_z)
+        acc += tl.dot(ds, z, input_precision=PRECISION)
+    dw = DW + ((b * tl.num_programs(0) + pid) * H_PAD + h[:, None]) * C_PAD + c[None, :]
+    tl.store(dw, acc)
+
+
 _KEY = ["N_KEY", "H", "D_PAD", "P3_PAD", "DOT_PRECISION", "PTS_PRECISION"]
 _INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16}
 # The key kernel writes dS over its input: the autotuner restores it after every trial run.
@@ -329,20 +376,42 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
         k, q_pts, k_pts, ds, point_weight, dq, dq_pts, n, q_scale, k.stride(0), k.stride(1),
         pow2(n, 64), **shared,
     )
-    # The pair bias's backward: d pair_repr[b] = dS[b]^T W_b, dW_b = sum_b dS[b] z[b].
-    c = pair_repr.shape[3]
-    d_pair = torch.empty(b, n, n, c, dtype=pair_repr.dtype, device=dev)
-    d_weight = torch.zeros(h, c, dtype=f32, device=dev)
-    # dW_b is a GEMM with N*N-long rows and a (H, C) result: one cuBLAS call would run it on a
-    # few blocks, so the rows are cut into `chunks` batched GEMMs whose results are summed.
-    chunks = math.gcd(n * n, 256)
-    with problem.math_mode("fp32"):  # IEEE cuBLAS, whatever the global TF32 switch says
-        for bi in range(b):
-            ds_b = ds[bi].view(h, n * n)
-            torch.mm(ds_b.t(), pair_weight, out=d_pair[bi].view(n * n, c))
-            z_b = pair_repr[bi].reshape(chunks, n * n // chunks, c)
-            partial = torch.bmm(ds_b.view(h, chunks, -1).transpose(0, 1), z_b)
-            d_weight += partial.float().sum(0)
+    d_pair, d_weight = pair_gradients(ds, pair_repr, pair_weight)
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_pair,
             d_weight.to(pair_weight.dtype), d_point.sum((0, 2)))
+
+
+def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pair bias's backward in one pass over z: d pair_repr[b] = dS[b]^T W_b (the
+    pair_repr's dtype) and dW_b = sum_b dS[b] z[b] (fp32), from dS (B, H, N, N). fp32 dots run
+    as 3xTF32 on the GPU (IEEE under the interpreter), 16-bit ones on tensor cores with fp32
+    accumulation."""
+    b, h, n, _ = ds.shape
+    c = pair_repr.shape[3]
+    pairs = n * n
+    block = _PAIR_BLOCK
+    tiles = triton.cdiv(pairs, block)
+    programs = tiles if INTERPRET else min(tiles, 4 * _sm_count(ds.device))
+    per_program = triton.cdiv(tiles, programs) * block
+    programs = triton.cdiv(pairs, per_program)
+    h_pad, c_pad = max(16, pow2(h)), max(16, pow2(c))
+    pair_repr = pair_repr.contiguous()
+    d_pair = torch.empty(pair_repr.shape, dtype=pair_repr.dtype, device=pair_repr.device)
+    partial = torch.empty(b, programs, h_pad, c_pad, dtype=torch.float32, device=ds.device)
+    fp32 = ds.dtype == torch.float32
+    _pair_kernel[(programs, b)](
+        ds, pair_repr, pair_weight.contiguous(), d_pair, partial, pairs,
+        per_program, H=h, H_PAD=h_pad, C=c, C_PAD=c_pad,
+        PRECISION="tf32x3" if fp32 and not INTERPRET else "ieee",
+        CAST_F32=cast_f32(ds.dtype), BLOCK_P=block, num_warps=4,
+    )
+    return d_pair, partial.sum((0, 1))[:h, :c].contiguous()
+
+
+_PAIR_BLOCK = 64
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
