@@ -1,4 +1,5 @@
-"""pytest-benchmark plumbing for ipa-bench: the `--ipa-device` option and honest timing.
+"""pytest-benchmark plumbing for ipa-bench: the `--ipa-device` and `--problem` options and
+honest timing.
 
 `timed(fn, device, rounds=..., warmup_rounds=...)` (a fixture) runs `benchmark.pedantic` with
 one call per round. On CUDA every round is
@@ -24,10 +25,16 @@ from harness.measure import L2Flusher
 
 
 def pytest_addoption(parser):
+    from harness.problems import DEFAULT, PROBLEMS
+
     parser.addoption(
         "--ipa-device", choices=("cpu", "cuda"), default=None,
         help="ipa-bench: device whose cases are benchmarked (default: cuda if present, else "
         "cpu)")
+    parser.addoption(
+        "--problem", choices=sorted(PROBLEMS), default=DEFAULT,
+        help=f"ipa-bench: the problem whose variants are benchmarked (default {DEFAULT}; "
+        "openfold: SPEC-openfold.md)")
 
 
 def time_honestly(

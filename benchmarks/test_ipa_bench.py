@@ -1,10 +1,12 @@
 """pytest-benchmark suite: every registered variant over a small grid, generated from the registry.
 
     pytest benchmarks --benchmark-only --benchmark-json out.json
+    pytest benchmarks --benchmark-only --problem openfold   # the OpenFold layer's variants
 
-Cases (one device per run, `--ipa-device`, default cuda if present): on CPU a single tiny
-shape in fp32 (torch.compile recompiles per shape, ~25 s each on a small machine); on CUDA
-N = 256 and 1024 at the default AlphaFold2 config in fp32 and bf16. Each case is a
+Cases (one device and one problem per run, `--ipa-device`, default cuda if present, and
+`--problem`, default simplified): on CPU a single tiny shape in fp32 (torch.compile recompiles
+per shape, ~25 s each on a small machine; openfold: B = 2, a padded batch); on CUDA N = 256
+and 1024 at the problem's default config (AlphaFold2's) in fp32 and bf16. Each case is a
 pytest-benchmark group, so the default `--benchmark-group-by=group` table puts the variants of
 one config side by side. A variant that cannot run a case is skipped with its own
 `not_supported_reasons`; Triton variants are skipped on CPU, where they run under the
@@ -33,14 +35,20 @@ import torch
 
 from harness.correctness import check_variant, pass_reasons
 from harness.environment import device_name
+from harness.grid import make_config
 from harness.measure import peak_memory_mib
+from harness.problems import problem_of
 from harness.results import COLUMNS
-from harness.runner import InputRecipe, leaf_inputs, trainable_parameters, training_step
-from variants.problem import IPAConfig, get_precision, math_mode
-from variants.reference import init_state_dict
+from harness.runner import (
+    InputRecipe,
+    input_names,
+    leaf_inputs,
+    trainable_parameters,
+    training_step,
+)
+from variants.problem import get_precision, math_mode
 from variants.registry import all_variants
 
-VARIANTS = all_variants()
 TIMING_SEED = 10_000  # timed inputs apart from the correctness seeds 0, 1, ...
 
 
@@ -49,10 +57,14 @@ class Case:
     device: str
     batch: int
     length: int
-    config: IPAConfig
+    config: object  # the problem's config: it names the problem
     precision: str
     rounds: int
     warmup_rounds: int
+
+    @property
+    def problem(self) -> str:
+        return problem_of(self.config).name
 
     @property
     def id(self) -> str:
@@ -60,36 +72,47 @@ class Case:
 
     @property
     def group(self) -> str:
-        c = self.config
-        return (f"{self.device} {self.precision} B={self.batch} N={self.length} H={c.heads} "
-                f"Qp={c.query_points} Vp={c.value_points} node={c.node_dim} pair={c.pair_dim}")
+        c = self.config.columns()
+        problem = "" if self.problem == "simplified" else f"{self.problem} "
+        return (f"{problem}{self.device} {self.precision} B={self.batch} N={self.length} "
+                f"H={c['heads']} C={c['head_dim']} Qp={c['query_points']} "
+                f"Vp={c['value_points']} node={c['node_dim']} pair={c['pair_dim']}")
 
 
-TINY = IPAConfig(node_dim=64, pair_dim=16, heads=4, query_points=4, value_points=8)
-CASES = {
-    "cpu": [Case("cpu", 1, 32, TINY, "fp32", rounds=30, warmup_rounds=3)],
-    "cuda": [Case("cuda", 1, n, IPAConfig(), p, rounds=50, warmup_rounds=5)
-             for p in ("fp32", "bf16") for n in (256, 1024)],
-}
+TINY = {"node_dim": 64, "pair_dim": 16, "heads": 4, "query_points": 4, "value_points": 8}
+
+
+def cases(problem: str, device: str) -> list[Case]:
+    """The cases of `problem` on `device`: a tiny layer on CPU (openfold: a padded batch of
+    two), the problem's default layer at N = 256 and 1024 in fp32 and bf16 on CUDA."""
+    if device == "cpu":
+        batch = 1 if problem == "simplified" else 2
+        return [Case("cpu", batch, 32, make_config(problem, TINY), "fp32", rounds=30,
+                     warmup_rounds=3)]
+    return [Case("cuda", 1, n, make_config(problem, {}), p, rounds=50, warmup_rounds=5)
+            for p in ("fp32", "bf16") for n in (256, 1024)]
 
 
 def pytest_generate_tests(metafunc):
+    problem = metafunc.config.getoption("--problem")
     if "case" in metafunc.fixturenames:
         device = metafunc.config.getoption("--ipa-device") or (
             "cuda" if torch.cuda.is_available() else "cpu")
-        cases = CASES[device]
-        metafunc.parametrize("case", cases, ids=[c.id for c in cases])
+        chosen = cases(problem, device)
+        metafunc.parametrize("case", chosen, ids=[c.id for c in chosen])
     if "variant_name" in metafunc.fixturenames:
-        metafunc.parametrize("variant_name", list(VARIANTS))
+        metafunc.parametrize("variant_name", list(all_variants(problem)))
 
 
 def test_forward(benchmark, timed, case: Case, variant_name: str, request):
-    _benchmark_case(benchmark, timed, case, VARIANTS[variant_name], request, "forward")
+    variant = all_variants(case.problem)[variant_name]
+    _benchmark_case(benchmark, timed, case, variant, request, "forward")
 
 
 def test_training_step(benchmark, timed, case: Case, variant_name: str, request):
     """Forward plus every input's and parameter's gradient (the sweep's forward+backward)."""
-    _benchmark_case(benchmark, timed, case, VARIANTS[variant_name], request, "forward+backward")
+    variant = all_variants(case.problem)[variant_name]
+    _benchmark_case(benchmark, timed, case, variant, request, "forward+backward")
 
 
 def _benchmark_case(benchmark, timed, case: Case, variant, request, pass_name: str) -> None:
@@ -108,7 +131,7 @@ def _benchmark_case(benchmark, timed, case: Case, variant, request, pass_name: s
         pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
 
     benchmark.group = f"{case.group} {pass_name}"
-    state_dict = init_state_dict(config)
+    state_dict = problem_of(config).init_state_dict(config)
     with math_mode(precision), torch.no_grad():
         fn = variant.build(state_dict, config, device, precision)
         check = check_variant(variant, config, batch=case.batch, length=case.length,
@@ -116,22 +139,24 @@ def _benchmark_case(benchmark, timed, case: Case, variant, request, pass_name: s
                               state_dict=state_dict, fn=fn, pass_name=pass_name)
         recipe = InputRecipe(config, case.batch, case.length, precision.name, device,
                              seed=TIMING_SEED)
+        values = recipe.values()
         if pass_name == "forward":
-            args = recipe.values().as_tuple()
+            args = values.as_tuple()
 
             def call():
                 return fn(*args)
         else:
-            args, grad_out = leaf_inputs(recipe.values()), recipe.grad_output()
+            args, names = leaf_inputs(values), input_names(values)
+            grad_out = recipe.grad_output(values)
             params = {n: p.requires_grad_(True) for n, p in trainable_parameters(fn).items()}
 
             def call():
-                return training_step(fn, args, params, grad_out)
+                return training_step(fn, args, params, grad_out, names)
         benchmark.extra_info.update(
-            variant=variant.name, is_baseline=variant.is_baseline, device=device,
-            device_name=device_name(torch.device(device)), dtype=precision.name,
+            problem=case.problem, variant=variant.name, is_baseline=variant.is_baseline,
+            device=device, device_name=device_name(torch.device(device)), dtype=precision.name,
             math_mode=precision.math_mode, batch=case.batch, length=case.length,
-            **vars(config), **{"pass": pass_name},
+            **config.columns(), **{"pass": pass_name},
             rel_l2=check.rel_l2, max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2,
             tol=check.tol, err_ratio=check.err_ratio, correctness_seeds=check.seeds,
             grad_rel_l2=check.grad_rel_l2, grad_tol=check.grad_tol, grad_worst=check.grad_worst,

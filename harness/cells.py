@@ -39,14 +39,23 @@ from harness.correctness import (
 )
 from harness.grid import Cell, Grid
 from harness.measure import (
+    TRAINING_BYTES_FACTOR,
+    TRAINING_FLOPS_FACTOR,
     L2Flusher,
     Timing,
     TimingPolicy,
     copy_bandwidth_gbps,
-    flops,
-    min_bytes,
 )
-from harness.results import KEY_COLUMNS, NOISY_REL_NOISE, REVIEW_SPEEDUP, Medians, row_key
+from harness.problems import DEFAULT, problem_of
+from harness.results import (
+    KEY_COLUMNS,
+    NOISY_REL_NOISE,
+    REVIEW_SPEEDUP,
+    Medians,
+    cell_of_key,
+    row_key,
+    variant_of_key,
+)
 from harness.runner import BuildSpec, InputRecipe
 from harness.scan import row_flags
 from harness.worker import (
@@ -60,7 +69,6 @@ from harness.worker import (
 )
 from variants.base import Variant
 from variants.problem import get_precision
-from variants.reference import init_state_dict
 from variants.registry import BUILTIN
 
 _RANDOM = random.SystemRandom()  # refill seeds and sample indices no variant can predict
@@ -73,17 +81,31 @@ WALL_ALLOWANCE_MS = 0.05
 
 
 def cell_key(variant: str, cell: Cell, mode: str, device: str) -> tuple[str, ...]:
-    c = cell.config
-    return row_key(dict(variant=variant, batch=cell.batch, length=cell.length, heads=c.heads,
-                        node_dim=c.node_dim, pair_dim=c.pair_dim, query_points=c.query_points,
-                        value_points=c.value_points, dtype=cell.precision, mode=mode,
-                        device=device, **{"pass": cell.pass_name}))
+    return row_key(dict(problem=problem_of(cell.config).name, variant=variant,
+                        batch=cell.batch, length=cell.length, **cell.config.columns(),
+                        dtype=cell.precision, mode=mode, device=device,
+                        **{"pass": cell.pass_name}))
+
+
+def min_bytes(config, batch: int, length: int, element_size: int,
+              pass_name: str = "forward") -> int:
+    """The problem's cost model: the bytes a call must move (a training step: three times
+    the forward's, `measure.TRAINING_BYTES_FACTOR`)."""
+    factor = 1 if pass_name == "forward" else TRAINING_BYTES_FACTOR
+    return factor * problem_of(config).min_bytes(config, batch, length, element_size)
+
+
+def flops(config, batch: int, length: int, pass_name: str = "forward") -> int:
+    """The problem's cost model: the FLOPs of a call (a training step: three times)."""
+    factor = 1 if pass_name == "forward" else TRAINING_FLOPS_FACTOR
+    return factor * problem_of(config).flops(config, batch, length)
 
 
 def label(cell: Cell, variant: Variant) -> str:
     """The progress bar's name of a (cell, variant)."""
-    return (f"{variant.name} {cell.precision} B={cell.batch} N={cell.length} "
-            f"H={cell.config.heads}")
+    problem = problem_of(cell.config).name
+    return (f"{'' if problem == DEFAULT else problem + ' '}{variant.name} {cell.precision} "
+            f"B={cell.batch} N={cell.length} H={cell.config.columns()['heads']}")
 
 
 def short_reason(exc: BaseException, limit: int = 400) -> str:
@@ -206,7 +228,8 @@ class CellRunner:
         if self._references is None or self._references[0] != cell:
             if cell.config not in self._state_dicts:
                 self._state_dicts.clear()
-                self._state_dicts[cell.config] = init_state_dict(cell.config)
+                self._state_dicts[cell.config] = problem_of(cell.config).init_state_dict(
+                    cell.config)
             self._references = (cell, ReferenceCache(self._state_dicts[cell.config]))
         return self._references[1]
 
@@ -222,11 +245,10 @@ class CellRunner:
     def _row(self, cell: Cell, variant: Variant, mode: str, env: Environment, **values) -> dict:
         c, precision = cell.config, get_precision(cell.precision)
         row = {
-            "run_id": self.spec.run_id, "started_at": self.spec.started_at, "variant": variant.name,
+            "run_id": self.spec.run_id, "started_at": self.spec.started_at,
+            "problem": problem_of(c).name, "variant": variant.name,
             "is_baseline": variant.is_baseline, "batch": cell.batch, "length": cell.length,
-            "heads": c.heads, "node_dim": c.node_dim, "pair_dim": c.pair_dim,
-            "query_points": c.query_points, "value_points": c.value_points,
-            "dtype": precision.name, "math_mode": precision.math_mode, "mode": mode,
+            **c.columns(), "dtype": precision.name, "math_mode": precision.math_mode, "mode": mode,
             "pass": cell.pass_name, "device": self.device.type, "device_name": env.device_name,
             "code_digest": self.spec.digests[variant.name],
             "node": env.node, "gpu": env.gpu,
@@ -342,7 +364,8 @@ class CellRunner:
             return [f"{len(outputs)} of {len(refills)} refilled timed calls came back"]
         for (index, recipe), output in zip(refills, outputs, strict=True):
             figures = references.figures(recipe)
-            judgement = judge_output(output, figures.oracle, figures.reference_err, precision)
+            judgement = judge_output(output, figures.oracle, figures.reference_err, precision,
+                                     figures.parts, figures.part_errs)
             if not judgement.passed:
                 return [f"timed call {index} after its inputs were refilled in place with "
                         f"fresh values does not match the oracle of those values "
@@ -377,9 +400,12 @@ class CellRunner:
                    build_s, peak, notes, medians: Medians, known: str) -> dict:
         status = "ok" if check.passed else "mismatch"
         key = cell_key(variant.name, cell, mode, self.device.type)
-        base_ms = timing.median_ms if variant.is_baseline else medians.baseline_ms.get(key[1:])
+        cell_part = cell_of_key(key)
+        base_ms = (timing.median_ms if variant.is_baseline
+                   else medians.baseline_ms.get(cell_part))
         best_builtin = min((ms for k, ms in medians.ok_ms.items()
-                            if k[1:] == key[1:] and k[0] in BUILTIN_NAMES), default=None)
+                            if cell_of_key(k) == cell_part and variant_of_key(k) in BUILTIN_NAMES),
+                           default=None)
         review = (variant.name not in BUILTIN_NAMES and best_builtin is not None
                   and timing.median_ms * REVIEW_SPEEDUP < best_builtin)
         row = self._row(

@@ -1,6 +1,7 @@
 """`ipa-bench compare OLD.csv NEW.csv [--threshold 5%]`: what changed between two sweeps.
 
-Cells are matched on `harness.results.KEY_COLUMNS` (variant, shape, dtype, mode, device). For
+Cells are matched on `harness.results.KEY_COLUMNS` (problem, variant, shape, dtype, mode,
+device): a row of one problem is never compared with a row of another. For
 each matched cell: the latency ratio new/old of `median_ms`, the memory ratio of
 `peak_mem_mib`, and the change of `rel_l2` (ratio new/old). Rows are sorted by the largest
 regression first.
@@ -167,7 +168,10 @@ def _num(value, spec: str) -> str:
 def _cell_label(r) -> list[str]:
     shape = (f"B{r.batch} N{r.length} H{r.heads} Qp{r.query_points} Vp{r.value_points} "
              f"D{r.node_dim}/{r.pair_dim}")
-    return [r.variant, r.dtype, r.mode, r.device, shape]
+    if int(r.head_dim) != int(r.node_dim) // int(r.heads):  # a free per-head width (openfold)
+        shape += f" C{r.head_dim}"
+    variant = r.variant if r.problem == "simplified" else f"{r.problem}:{r.variant}"
+    return [variant, r.dtype, r.mode, r.device, shape]
 
 
 LABEL_HEADER = ["variant", "dtype", "mode", "device", "shape"]
@@ -234,10 +238,14 @@ def run_compare(args: argparse.Namespace) -> int:
         old, new = old[old["mode"] == args.mode], new[new["mode"] == args.mode]
     result = compare(old, new, args.threshold)
     if result.cells.empty:
+        problems = [sorted(set(df["problem"])) for df in (old, new)]
+        hint = (f"; OLD holds problem(s) {problems[0]}, NEW {problems[1]}, and rows of "
+                "different problems are never compared" if not set(problems[0]) & set(
+                    problems[1]) else "")
         raise IPAInputError(
             f"OLD.csv, NEW.csv: no cell in common{f' in mode {args.mode!r}' if args.mode else ''}"
-            f" ({len(result.only_old)} only in OLD, {len(result.only_new)} only in NEW): "
-            "nothing to compare")
+            f" ({len(result.only_old)} only in OLD, {len(result.only_new)} only in NEW"
+            f"{hint}): nothing to compare")
     rows = table_rows(result)
     if args.markdown:
         print(markdown_table(HEADER, rows) if rows else "No matched cells.")
@@ -261,8 +269,8 @@ def run_compare(args: argparse.Namespace) -> int:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "compare", help="compare two sweeps cell by cell; exit 1 on a regression",
-        description="Match two results CSVs cell by cell (variant, shape, dtype, mode, "
-        "device) and show the latency ratio, memory ratio and error change, worst first. "
+        description="Match two results CSVs cell by cell (problem, variant, shape, dtype, "
+        "mode, device) and show the latency ratio, memory ratio and error change, worst first. "
         "Exit status 1 when a cell got slower or bigger past the threshold and outside both "
         "runs' noise (new p20 above old p80), or a cell that passed now fails.")
     p.add_argument("old", metavar="OLD.csv")

@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.runner import (
-    INPUT_NAMES,
     PASSES,
     BuildSpec,
     InputRecipe,
     LocalRunner,
     RunOutput,
+    input_names,
 )
 from harness.worker import Worker
 from variants.base import IPAFunction, Variant
 from variants.problem import (
+    ForwardInputs,
     IPAConfig,
     IPAInputError,
     IPAInputs,
@@ -130,9 +131,11 @@ def judge_output(
 CHUNK_ELEMENTS = 2**30
 
 
-def rows_per_chunk(config: IPAConfig, batch: int, length: int) -> int:
-    """Query rows per chunk so the reference's biggest tensor stays under CHUNK_ELEMENTS."""
-    per_row = batch * length * config.heads * config.query_points * 3
+def rows_per_chunk(config, batch: int, length: int) -> int:
+    """Query rows per chunk so the reference's biggest tensor stays under CHUNK_ELEMENTS (any
+    problem's config: its point differences are (B, rows, N, H, Qp, 3) in both)."""
+    sizes = config.columns()
+    per_row = batch * length * sizes["heads"] * sizes["query_points"] * 3
     return max(1, min(length, CHUNK_ELEMENTS // per_row))
 
 
@@ -227,14 +230,18 @@ class GradientFigures:
     reference_errs: dict[str, float]
 
 
-def reference_gradients(module: IPAReference, inputs: IPAInputs,
-                        grad_out: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Gradients of `grad_out . module(inputs)` for every input and parameter by name,
-    accumulated over chunks of query rows when N x N would be too big (the oracle's way)."""
-    args = tuple(t.detach().requires_grad_(True) for t in inputs.as_tuple())
+def reference_gradients(module: torch.nn.Module, config, inputs: ForwardInputs,
+                        grad_out: torch.Tensor,
+                        grad_inputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Gradients of `grad_out . module(inputs)` for the inputs named in `grad_inputs` (the
+    problem's differentiable ones) and every parameter, by name, accumulated over chunks of
+    query rows when N x N would be too big (the oracle's way; `module` takes `query_rows`)."""
+    names = input_names(inputs)
+    args = tuple(t.detach().requires_grad_(name in grad_inputs)
+                 for name, t in zip(names, inputs.as_tuple(), strict=True))
     params = {name: p.requires_grad_(True) for name, p in module.named_parameters()}
-    leaves = dict(zip(INPUT_NAMES, args, strict=True)) | params
-    chunk = rows_per_chunk(reference_config(module), inputs.batch, inputs.length)
+    leaves = {n: a for n, a in zip(names, args, strict=True) if n in grad_inputs} | params
+    chunk = rows_per_chunk(config, inputs.batch, inputs.length)
     total = None
     with torch.enable_grad():
         for start in range(0, inputs.length, chunk):
@@ -297,17 +304,22 @@ class ReferenceCache:
         """The oracle's gradients of a training step on `recipe`'s inputs (float64
         autograd of the reference on the upcast inputs and `grad_out`), and the reference's
         own error per gradient in the recipe's precision and math mode."""
+        from harness.problems import problem_of
+
         if recipe not in self._gradients:
+            problem, config = problem_of(recipe.config), recipe.config
             precision = get_precision(recipe.precision)
-            inputs, grad_out = recipe.values(), recipe.grad_output()
-            oracle_module = make_module(self.state_dict, recipe.config, recipe.device,
-                                        torch.float64)
-            oracle = reference_gradients(oracle_module, inputs.to(dtype=torch.float64),
-                                         grad_out.double())
-            reference = make_module(self.state_dict, recipe.config, recipe.device,
-                                    precision.dtype)
+            inputs = recipe.values()
+            grad_out = recipe.grad_output(inputs)
+            oracle_module = problem.make_module(self.state_dict, config, recipe.device,
+                                                torch.float64)
+            oracle = reference_gradients(oracle_module, config, inputs.to(dtype=torch.float64),
+                                         grad_out.double(), problem.grad_inputs)
+            reference = problem.make_module(self.state_dict, config, recipe.device,
+                                            precision.dtype)
             with math_mode(precision):
-                own = reference_gradients(reference, inputs, grad_out)
+                own = reference_gradients(reference, config, inputs, grad_out,
+                                          problem.grad_inputs)
             self._gradients[recipe] = GradientFigures(
                 oracle, {name: rel_l2(own[name], oracle[name]) for name in oracle})
         return self._gradients[recipe]
@@ -450,10 +462,13 @@ def _rows_of(out: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | Non
 
 
 def require_pass_for_problem(pass_name: str, problem: str) -> None:
-    """Training steps are judged for the simplified problem only, so far (usage error)."""
-    if pass_name != "forward" and problem != "simplified":
-        raise IPAInputError(f"pass {pass_name!r}: training steps are judged for problem "
-                            f"'simplified' only so far, not {problem!r}")
+    """A training step needs the problem to name its differentiable inputs (`grad_inputs`);
+    a problem without them is a usage error for any pass but the forward."""
+    from harness.problems import PROBLEMS
+
+    if pass_name != "forward" and not getattr(PROBLEMS[problem], "grad_inputs", None):
+        raise IPAInputError(f"pass {pass_name!r}: problem {problem!r} declares no "
+                            "differentiable inputs (grad_inputs); only the forward is judged")
 
 
 def pass_reasons(variant: Variant, pass_name: str, device: str) -> list[str]:
@@ -464,9 +479,18 @@ def pass_reasons(variant: Variant, pass_name: str, device: str) -> list[str]:
     return variant.backward_reasons(device) if pass_name != "forward" else []
 
 
+def _headline(judgement: OutputJudgement) -> tuple[bool, bool, float]:
+    """How a gradient ranks for the row's one figure: failing first, then those whose
+    relative error means something, then by rel_l2 / tol. A gradient that is zero in exact
+    arithmetic (openfold's linear_b.bias: the softmax cancels a per-row logit shift) has a
+    reference error above 1 (no correct digit): it is judged, on its absolute error against
+    twice the reference's, but its huge rel_l2 is not the row's figure while it passes."""
+    return (not judgement.passed, judgement.reference_rel_l2 < 1, judgement.err_over_tol)
+
+
 def _judge_training(result: CheckResult, recipes, runs, references, precision) -> None:
     """Fill the gradient figures of `result`: per tensor its worst seed, overall the worst
-    tensor (by rel_l2 / tol); every failing tensor is named in `failures`."""
+    tensor (`_headline`); every failing tensor is named in `failures`."""
     worst_by_name: dict[str, OutputJudgement] = {}
     for recipe, run in zip(recipes, runs, strict=False):
         figures = references.gradient_figures(recipe)
@@ -474,7 +498,7 @@ def _judge_training(result: CheckResult, recipes, runs, references, precision) -
             if name not in worst_by_name or (judgement.err_over_tol
                                              > worst_by_name[name].err_over_tol):
                 worst_by_name[name] = judgement
-    name, worst = max(worst_by_name.items(), key=lambda item: item[1].err_over_tol)
+    name, worst = max(worst_by_name.items(), key=lambda item: _headline(item[1]))
     result.grad_worst, result.grad_rel_l2, result.grad_tol = name, worst.rel_l2, worst.tol
     result.grad_err_ratio = (worst.rel_l2 / worst.reference_rel_l2
                              if worst.reference_rel_l2 > 0 else math.nan)

@@ -12,8 +12,14 @@ Where the error appears and where it vanishes names the suspect; that logic is d
 the verdict names the wrong gradients and their term (`harness.probes.GRADIENT_TERMS`,
 `GRADIENT_RULES`).
 
+Each problem has its own probes and rules (`--problem`; `harness.probes.probe_set`):
+openfold's (`variants/openfold/probes.py`) add the mask, the pair-value output, the point
+norms and the frame convention, and judge the present residues and the masked query rows
+apart (outcomes `PROBE:present`, `PROBE:masked`), as `check` does.
+
 Probes are cheap at the default sizes (B = 2, N = 97 and 128, default layer): a few seconds
-on a CPU for the whole table.
+on a CPU for the whole table (openfold's 25 probes at its default layer: about a minute on two
+cores, seconds on a GPU).
 """
 
 from __future__ import annotations
@@ -35,16 +41,28 @@ from harness.correctness import (
     judge_gradients,
     judge_output,
     pass_reasons,
+    rel_l2,
+    require_pass_for_problem,
+    tolerance,
 )
 from harness.model_new import model_new_variant
-from harness.probes import DEFAULT_SIZES, PROBES, Probe, Sizes, StateDict, Verdict, verdict
+from harness.probes import (
+    DEFAULT_SIZES,
+    Probe,
+    ProbeSet,
+    Sizes,
+    StateDict,
+    Verdict,
+    probe_set,
+    verdict,
+)
+from harness.problems import problem_of
 from harness.results import ERR_RATIO_LABEL, format_err_ratio
-from harness.runner import PASSES, BuildSpec, InputRecipe, LocalRunner
+from harness.runner import PASSES, BuildSpec, InputRecipe, LocalRunner, RunOutput
 from harness.version import __version__
 from harness.worker import Worker, exception_name
 from variants.base import Variant
 from variants.problem import PRECISIONS, IPAConfig, IPAInputError, Precision, get_precision
-from variants.reference import init_state_dict
 from variants.registry import get_variant
 
 DIAGNOSE_SCHEMA = "ipa-bench.diagnose/1"
@@ -63,6 +81,9 @@ class ProbeResult:
     tol: float = math.nan
     message: str = ""
     output_passed: bool = True  # the output alone (status FAIL may be a gradient's)
+    # a problem with several output parts (openfold: present, masked): each part's outcome,
+    # "pass" or "fail" (failing on some seed); empty for one part or a probe that did not run
+    parts: dict[str, str] = field(default_factory=dict)
     # forward+backward: every gradient's worst seed by name, the worst gradient (by
     # rel_l2 / tol), and the gradients that fail in this probe
     gradients: dict[str, OutputJudgement] = field(default_factory=dict)
@@ -101,6 +122,7 @@ class Diagnosis:
     sizes: Sizes
     results: list[ProbeResult] = field(default_factory=list)
     pass_name: str = "forward"
+    probes: ProbeSet | None = None  # the problem's rules (default: the simplified problem's)
 
     @property
     def training(self) -> bool:
@@ -114,8 +136,11 @@ class Diagnosis:
         if self.training:  # every probe whose training step ran and was judged
             gradient_failures = {r.probe.name: r.failing_gradients for r in self.results
                                  if r.status in ("pass", "FAIL")}
-        return verdict({r.probe.name: r.outcome for r in self.results},
-                       by_status["error"], by_status["unsupported"], gradient_failures)
+        outcomes = {r.probe.name: r.outcome for r in self.results}
+        outcomes |= {f"{r.probe.name}:{part}": outcome for r in self.results
+                     for part, outcome in r.parts.items()}
+        return verdict(outcomes, by_status["error"], by_status["unsupported"],
+                       gradient_failures, self.probes)
 
 
 class OracleCache:
@@ -146,7 +171,7 @@ def diagnose(
     sizes: Sizes = DEFAULT_SIZES,
     seeds: int = 2,
     weights_seed: int = 0,
-    probes: tuple[Probe, ...] = PROBES,
+    probes: tuple[Probe, ...] | None = None,
     cache: OracleCache | None = None,
     on_probe: Callable[[str], None] | None = None,
     runner: LocalRunner | Worker | None = None,
@@ -161,27 +186,46 @@ def diagnose(
     a training step and every gradient is judged too (`judge_gradients`); the verdict then
     also names the wrong gradients and their term (`harness.probes.gradient_verdict`). A
     variant without a backward is `unsupported` in every probe (nothing checked).
+
+    The problem is `config`'s (default: the simplified problem's default layer); its probes
+    and rules come from `harness.probes.probe_set` (`probes` runs a subset of them). A
+    variant that does not implement the problem is an `IPAInputError`.
     """
     config = config or IPAConfig()
+    problem = problem_of(config).name
+    if problem not in variant.problems:
+        raise IPAInputError(f"variant {variant.name!r} implements {list(variant.problems)}, "
+                            f"not problem {problem!r}")
+    probe_kinds = _probes_for_pass(problem, pass_name)
     precision = get_precision(precision)
     cache = cache or OracleCache()
     runner = runner or LocalRunner(variant, device)
     diagnosis = Diagnosis(variant.name, device, precision.name, config, sizes,
-                          pass_name=pass_name)
+                          pass_name=pass_name, probes=probe_kinds)
     failed_builds: dict[tuple, str] = {}
     no_backward = pass_reasons(variant, pass_name, device)
-    for probe in probes:
+    for probe in probe_kinds.probes if probes is None else probes:
         diagnosis.results.append(_run_probe(
             variant, probe, config, device, precision, sizes, seeds, weights_seed,
-            cache, runner, failed_builds, pass_name, no_backward))
+            cache, runner, failed_builds, pass_name, no_backward, probe_kinds.key(probe)))
         if on_probe:
             on_probe(probe.name)
     return diagnosis
 
 
+def _probes_for_pass(problem: str, pass_name: str) -> ProbeSet:
+    """`problem`'s probes, or an `IPAInputError` for a training step where its gradient
+    terms and rules are not written (every problem but the simplified one, so far)."""
+    probes = probe_set(problem)
+    if pass_name != "forward" and not probes.gradients:
+        raise IPAInputError(f"--pass {pass_name}: diagnose's gradient terms and rules are "
+                            f"written for problem 'simplified' only so far, not {problem!r}")
+    return probes
+
+
 def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, weights_seed,
                cache, runner, failed_builds, pass_name="forward",
-               no_backward=()) -> ProbeResult:
+               no_backward=(), key=None) -> ProbeResult:
     config = probe.config(base_config) if probe.config else base_config
     batch, length = probe.batch(sizes), probe.length(sizes)
     result = ProbeResult(probe, config, batch, length)
@@ -191,7 +235,7 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
         return result
 
     def make_weights():
-        weights = init_state_dict(config, seed=weights_seed)
+        weights = problem_of(config).init_state_dict(config, seed=weights_seed)
         return probe.weights(weights) if probe.weights else weights
 
     references = cache.get((config, probe.weights, weights_seed), make_weights)
@@ -207,7 +251,7 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
         return result
 
     recipes = [InputRecipe(config, batch, length, precision.name, device, seed,
-                           probe=probe.name) for seed in range(seeds)]
+                           probe=key or probe.name) for seed in range(seeds)]
     figures = [references.figures(recipe) for recipe in recipes]
     training = pass_name != "forward"
     try:
@@ -219,18 +263,40 @@ def _run_probe(variant, probe, base_config, device, precision, sizes, seeds, wei
         return result
     worst = None
     for run, figure in zip(runs, figures, strict=True):
-        judgement = judge_output(run, figure.oracle, figure.reference_err, precision)
+        judgement = judge_output(run, figure.oracle, figure.reference_err, precision,
+                                 figure.parts, figure.part_errs)
         if worst is None or judgement.err_over_tol > worst.err_over_tol:
             worst = judgement
         if not judgement.passed:
             result.status, result.output_passed = "FAIL", False
             result.message = result.message or "; ".join(
                 f for f in judgement.failures if not f.startswith("rel_l2"))
+        for part, passed in _part_outcomes(run, figure, precision).items():
+            if not passed or part not in result.parts:
+                result.parts[part] = "pass" if passed else "fail"
     result.rel_l2, result.reference_rel_l2, result.tol = (
         worst.rel_l2, worst.reference_rel_l2, worst.tol)
     if training:
         _judge_gradients(result, recipes, runs, references, precision)
     return result
+
+
+def _part_outcomes(run: RunOutput, figure, precision: Precision) -> dict[str, bool]:
+    """Whether each output part (a problem with several: openfold's present residues and
+    masked query rows) is within its own tolerance on this seed, NaN in one part failing
+    that part alone; {} for a problem with one part."""
+    if len(figure.parts) < 2:
+        return {}
+    out = run.out
+    usable = out is not None and tuple(out.shape) == tuple(figure.oracle.shape)
+    outcomes = {}
+    for part, rows in figure.parts.items():
+        if not rows.any():
+            continue
+        err = rel_l2(out.to(figure.oracle.device)[rows], figure.oracle[rows]) if usable \
+            else math.inf
+        outcomes[part] = err <= tolerance(figure.part_errs[part], precision)
+    return outcomes
 
 
 def _judge_gradients(result: ProbeResult, recipes, runs, references, precision) -> None:
@@ -261,12 +327,15 @@ def _figure(x: float) -> str:
 
 def print_diagnosis(diagnosis: Diagnosis, console: Console | None = None) -> None:
     console = console or Console(width=max(Console().width, 150))
-    s, c = diagnosis.sizes, diagnosis.config
+    s, c = diagnosis.sizes, diagnosis.config.columns()
     training = " (forward+backward)" if diagnosis.training else ""
+    problem = problem_of(diagnosis.config).name
+    layer = (f"node_dim={c['node_dim']}, pair_dim={c['pair_dim']}, H={c['heads']}, "
+             f"Qp={c['query_points']}, Vp={c['value_points']}")
+    if problem != "simplified":
+        layer = f"problem {problem}, {layer}, head_dim={c['head_dim']}"
     table = Table(title=f"diagnose {diagnosis.variant}{training}: {diagnosis.precision} on "
-                  f"{diagnosis.device}, B={s.batch}, N={s.length}, node_dim={c.node_dim}, "
-                  f"pair_dim={c.pair_dim}, H={c.heads}, Qp={c.query_points}, "
-                  f"Vp={c.value_points}")
+                  f"{diagnosis.device}, B={s.batch}, N={s.length}, {layer}")
     columns = ["probe", "what it changes", "B", "N", "rel_l2", "tol", ERR_RATIO_LABEL]
     if diagnosis.training:
         columns += ["worst gradient", "grad rel_l2", "grad tol"]
@@ -335,17 +404,20 @@ def run_diagnose(args: argparse.Namespace) -> int:
     if (args.variant is None) == (args.model_new is None):
         raise IPAInputError("VARIANT, --model-new: expected exactly one of them, got "
                             + ("both" if args.variant else "neither"))
+    problem = options.problem_name(args)
+    require_pass_for_problem(args.pass_name, problem)
+    _probes_for_pass(problem, args.pass_name)  # usage errors before anything runs
     if args.model_new is not None:
         variant = model_new_variant(args.model_new)
     else:
-        variant = get_variant(args.variant)
+        variant = get_variant(args.variant, problem)
     sizes = Sizes(args.batch, args.length, args.aligned_length)
     config = options.config_from_args(args)
     options.require_inputs_fit(config, args.batch, max(args.length, args.aligned_length),
                                args.device)
     worker = Worker(variant, args.device, timeout_s=args.timeout)
     try:
-        with options.progress_bar("diagnose", len(PROBES),
+        with options.progress_bar("diagnose", len(probe_set(problem).probes),
                                   enabled=not (args.no_progress or args.json)) as advance:
             diagnosis = diagnose(variant, config, device=args.device,
                                  precision=args.dtype, sizes=sizes, seeds=args.seeds,
@@ -365,10 +437,11 @@ def add_parser(subparsers) -> None:
         "diagnose", help="localise a mismatch: probes that switch parts of IPA off",
         description="Run probes that switch one part of the function off or isolate it "
         "(identity frames, no point term, no pair bias, one key, B = 1, aligned N, one head, "
-        "one point, non-contiguous inputs) through the oracle comparison, and name the "
-        "suspect part; with --pass forward+backward judge every gradient too and name the "
-        "wrong ones and their term. Exit status 1 when a mismatch is found or the variant "
-        "cannot run here.")
+        "one point, non-contiguous inputs; for --problem openfold also the mask, the "
+        "pair-value output, the point norms and the frame convention) through the oracle "
+        "comparison, and name the suspect part; with --pass forward+backward judge every "
+        "gradient too and name the wrong ones and their term (simplified problem). Exit "
+        "status 1 when a mismatch is found or the variant cannot run here.")
     p.add_argument("variant", nargs="?", metavar="VARIANT", help="a registered variant")
     p.add_argument("--model-new", metavar="FILE",
                    help="a KernelBench-style Python file defining ModelNew (instead of VARIANT)")
@@ -392,6 +465,7 @@ def add_parser(subparsers) -> None:
                    "their term (pair bias, point distance, scalar dot, value aggregation, "
                    "frame)")
     options.add_output_options(p)
+    options.add_problem_option(p)
     options.add_config_options(p)
     options.add_timeout_option(p)
     p.set_defaults(run=run_diagnose)

@@ -6,10 +6,14 @@ recommends: the union of slices around the default config, not a full Cartesian 
 TOML format (every key optional; unknown keys are errors):
 
     [base]                 # values shared by every cell unless a slice overrides them
+    problem = "simplified"  # or "openfold" (docs/problems.md); one per file. Without it: the
+                            # sweep's --problem. The layer sizes default to its config's.
     batch = 1
-    node_dim = 384
-    pair_dim = 128
+    node_dim = 384         # simplified: SPEC.md's names; openfold maps them (c_s, c_z,
+    pair_dim = 128         # no_heads, c_hidden, no_qk_points, no_v_points)
     heads = 12
+    head_dim = 32          # simplified: node_dim / heads, derived (another value is an
+                           # error); openfold: c_hidden (default 16)
     query_points = 4
     value_points = 8
     dtypes = ["fp32", "bf16"]
@@ -26,7 +30,9 @@ TOML format (every key optional; unknown keys are errors):
     length = [256, 1024]
     heads = [4, 8, 16]
 
-A slice may also set `dtypes` and `passes` for its own cells.
+A slice may also set `dtypes` and `passes` for its own cells. A grid without `problem` runs
+the problem the sweep is given (`--problem`, default simplified), so the presets below that
+name none serve every problem.
 """
 
 from __future__ import annotations
@@ -36,16 +42,35 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.problems import DEFAULT, PROBLEMS
 from harness.runner import PASSES
-from variants.problem import PRECISIONS, IPAConfig, IPAInputError
+from variants.problem import PRECISIONS, IPAInputError
 
-AXES = ("batch", "length", "node_dim", "pair_dim", "heads", "query_points", "value_points")
+CONFIG_AXES = ("node_dim", "pair_dim", "heads", "head_dim", "query_points", "value_points")
+AXES = ("batch", "length", *CONFIG_AXES)
 MODES = ("eager", "graph")
+# The layer sizes' defaults are the problem's (its config class's defaults, `columns()`).
 BASE_DEFAULTS = {
-    "batch": 1, "node_dim": 384, "pair_dim": 128, "heads": 12, "query_points": 4,
-    "value_points": 8, "dtypes": ["fp32", "bf16"], "modes": ["eager", "graph"],
+    "batch": 1, "dtypes": ["fp32", "bf16"], "modes": ["eager", "graph"],
     "graph_max_length": 512, "seeds": 3, "budget_s": 1.0, "passes": ["forward"],
 }
+BASE_KEYS = ("problem", *BASE_DEFAULTS, *CONFIG_AXES)
+
+
+def make_config(problem: str, columns: dict[str, int]):
+    """The config of `problem` with the sizes `columns` (the CSV's names, `columns()`), each
+    defaulting to the problem's own. A size the problem derives (simplified: head_dim =
+    node_dim / heads) must agree with its derivation (`IPAInputError`)."""
+    config_class = PROBLEMS[problem].config_class
+    sizes = {**config_class().columns(), **columns}
+    if hasattr(config_class, "from_columns"):
+        return config_class.from_columns(**sizes)
+    head_dim = columns.get("head_dim")
+    config = config_class(**{k: v for k, v in sizes.items() if k != "head_dim"})
+    if head_dim is not None and head_dim != config.head_dim:
+        raise IPAInputError(f"head_dim: the {problem} problem derives it as node_dim / heads = "
+                            f"{config.head_dim}, got {head_dim}")
+    return config
 
 
 @dataclass(frozen=True)
@@ -54,7 +79,7 @@ class Cell:
 
     batch: int
     length: int
-    config: IPAConfig
+    config: object  # the problem's config (IPAConfig, OpenFoldConfig): it names the problem
     precision: str
     pass_name: str = "forward"  # or "forward+backward": a training step
 
@@ -68,6 +93,7 @@ class Grid:
     budget_s: float
     source: str = ""
     slices: list[dict] = field(default_factory=list)
+    problem: str = DEFAULT
 
     def modes_for(self, cell: Cell, device: str) -> list[str]:
         """Eager always; CUDA-graph replay of a forward on CUDA up to graph_max_length (a
@@ -86,16 +112,32 @@ def _positive_ints(where: str, key: str, values) -> list[int]:
     return values
 
 
-def grid_from_dict(data: dict, source: str = "") -> Grid:
-    """Validate a grid description (the TOML structure above) and expand it into cells."""
+def grid_problem(data: dict) -> str | None:
+    """The problem a grid description names in `[base]`, or None when it names none."""
+    problem = data.get("base", {}).get("problem") if isinstance(data.get("base"), dict) else None
+    if problem is not None and problem not in PROBLEMS:
+        raise IPAInputError(f"base.problem: expected one of {sorted(PROBLEMS)}, got {problem!r}")
+    return problem
+
+
+def grid_from_dict(data: dict, source: str = "", problem: str | None = None) -> Grid:
+    """Validate a grid description (the TOML structure above) and expand it into cells of
+    its `problem` (else `problem`, else the default one). A `problem` argument that differs
+    from the grid's own is an error."""
     unknown = set(data) - {"base", "slice"}
     if unknown:
         raise IPAInputError(f"grid: unknown table(s) {sorted(unknown)}; expected [base], [[slice]]")
     base = dict(BASE_DEFAULTS)
-    extra = set(data.get("base", {})) - set(BASE_DEFAULTS)
+    extra = set(data.get("base", {})) - set(BASE_KEYS)
     if extra:
-        raise IPAInputError(f"base: unknown key(s) {sorted(extra)}; known: {sorted(BASE_DEFAULTS)}")
-    base.update(data.get("base", {}))
+        raise IPAInputError(f"base: unknown key(s) {sorted(extra)}; known: {sorted(BASE_KEYS)}")
+    own = grid_problem(data)
+    if own is not None and problem is not None and own != problem:
+        raise IPAInputError(f"--problem {problem}: the grid{f' {source}' if source else ''} is "
+                            f"for problem {own!r} (its base.problem); drop --problem or pick "
+                            "another grid")
+    problem = own or problem or DEFAULT
+    base.update({k: v for k, v in data.get("base", {}).items() if k != "problem"})
     for key in AXES:
         if key in base and key != "length":
             _positive_ints("base", key, [base[key]])
@@ -135,13 +177,13 @@ def grid_from_dict(data: dict, source: str = "") -> Grid:
         passes = _check_passes(where, slc.get("passes", base["passes"]))
         for values in itertools.product(*axes.values(), dtypes, passes):
             point = dict(zip([*axes, "precision", "pass"], values, strict=True))
-            config = IPAConfig(**{k: point[k] for k in AXES if k not in ("batch", "length")})
+            config = make_config(problem, {k: point[k] for k in CONFIG_AXES if k in point})
             cell = Cell(point["batch"], point["length"], config, point["precision"],
                         point["pass"])
             if cell not in cells:
                 cells.append(cell)
     return Grid(cells, list(base["modes"]), int(base["graph_max_length"]), int(base["seeds"]),
-                float(base["budget_s"]), source, slices)
+                float(base["budget_s"]), source, slices, problem)
 
 
 def _check_passes(where: str, passes) -> list[str]:
@@ -151,7 +193,7 @@ def _check_passes(where: str, passes) -> list[str]:
     return passes
 
 
-def load_grid_file(path: str | Path) -> Grid:
+def load_grid_file(path: str | Path, problem: str | None = None) -> Grid:
     path = Path(path)
     if not path.exists():
         raise IPAInputError(f"--grid: no such file {str(path)!r}")
@@ -159,7 +201,7 @@ def load_grid_file(path: str | Path) -> Grid:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise IPAInputError(f"--grid {path}: invalid TOML: {exc}") from exc
-    return grid_from_dict(data, source=str(path))
+    return grid_from_dict(data, source=str(path), problem=problem)
 
 
 _N_SLICE_DEFAULT = [64, 128, 256, 384, 512, 768, 1000, 1024, 1536, 2048, 3000, 4096]
@@ -197,10 +239,24 @@ PRESETS: dict[str, dict] = {
         "base": {"modes": ["eager"], "seeds": 1},
         "slice": [{"length": [2048, 4096, 6144, 8192, 12288]}],
     },
+    # The OpenFold layer (SPEC-openfold.md) on CPU, seconds: a small layer, padded batches
+    # (B = 2: one element shorter, its tail masked), ragged N, and a training step.
+    "openfold-smoke": {
+        "base": {"problem": "openfold", "batch": 2, "node_dim": 48, "pair_dim": 16, "heads": 4,
+                 "head_dim": 8, "dtypes": ["fp32"], "modes": ["eager"], "seeds": 2,
+                 "budget_s": 0.1},
+        "slice": [{"length": [16, 45]}, {"length": [16], "passes": ["forward+backward"]}],
+    },
+    # The OpenFold layer on a GPU: issue #18's grid (default config, B = 1, N = 256..4096,
+    # fp32 and bf16), CUDA-graph replay up to N = 512.
+    "openfold-default": {
+        "base": {"problem": "openfold", "seeds": 2, "budget_s": 0.5},
+        "slice": [{"length": [256, 512, 1024, 2048, 4096]}],
+    },
 }
 
 
-def preset_grid(name: str) -> Grid:
+def preset_grid(name: str, problem: str | None = None) -> Grid:
     if name not in PRESETS:
         raise IPAInputError(f"--preset: expected one of {list(PRESETS)}, got {name!r}")
-    return grid_from_dict(PRESETS[name], source=f"preset:{name}")
+    return grid_from_dict(PRESETS[name], source=f"preset:{name}", problem=problem)

@@ -62,34 +62,34 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                        "(default 16)")
 
 
-def add_problem_option(parser: argparse.ArgumentParser) -> None:
+def add_problem_option(parser: argparse.ArgumentParser, *, default: str | None = "") -> None:
+    """--problem; `default=None` leaves it None when not given (sweep: the grid may name it)."""
     from harness.problems import DEFAULT, PROBLEMS
 
-    parser.add_argument("--problem", choices=sorted(PROBLEMS), default=DEFAULT,
+    parser.add_argument("--problem", choices=sorted(PROBLEMS),
+                        default=DEFAULT if default == "" else default,
                         help=f"the function under test (default {DEFAULT}: SPEC.md; openfold: "
                         "SPEC-openfold.md, docs/problems.md)")
 
 
 def problem_name(args: argparse.Namespace) -> str:
-    return getattr(args, "problem", "simplified")
+    return getattr(args, "problem", None) or "simplified"
 
 
 def config_from_args(args: argparse.Namespace):
     """The layer configuration of the selected problem from the shared size options."""
-    from harness.problems import PROBLEMS
+    from harness.grid import make_config
 
     columns = dict(node_dim=args.node_dim, pair_dim=args.pair_dim, heads=args.heads,
                    query_points=args.query_points, value_points=args.value_points)
-    problem = PROBLEMS[problem_name(args)]
-    if problem.name == "simplified":
-        config = IPAConfig(**columns)
-        if args.head_dim is not None and args.head_dim != config.head_dim:
-            raise IPAInputError(f"--head-dim: the simplified problem derives it as node_dim / "
-                                f"heads = {config.head_dim}, got {args.head_dim}")
-        return config
-    head_dim = args.head_dim if args.head_dim is not None else (
-        problem.config_class().columns()["head_dim"])
-    return problem.config_class.from_columns(**columns, head_dim=head_dim)
+    if args.head_dim is not None:
+        columns["head_dim"] = args.head_dim
+    try:
+        return make_config(problem_name(args), columns)
+    except IPAInputError as exc:
+        text = str(exc)
+        raise IPAInputError(f"--{text.replace('_', '-', 1)}" if text.startswith("head_dim")
+                            else text) from None
 
 
 def add_selection_options(parser: argparse.ArgumentParser) -> None:
@@ -121,9 +121,6 @@ def selected_variants(args: argparse.Namespace, *, with_baseline: bool = False) 
     from harness.model_new import model_new_variant
 
     problem = problem_name(args)
-    if args.model_new and problem != "simplified":
-        raise IPAInputError(f"--model-new: ModelNew files are checked for the simplified "
-                            f"problem only so far, not {problem!r}")
     if args.variant:
         chosen = [get_variant(n, problem) for n in args.variant]
     elif args.model_new:
@@ -151,18 +148,20 @@ def device_memory_bytes(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def require_inputs_fit(config: IPAConfig, batch: int, length: int, device: str) -> None:
-    """Refuse (a usage error, before anything runs) a size whose `pair_repr` alone cannot be
-    held: it is drawn in float32 and upcast to float64 for the oracle, 12 bytes an element."""
-    pair_dim = config.columns()["pair_dim"]
-    need = 12 * batch * length * length * pair_dim
+def require_inputs_fit(config, batch: int, length: int, device: str) -> None:
+    """Refuse (a usage error, before anything runs) a size whose inputs alone cannot be held:
+    the problem's minimum bytes (`min_bytes`: inputs, output, weights) in float32, plus their
+    float64 copy for the oracle, 3 x the float32 figure."""
+    from harness.problems import problem_of
+
+    need = 3 * problem_of(config).min_bytes(config, batch, length, 4)
     have = device_memory_bytes(device)
     if need > have:
         raise IPAInputError(
-            f"--batch {batch}, --length {length}: pair_repr (B x N x N x pair_dim = "
-            f"{batch} x {length} x {length} x {pair_dim}) needs {need / 2**30:.1f} GiB in "
-            f"float32 plus its float64 copy for the oracle, more than the {have / 2**30:.1f} GiB "
-            f"of this {device} device")
+            f"--batch {batch}, --length {length}: this size needs {need / 2**30:.1f} GiB, the "
+            f"inputs, output and weights in float32 ({need / 3 / 2**30:.1f} GiB) plus their "
+            f"float64 copy for the oracle, more than the {have / 2**30:.1f} GiB of this "
+            f"{device} device")
 
 
 def wide_console() -> Console:

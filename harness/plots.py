@@ -1,10 +1,11 @@
 """`ipa-bench plot RESULTS.csv`: latency, speedup, memory, % of floor, accuracy vs latency.
 
-One figure per metric and dtype, over the N slice of the grid (the rows that share the most
-common batch/heads/points/dims), each written as PNG and SVG. Titles carry the device name
-and dtype. Every variant keeps one colour and marker in every figure of every run
-(`variant_style`). Cells that did not produce a number (oom, error, unsupported) are drawn
-as labelled crosses on the bottom edge; mismatches keep their timing but are drawn hollow
+One figure per metric, problem and dtype, over the N slice of the grid (the rows that share
+the most common batch/heads/points/dims), each written as PNG and SVG; a problem other than
+`simplified` adds `_<problem>` to the file names. Titles carry the device name and dtype.
+Every variant keeps one colour and marker in every figure of every run (`variant_style`).
+Cells that did not produce a number (oom, error, unsupported) are drawn as labelled crosses
+on the bottom edge; mismatches keep their timing but are drawn hollow
 red and listed in the legend (red is kept for them: no variant is drawn in red).
 
 Latency: log-log, eager lines solid and CUDA-graph replays dashed, each with its p20-p80
@@ -33,8 +34,9 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from harness.problems import DEFAULT  # noqa: E402
 from harness.results import ERR_RATIO_LABEL, NO_NUMBER, SHAPE_COLUMNS, read_results  # noqa: E402
-from variants.problem import IPAInputError
+from variants.problem import IPAInputError  # noqa: E402
 
 METRICS = {
     # name: (column, y label, log y); drawn against N, eager rows (latency: every mode)
@@ -88,8 +90,10 @@ def length_slice(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def shape_label(df: pd.DataFrame) -> str:
+    """The N slice's shape; the per-head width `C` where it is not node / H (openfold)."""
     r = df.iloc[0]
-    return (f"B={r.batch} H={r.heads} Qp={r.query_points} Vp={r.value_points} "
+    width = "" if r.head_dim == r.node_dim // r.heads else f" C={r.head_dim}"
+    return (f"B={r.batch} H={r.heads}{width} Qp={r.query_points} Vp={r.value_points} "
             f"node={r.node_dim} pair={r.pair_dim}")
 
 
@@ -152,7 +156,9 @@ def _devices(df: pd.DataFrame) -> str:
 
 
 def _title(df: pd.DataFrame, what: str, dtype: str) -> str:
-    return f"{what}: {_devices(df)}, {dtype}\n{shape_label(df)}"
+    problems = list(dict.fromkeys(df["problem"].astype(str)))
+    problem = "" if problems == [DEFAULT] else f", problem {', '.join(problems)}"
+    return f"{what}: {_devices(df)}, {dtype}{problem}\n{shape_label(df)}"
 
 
 def _legend(ax) -> None:
@@ -271,12 +277,17 @@ def pareto_figure(ddf: pd.DataFrame, dtype: str) -> Figure | str:
 
 
 def figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure | str]]:
-    """(file stem, figure or the reason it is not drawn) for every figure of every dtype.
-    The caller closes each figure."""
-    for (pass_name, dtype), ddf in df.groupby(["pass", "dtype"], sort=False):
-        # Training rows (forward+backward) get figures of their own, `*_<dtype>_training`.
+    """(file stem, figure or the reason it is not drawn) for every figure of every problem,
+    pass and dtype: rows of two problems never share a figure. The caller closes each
+    figure."""
+    for (problem, pass_name, dtype), ddf in df.groupby(["problem", "pass", "dtype"],
+                                                       sort=False):
+        # Training rows (forward+backward) get figures of their own, `*_<dtype>_training`,
+        # and a problem other than the default its own, `*_<problem>`.
         label, stem = ((dtype, dtype) if pass_name == "forward"
                        else (f"{dtype}, forward+backward", f"{dtype}_training"))
+        if problem != DEFAULT:
+            stem = f"{stem}_{problem}"
         nslice = length_slice(ddf)
         for name in METRICS:
             yield f"{name}_{stem}", metric_figure(nslice, name, label)
@@ -342,7 +353,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "plot", help="draw latency, speedup, memory, %% of floor, accuracy vs latency",
         description="Draw one PNG+SVG per metric and dtype from a sweep's results.csv: "
-        "{latency,speedup,memory,pct_of_floor,error_vs_latency}_{dtype}. Failed or "
+        "{latency,speedup,memory,pct_of_floor,error_vs_latency}_{dtype} (+ _training for "
+        "forward+backward rows, + _openfold for that problem's rows). Failed or "
         "unsupported cells are marked, never silently missing; a figure with nothing to draw "
         "(memory on CPU) is not written and the command says so. Existing figures of the same "
         "name are replaced only with --force.")

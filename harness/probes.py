@@ -5,6 +5,13 @@ IPA off, makes it dominate, or isolates it. A rule names a suspect part from whi
 fail and which pass. `harness.diagnose` runs the probes through the oracle comparison and
 applies the rules; `docs/diagnose.md` explains each; the planted-bug tests keep every rule
 honest.
+
+Each problem has its own (`probe_set(problem)`): the simplified problem's are below
+(`PROBES`, `RULES`, and the gradient terms and rules of `--pass forward+backward`); another
+problem brings them as data on its problem object (`probes` and `rules`: keyword dicts of
+`Probe` and `Rule`; openfold's are in `variants/openfold/probes.py`). A problem with several
+output parts (openfold: present residues, masked query rows) also gets an outcome per part,
+`PROBE:PART`, that its rules may name.
 """
 
 from __future__ import annotations
@@ -110,7 +117,9 @@ def _pair_dominant(sd: StateDict) -> StateDict:
 
 @dataclass(frozen=True)
 class Probe:
-    """One experiment: a config, a (batch, length), an inputs and a weights transform."""
+    """One experiment: a config, a (batch, length), an inputs and a weights transform (of
+    the problem's config, inputs dataclass and state_dict; the annotations name the
+    simplified problem's)."""
 
     name: str
     isolates: str  # what the probe changes, as the table shows it
@@ -149,11 +158,6 @@ PROBES: tuple[Probe, ...] = (
 PROBE_NAMES = tuple(p.name for p in PROBES)
 
 
-def probe_named(name: str) -> Probe:
-    """The probe called `name` (a worker gets probes by name: their functions stay here)."""
-    return PROBES[PROBE_NAMES.index(name)]
-
-
 # ---- verdict rules ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -162,6 +166,8 @@ class Rule:
 
     Rules are tried in order; the first that matches is the prime suspect, later matches are
     listed as consistent with it. A probe that did not run (unsupported) matches neither.
+    `PROBE:PART` names one output part of a probe (a problem with several parts: openfold's
+    `baseline:masked` is the masked query rows alone).
     """
 
     name: str
@@ -197,7 +203,8 @@ RULES: tuple[Rule, ...] = (
     Rule("points", ("baseline",), ("points-1",),
          "only with several query/value points",
          "point indexing: the (head, point, xyz) order of the q_pts/k_pts/v_pts features"),
-    Rule("point-weight", ("baseline", "point-term-off"), ("qk-points-at-origin",),
+    Rule("point-weight", ("baseline", "point-term-off", "identity-frames"),
+         ("qk-points-at-origin",),
          "very negative head_weights do not switch the point term off, zero query/key "
          "points do",
          "the point weight: softplus(head_weights) missing or wrong"),
@@ -251,6 +258,59 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+# ---- the probes of each problem ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProbeSet:
+    """One problem's probes and rules. `everywhere` names what every probe uses (the verdict
+    when none is clean); `gradients`: whether the gradient terms and rules below are written
+    for this problem (`diagnose --pass forward+backward`)."""
+
+    problem: str
+    probes: tuple[Probe, ...]
+    rules: tuple[Rule, ...]
+    everywhere: str = "LayerNorm, the projections or out_proj"
+    gradients: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.probes)
+
+    def key(self, probe: Probe) -> str:
+        """The probe's name as an `InputRecipe` carries it to a worker (`probe_named`):
+        `problem/name`, or the bare name for the simplified problem."""
+        return probe.name if self.problem == "simplified" else f"{self.problem}/{probe.name}"
+
+
+SIMPLIFIED_PROBES = ProbeSet("simplified", PROBES, RULES, gradients=True)
+_PROBE_SETS: dict[str, ProbeSet] = {SIMPLIFIED_PROBES.problem: SIMPLIFIED_PROBES}
+
+
+def probe_set(problem: str) -> ProbeSet:
+    """The probes and rules of `problem` (a name in `harness.problems.PROBLEMS`), built from
+    its problem object's `probes` and `rules` (keyword dicts of `Probe` and `Rule`)."""
+    if problem not in _PROBE_SETS:
+        from harness.problems import PROBLEMS  # imported here: the probes import no harness
+
+        spec = PROBLEMS[problem]
+        probes = tuple(p if isinstance(p, Probe) else Probe(**p)
+                       for p in getattr(spec, "probes", ()))
+        if not probes:
+            raise ValueError(f"problem {problem!r} has no diagnose probes")
+        rules = tuple(r if isinstance(r, Rule) else Rule(**r) for r in getattr(spec, "rules", ()))
+        everywhere = getattr(spec, "probes_everywhere", None) or ProbeSet.everywhere
+        _PROBE_SETS[problem] = ProbeSet(problem, probes, rules, everywhere)
+    return _PROBE_SETS[problem]
+
+
+def probe_named(key: str) -> Probe:
+    """The probe an `InputRecipe` names (`ProbeSet.key`: `problem/name`, or a simplified
+    probe's bare name); a worker gets probes by name, their functions stay with the problem."""
+    problem, _, name = key.rpartition("/")
+    probes = probe_set(problem or SIMPLIFIED_PROBES.problem)
+    return probes.probes[probes.names.index(name)]
+
+
 @dataclass
 class Verdict:
     mismatch: bool
@@ -279,33 +339,37 @@ def verdict(
     errors: dict[str, str] | None = None,
     unsupported: dict[str, str] | None = None,
     gradient_failures: dict[str, list[str]] | None = None,
+    probes: ProbeSet | None = None,
 ) -> Verdict:
     """The verdict for probe outcomes ("pass", "fail", or anything else for did-not-run).
 
-    `outcomes` judge the output. `errors` maps probes that raised to their message; a raise
+    `outcomes` judge the output (by probe name, and by `PROBE:PART` for a problem with
+    several output parts). `errors` maps probes that raised to their message; a raise
     at the baseline is the whole verdict (with the probes that did run), since the rules
     read arithmetic, not exceptions. `unsupported` maps probes the variant cannot run to
     its reasons. `gradient_failures` (forward+backward only) maps every probe whose training
-    step ran to the gradients that fail in it (`gradient_verdict` reads them).
+    step ran to the gradients that fail in it (`gradient_verdict` reads them). `probes`: the
+    problem's probes and rules (default: the simplified problem's).
     """
+    probes = probes or SIMPLIFIED_PROBES
     errors, unsupported = errors or {}, unsupported or {}
     if "baseline" in unsupported:
         return Verdict(False, [], [f"nothing checked: the variant cannot run the baseline "
                                    f"probe here: {unsupported['baseline']}"], ran=False)
     training = gradient_failures is not None
     wrong, gradient_rules, gradient_lines = gradient_verdict(gradient_failures or {})
-    failed = [p for p in PROBE_NAMES if outcomes.get(p) == "fail"]
+    failed = [p for p in probes.names if outcomes.get(p) == "fail"]
     if not failed and not wrong:
         return Verdict(False, [], [
             "no mismatch: every probe agrees with the oracle within its tolerance"
             + (" (the output and every gradient)" if training else "")])
-    passed = [p for p in PROBE_NAMES if outcomes.get(p) == "pass"]
+    passed = [p for p in probes.names if outcomes.get(p) == "pass"]
     if "baseline" in errors:  # the rules read arithmetic, not exceptions
         lines = [f"the variant raises at the baseline probe: {errors['baseline']}"]
         if passed:
             lines.append(f"it runs in: {', '.join(passed)}")
         return Verdict(True, [], lines)
-    suspects = [rule for rule in RULES if rule.matches(outcomes)]
+    suspects = [rule for rule in probes.rules if rule.matches(outcomes)]
     lines = []
     if suspects:
         lines.append(f"suspect: {suspects[0].sentence()}")
@@ -314,7 +378,7 @@ def verdict(
         lines.append(
             f"mismatch in {', '.join(failed)}; no rule isolates it"
             + (f" (clean: {', '.join(passed)})" if passed else " (no probe is clean: a part "
-               "every probe uses, e.g. LayerNorm, the projections or out_proj)"))
+               f"every probe uses, e.g. {probes.everywhere})"))
     if wrong:
         lines.append("the output is wrong too: fix the forward first, the gradients follow it"
                      if failed else "the output is right in every probe: the backward is wrong")

@@ -8,9 +8,7 @@ motion of the invariance property and the rows it is judged on, and the row grou
 apart against the oracle (`output_parts`). The harness finds a problem from the config it is
 given (`problem_of`), so a recipe, a check or a cell carries its problem in its config's type.
 
-Wired so far: `check` and `list` (`--problem`), `check_variant`, the oracle cache and the
-workers, for the forward pass. `sweep`, `diagnose`, grids, the CSV and pytest-benchmark take
-no `--problem` yet and run `simplified` (docs/problems.md, "Status").
+What is wired, and what is not yet: docs/problems.md, "Status".
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
-from harness import correctness
+from harness import correctness, measure
 from harness.runner import rigid_motion
 from variants import problem as simplified
 from variants import reference
@@ -37,6 +35,7 @@ SIMPLIFIED = SimpleNamespace(
     config_class=simplified.IPAConfig,
     inputs_class=simplified.IPAInputs,
     input_names=tuple(f.name for f in fields(simplified.IPAInputs)),
+    grad_inputs=tuple(f.name for f in fields(simplified.IPAInputs)),  # a training step's
     init_state_dict=reference.init_state_dict,
     make_inputs=simplified.make_inputs,
     validate_inputs=simplified.validate_inputs,
@@ -46,6 +45,8 @@ SIMPLIFIED = SimpleNamespace(
     rigid_motion=rigid_motion,
     invariance_rows=_all_rows,
     output_parts=lambda inputs: {"all": _all_rows(inputs)},
+    min_bytes=measure.min_bytes,
+    flops=measure.flops,
 )
 
 PROBLEMS = {p.name: p for p in (SIMPLIFIED, OPENFOLD)}

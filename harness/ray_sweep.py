@@ -40,7 +40,7 @@ from harness.cells import (
 )
 from harness.errors import RunFailure
 from harness.grid import Cell
-from harness.results import Medians, ResultsFile
+from harness.results import Medians, ResultsFile, cell_of_key
 from variants.problem import IPAInputError
 
 RETRIES = 2  # an actor that dies running a cell: the cell is requeued this many times
@@ -196,7 +196,7 @@ def run_on_ray(sweep, todo: list[tuple[Cell, object]], results: ResultsFile, adv
                 slot = idle.pop(0)
                 cell, variants, attempt = queue.popleft()
                 modes = spec.grid.modes_for(cell, spec.device)
-                medians = results.of_cell({cell_key("", cell, m, spec.device)[1:]
+                medians = results.of_cell({cell_of_key(cell_key("", cell, m, spec.device))
                                            for m in modes})
                 ref = actors[slot].run.remote(cell, [v.name for v in variants], medians)
                 pending[ref] = (slot, cell, variants, attempt)

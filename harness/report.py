@@ -1,9 +1,10 @@
 """`ipa-bench report RESULTS.csv`: a markdown summary of a sweep.
 
-Per GPU model (when a run has several), pass and dtype, over the N slice: the best variant at
-each N with its latency, speedup over the baseline and memory; latency and memory of every
-variant side by side; the same latency tables for CUDA-graph replay where the sweep has them
-(small N, where eager calls are launch-bound); then every cell that failed, with its reason.
+Per problem and GPU model (when a file has several), pass and dtype, over the N slice: the
+best variant at each N with its latency, speedup over the baseline and memory; latency and
+memory of every variant side by side; the same latency tables for CUDA-graph replay where the
+sweep has them (small N, where eager calls are launch-bound); then every cell that failed,
+with its reason. Rows of different problems (`simplified`, `openfold`) never share a table.
 """
 
 from __future__ import annotations
@@ -56,13 +57,18 @@ MODE_TITLES = {"eager": "eager", "graph": "CUDA-graph replay (launch overhead re
 
 
 def _sections(df: pd.DataFrame):
-    """(title, mode, rows) for every GPU model, pass, mode and dtype present: forward before
-    training, eager first, dtypes in order. Rows of different GPU models (a Ray sweep over a
-    mixed cluster) never share a table: their titles name the model."""
+    """(title, mode, rows) for every problem, GPU model, pass, mode and dtype present:
+    forward before training, eager first, dtypes in order. Rows of different problems, or of
+    different GPU models (a Ray sweep over a mixed cluster), never share a table: their
+    titles name the problem and the model."""
+    problems = list(dict.fromkeys(df["problem"].astype(str)))
     names = list(dict.fromkeys(df["device_name"].astype(str)))
-    for name in names:
-        on_device = df[df["device_name"].astype(str) == name]
-        prefix = f"{name}: " if len(names) > 1 else ""
+    for problem, name in [(p, n) for p in problems for n in names]:
+        on_device = df[(df["problem"].astype(str) == problem)
+                       & (df["device_name"].astype(str) == name)]
+        labels = ([f"problem {problem}"] if len(problems) > 1 else []) + (
+            [name] if len(names) > 1 else [])
+        prefix = f"{', '.join(labels)}: " if labels else ""
         for pass_name in PASSES:
             for mode in MODE_TITLES:
                 rows = on_device[(on_device["pass"] == pass_name) & (on_device["mode"] == mode)]
@@ -77,7 +83,11 @@ def report(df: pd.DataFrame) -> str:
     if df.empty:
         raise IPAInputError("report: no rows to summarise")
     devices = ", ".join(dict.fromkeys(df["device_name"].astype(str)))
+    problems = list(dict.fromkeys(df["problem"].astype(str)))
     parts = [f"# ipa-bench results: {devices}", ""]
+    if problems != ["simplified"]:
+        parts.append(f"Problem{'s' if len(problems) > 1 else ''}: {', '.join(problems)} "
+                     "(docs/problems.md; each in tables of its own).")
     runs = df.groupby("run_id")["started_at"].first().sort_values()
     parts.append(f"Runs: {', '.join(f'{r} ({t})' for r, t in runs.items())}.")
     counts = ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().items())
@@ -120,11 +130,14 @@ def report(df: pd.DataFrame) -> str:
         parts.append(f"None failed, but {len(untimed)} `ok` row(s) carry no median_ms "
                      "(an edited or foreign table?).")
     else:
+        several = len(problems) > 1
         parts.append(markdown_table(
-            ["variant", "dtype", "mode", "pass", "B", "N", "H", "Qp", "Vp", "status", "reason"],
-            [[r["variant"], r["dtype"], r["mode"], r["pass"], *(str(r[c]) for c in (
-                "batch", "length", "heads", "query_points", "value_points")), r["status"],
-              "" if pd.isna(r["reason"]) else str(r["reason"])]
+            (["problem"] if several else [])
+            + ["variant", "dtype", "mode", "pass", "B", "N", "H", "Qp", "Vp", "status", "reason"],
+            [([r["problem"]] if several else [])
+             + [r["variant"], r["dtype"], r["mode"], r["pass"], *(str(r[c]) for c in (
+                 "batch", "length", "heads", "query_points", "value_points")), r["status"],
+                "" if pd.isna(r["reason"]) else str(r["reason"])]
              for r in failed.to_dict("records")]))
     return "\n".join(parts) + "\n"
 

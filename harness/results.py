@@ -5,8 +5,9 @@ with `ResultsFile`; `report`, `compare`, `plot`, the notebook and the pytest-ben
 read with `read_results` and name columns from `COLUMNS`. `results/README.md` documents
 every column; this module is the code it describes.
 
-A row is one variant x cell (batch, length, layer config, dtype) x timing mode x device.
-`KEY_COLUMNS` identify it: resumption and `compare` match rows on them.
+A row is one problem x variant x cell (batch, length, layer config, dtype) x timing mode x
+device. `KEY_COLUMNS` identify it: resumption and `compare` match rows on them, so a row of
+one problem (`simplified`, `openfold`: docs/problems.md) never meets a row of another.
 """
 
 from __future__ import annotations
@@ -29,24 +30,37 @@ RESULTS_CSV = "results.csv"
 METADATA_JSON = "metadata.json"
 
 COLUMNS = [
-    "run_id", "started_at", "variant", "is_baseline", "batch", "length", "heads", "node_dim",
-    "pair_dim", "query_points", "value_points", "dtype", "math_mode", "mode", "pass", "device",
-    "device_name", "status", "reason", "build_s", "median_ms", "p20_ms", "p80_ms", "n_samples",
+    "run_id", "started_at", "problem", "variant", "is_baseline", "batch", "length", "heads",
+    "head_dim", "node_dim", "pair_dim", "query_points", "value_points", "dtype", "math_mode",
+    "mode", "pass", "device", "device_name", "status", "reason", "build_s", "median_ms",
+    "p20_ms", "p80_ms", "n_samples",
     "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
     "invariance_err", "invariance_tol", "correctness_seeds", "grad_rel_l2", "grad_tol",
     "grad_worst", "grad_err_ratio", "speedup_vs_baseline", "floor_ms", "pct_of_floor", "tflops",
     "notes", "flags", "code_digest", "kernel", "node", "gpu",
 ]
-# Columns added after the first published runs, with the value older files are read with.
-# A file without them still reads; a sweep does not resume into it (its header differs).
+
+
+def _derived_head_dim(df: pd.DataFrame) -> pd.Series:
+    """`head_dim` of rows written before the column: all of the simplified problem, where it
+    is node_dim // heads."""
+    return df["node_dim"] // df["heads"]
+
+
+# Columns added after the first published runs, with the value older files are read with (a
+# callable: computed from the other columns). A file without them still reads; a sweep does
+# not resume into it (its header differs).
 ADDED_COLUMNS = {"flags": "", "code_digest": "", "kernel": "", "pass": "forward",
                  "grad_rel_l2": math.nan, "grad_tol": math.nan, "grad_worst": "",
-                 "grad_err_ratio": math.nan, "node": "", "gpu": ""}
-KEY_COLUMNS = ["variant", "batch", "length", "heads", "node_dim", "pair_dim", "query_points",
-               "value_points", "dtype", "mode", "pass", "device"]
+                 "grad_err_ratio": math.nan, "node": "", "gpu": "", "problem": "simplified",
+                 "head_dim": _derived_head_dim}
+KEY_COLUMNS = ["problem", "variant", "batch", "length", "heads", "head_dim", "node_dim",
+               "pair_dim", "query_points", "value_points", "dtype", "mode", "pass", "device"]
+_VARIANT_AT = KEY_COLUMNS.index("variant")
 # Per-gradient figures of the forward+backward rows, one JSON object per line.
 GRADIENTS_JSONL = "gradients.jsonl"
-SHAPE_COLUMNS = ["batch", "heads", "node_dim", "pair_dim", "query_points", "value_points"]
+SHAPE_COLUMNS = ["batch", "heads", "head_dim", "node_dim", "pair_dim", "query_points",
+                 "value_points"]
 
 # What a row's `status` may be (results/README.md, "Outcome").
 STATUSES = {
@@ -96,6 +110,16 @@ def format_err_ratio(value: float) -> str:
 def row_key(row: dict) -> tuple[str, ...]:
     """The key of a row (a dict with at least KEY_COLUMNS), as the strings the CSV holds."""
     return tuple(str(row[k]) for k in KEY_COLUMNS)
+
+
+def cell_of_key(key: tuple[str, ...]) -> tuple[str, ...]:
+    """A row key without its variant: the cell (problem, shape, dtype, mode, pass, device)
+    whose variants are compared with one another."""
+    return key[:_VARIANT_AT] + key[_VARIANT_AT + 1:]
+
+
+def variant_of_key(key: tuple[str, ...]) -> str:
+    return key[_VARIANT_AT]
 
 
 def _refuse_symlink(path: Path, what: str) -> None:
@@ -161,7 +185,7 @@ class Medians:
         if row["status"] == "ok" and row["median_ms"]:
             self.ok_ms[key] = float(row["median_ms"])
         if row["is_baseline"] == "True" and row["median_ms"]:
-            self.baseline_ms[key[1:]] = float(row["median_ms"])
+            self.baseline_ms[cell_of_key(key)] = float(row["median_ms"])
 
     def remember_rows(self, rows: list[dict]) -> None:
         """Take in rows as built (any values; missing columns empty)."""
@@ -172,7 +196,7 @@ class Medians:
         """The medians of the cells whose keys without the variant are in `keys`."""
         part = Medians()
         part.baseline_ms = {k: v for k, v in self.baseline_ms.items() if k in keys}
-        part.ok_ms = {k: v for k, v in self.ok_ms.items() if k[1:] in keys}
+        part.ok_ms = {k: v for k, v in self.ok_ms.items() if cell_of_key(k) in keys}
         return part
 
 
@@ -316,7 +340,7 @@ def read_results(path: str | Path, what: str = "RESULTS.csv", *,
                             f"{missing}")
     for column, value in ADDED_COLUMNS.items():
         if column not in df.columns:
-            df[column] = value
+            df[column] = value(df) if callable(value) else value
     df["flags"] = df["flags"].astype("string").fillna("")
     if df.empty and not allow_empty:
         raise IPAInputError(f"{what} {path}: no rows (only a header); nothing to read")
@@ -352,9 +376,12 @@ def read_gradients(csv_path: str | Path) -> pd.DataFrame:
         try:
             record = json.loads(line)
             key, figures = record["key"], record["gradients"]
+            # Records written before the problem and head_dim columns: the simplified problem.
+            key.setdefault("problem", "simplified")
+            key.setdefault("head_dim", int(key["node_dim"]) // int(key["heads"]))
             latest[tuple(str(key[c]) for c in KEY_COLUMNS)] = {
                 "key": key, "gradients": figures}
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise IPAInputError(f"{path}: line {number} is not a gradient record "
                                 "(a truncated or edited file?)") from None
     rows = [{**{c: record["key"][c] for c in KEY_COLUMNS}, "tensor": tensor,

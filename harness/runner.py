@@ -105,12 +105,20 @@ class InputRecipe:
     def moved(self, motion_seed: int) -> InputRecipe:
         return dataclasses.replace(self, motion_seed=motion_seed)
 
-    def grad_output(self) -> torch.Tensor:
+    def grad_output(self, values: ForwardInputs | None = None) -> torch.Tensor:
         """The fixed random `grad_out` of a training step on these inputs (drawn in float64,
-        stored in the recipe's dtype; the oracle upcasts the same values)."""
+        stored in the recipe's dtype; the oracle upcasts the same values), zero outside the
+        rows of the problem's first output part (openfold: on the masked rows, whose outputs
+        a model discards, as its loss would). `values`: this recipe's `values()`, drawn here
+        when not given."""
+        from harness.problems import problem_of
+
+        values = self.values() if values is None else values
         g = torch.Generator().manual_seed(GRAD_OUT_SEED + self.seed)
         grad = torch.randn(self.batch, self.length, self.config.columns()["node_dim"],
                            generator=g, dtype=torch.float64)
+        rows = next(iter(problem_of(self.config).output_parts(values).values()))
+        grad = grad * rows.to("cpu", torch.float64)[:, :, None]
         return grad.to(self.device, get_precision(self.precision).dtype)
 
 
@@ -182,11 +190,13 @@ def trainable_parameters(fn: IPAFunction) -> dict[str, torch.Tensor]:
 
 
 def training_step(fn: IPAFunction, args: tuple, params: dict[str, torch.Tensor],
-                  grad_out: torch.Tensor) -> tuple[object, dict]:
-    """Forward, then the gradients of `grad_out . output` for every input in `args` and every
-    parameter (by name; None where autograd found no path). `args` and `params` must be
-    leaves that require grad."""
-    leaves = dict(zip(INPUT_NAMES, args, strict=True)) | params
+                  grad_out: torch.Tensor,
+                  names: tuple[str, ...] = INPUT_NAMES) -> tuple[object, dict]:
+    """Forward, then the gradients of `grad_out . output` for every input in `args` that
+    requires grad (by its name in `names`, the forward's argument names; a problem's mask
+    does not) and every parameter (by name; None where autograd found no path). Those inputs
+    and `params` must be leaves."""
+    leaves = {n: a for n, a in zip(names, args, strict=True) if a.requires_grad} | params
     with torch.enable_grad():
         out = fn(*args)
         if not isinstance(out, torch.Tensor) or not out.requires_grad:
@@ -195,9 +205,24 @@ def training_step(fn: IPAFunction, args: tuple, params: dict[str, torch.Tensor],
     return out, dict(zip(leaves, grads, strict=True))
 
 
-def leaf_inputs(inputs: IPAInputs) -> tuple[torch.Tensor, ...]:
-    """The inputs as fresh leaves that require grad (a training step's arguments)."""
-    return tuple(t.detach().requires_grad_(True) for t in inputs.as_tuple())
+def leaf_inputs(inputs: ForwardInputs,
+                grad_inputs: tuple[str, ...] | None = None) -> tuple[torch.Tensor, ...]:
+    """The inputs as fresh leaves (a training step's arguments), those named in
+    `grad_inputs` (default: the problem's differentiable inputs) requiring grad."""
+    if grad_inputs is None:
+        grad_inputs = _grad_inputs(inputs)
+    return tuple(t.detach().requires_grad_(name in grad_inputs)
+                 for name, t in zip(input_names(inputs), inputs.as_tuple(), strict=True))
+
+
+def _grad_inputs(inputs: ForwardInputs) -> tuple[str, ...]:
+    """The differentiable inputs of the problem whose inputs class `inputs` is."""
+    from harness.problems import PROBLEMS
+
+    for problem in PROBLEMS.values():
+        if isinstance(inputs, problem.inputs_class):
+            return problem.grad_inputs
+    raise TypeError(f"inputs: expected one of the problems' inputs, got {type(inputs).__name__}")
 
 
 class LocalRunner:
@@ -253,8 +278,9 @@ class LocalRunner:
                     out = fn(*inputs.as_tuple())
                 else:
                     args = leaf_inputs(inputs)
-                    out, grads = training_step(fn, args, params, recipe.grad_output())
-                    inputs = IPAInputs(*(t.detach() for t in args))
+                    out, grads = training_step(fn, args, params, recipe.grad_output(pristine),
+                                               input_names(inputs))
+                    inputs = type(inputs)(*(t.detach() for t in args))
                 results.append(_run_output(out, modified_inputs(inputs, pristine), self.to_cpu,
                                            grads))
                 del inputs, pristine, out, grads
@@ -283,11 +309,14 @@ class LocalRunner:
                 def call():
                     holder[0] = fn(*args)
             else:
-                args = leaf_inputs(recipe.presented(recipe.values()))
-                params, grad_out = self._trainable(fn), recipe.grad_output()
+                values = recipe.values()
+                presented = recipe.presented(values)
+                args, names = leaf_inputs(presented), input_names(presented)
+                params, grad_out = self._trainable(fn), recipe.grad_output(values)
+                del values, presented
 
                 def call():
-                    holder[0] = training_step(fn, args, params, grad_out)[0]
+                    holder[0] = training_step(fn, args, params, grad_out, names)[0]
 
             refill_at = dict(refills)
             timings, kept, callables = {}, {}, {}

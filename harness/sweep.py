@@ -36,6 +36,7 @@ from harness.options import (
     EXIT_FAILED,
     EXIT_OK,
     add_output_options,
+    add_problem_option,
     add_selection_options,
     add_timeout_option,
     positive_int,
@@ -43,6 +44,7 @@ from harness.options import (
     selected_variants,
 )
 from harness.plots import plot_results
+from harness.problems import DEFAULT
 from harness.results import (
     GRADIENTS_JSONL,
     METADATA_JSON,
@@ -110,7 +112,7 @@ class Sweep:
             meta["device_name"] = None
         runs = json.loads(meta_path.read_text())["runs"] if meta_path.exists() else []
         meta.update(run_id=self.run_id, started_at=self.started_at, grid=self.grid.source,
-                    cells_todo=len(todo), finished=False)
+                    problem=self.grid.problem, cells_todo=len(todo), finished=False)
         runs.append(meta)
         self._write_meta(meta_path, runs)
         finished = False
@@ -173,14 +175,22 @@ class Sweep:
                              "resume") from exc
 
 
-def default_preset(device: str) -> str:
-    """`smoke` on CPU (seconds), `quick` on a GPU (about a minute on the H200)."""
-    return "quick" if device == "cuda" else "smoke"
+def default_preset(device: str, problem: str = DEFAULT) -> str:
+    """`smoke` on CPU (seconds), `quick` on a GPU (about a minute on the H200); a problem with
+    presets of its own uses `<problem>-smoke` and `<problem>-default` (openfold)."""
+    own = f"{problem}-{'default' if device == 'cuda' else 'smoke'}"
+    return own if own in PRESETS else ("quick" if device == "cuda" else "smoke")
 
 
 def run_sweep(args) -> int:
-    grid = load_grid_file(args.grid) if args.grid else preset_grid(
-        args.preset or default_preset(args.device))
+    # The problem: the grid's own (`problem` in its [base]), else --problem, else the default;
+    # a --problem that contradicts the grid is a usage error.
+    if args.grid:
+        grid = load_grid_file(args.grid, args.problem)
+    else:
+        grid = preset_grid(args.preset or default_preset(args.device, args.problem or DEFAULT),
+                           args.problem)
+    args.problem = grid.problem
     every_cell = list(grid.cells)
     if args.dtype:
         grid.cells = [c for c in grid.cells if c.precision in args.dtype]
@@ -239,7 +249,9 @@ def add_parser(subparsers) -> None:
         "Exit status 1 when a row is a mismatch or an error that its variant does not "
         "declare as a known issue.")
     p.add_argument("--preset", choices=list(PRESETS),
-                   help="built-in grid (default: quick on cuda, smoke on cpu)")
+                   help="built-in grid (default: quick on cuda, smoke on cpu; with --problem "
+                   "openfold: openfold-default, openfold-smoke)")
+    add_problem_option(p, default=None)
     p.add_argument("--grid", metavar="FILE.toml", help="grid file (see harness/grid.py)")
     p.add_argument("--max-length", type=positive_int, help="drop cells with N above this")
     p.add_argument("--pass", dest="pass_name", action="append", choices=PASSES,

@@ -6,8 +6,8 @@ the bugs inside it override a hook of `HookedReference`: the reference's forward
 the steps a kernel author writes separately (scalar logits, point weight, pair bias,
 softmax). `HookedReference` itself is exact (a test holds it bit for bit to the reference).
 
-The bugs are issue 7's list plus the forward-frame twin of the first, each a mistake a
-hand-written kernel makes:
+The bugs are issue 7's list plus the forward-frame and the translation twins of the first,
+each a mistake a hand-written kernel makes (the `openfold` problem's are at the end):
 
 | variant | mistake | what `diagnose` should name |
 |---|---|---|
@@ -18,6 +18,7 @@ hand-written kernel makes:
 | `planted-batch-frames` | frames read without the batch stride (every b uses b = 0) | batch |
 | `planted-no-sqrt-d` | scalar scores not divided by sqrt(d) | scalar term |
 | `planted-ragged-tail` | keys past the last full block of 16 are dropped | tail |
+| `planted-inverse-frame-no-t` | inverse frame forgets t: g @ R^T | frame translation |
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from variants.base import Variant
+from variants.openfold.reference import OpenFoldIPA
 from variants.problem import get_precision
 from variants.reference import IPAReference
 
@@ -40,6 +42,13 @@ class InverseFrameWithR(IPAReference):
     def _apply_inv_frame(self, pts, rotations, translations):
         centered = pts - translations.unsqueeze(2)
         return torch.einsum("bnpc,bncd->bnpd", centered, rotations)
+
+
+class InverseFrameWithoutT(IPAReference):
+    """Bug: the inverse frame forgets the translation: g @ R^T instead of (g - t_i) @ R^T."""
+
+    def _apply_inv_frame(self, pts, rotations, translations):
+        return super()._apply_inv_frame(pts, rotations, torch.zeros_like(translations))
 
 
 class FrameWithRT(IPAReference):
@@ -136,14 +145,18 @@ class DropsRaggedKeyBlock(HookedReference):
         return F.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
 
 
-def planted_variant(module_cls: type[IPAReference], name: str) -> type[Variant]:
-    """A Variant class that builds `module_cls` with the given weights."""
+def planted_variant(module_cls: type[IPAReference], name: str,
+                    problem: str = "simplified") -> type[Variant]:
+    """A Variant class of `problem` that builds `module_cls` with the given weights (openfold:
+    with the config's inf and eps)."""
 
     class Planted(Variant):
         description = f"planted bug: {module_cls.__doc__.strip()}"
+        problems = (problem,)
 
         def build(self, state_dict, config, device, precision):
-            module = module_cls(*config.module_args())
+            constants = dict(inf=config.inf, eps=config.eps) if problem == "openfold" else {}
+            module = module_cls(*config.module_args(), **constants)
             module.load_state_dict(state_dict)
             return module.to(device, get_precision(precision).dtype).eval()
 
@@ -160,6 +173,7 @@ PairTransposedBug = planted_variant(PairBiasTransposed, "planted-pair-transposed
 BatchFramesBug = planted_variant(FramesWithoutBatchStride, "planted-batch-frames")
 NoSqrtDBug = planted_variant(ScoresNotScaled, "planted-no-sqrt-d")
 RaggedTailBug = planted_variant(DropsRaggedKeyBlock, "planted-ragged-tail")
+InverseFrameNoTBug = planted_variant(InverseFrameWithoutT, "planted-inverse-frame-no-t")
 HookedExact = planted_variant(HookedReference, "planted-none")
 
 # Every planted bug, with the suspect `diagnose` must name first (a rule name in
@@ -172,4 +186,234 @@ PLANTED_BUGS: dict[type[Variant], str] = {
     BatchFramesBug: "batch",
     NoSqrtDBug: "scalar-term",
     RaggedTailBug: "tail",
+    InverseFrameNoTBug: "frame-translation",
+}
+
+
+# ---- problem `openfold` (SPEC-openfold.md) -------------------------------------------------------
+# The openfold reference's forward split into the steps a kernel author writes separately,
+# each overridable; `HookedOpenFold` itself is exact (a test holds it bit for bit to the
+# reference). Each bug overrides one hook (its docstring says the mistake);
+# `PLANTED_OPENFOLD_BUGS` at the end pairs each with the rule `diagnose --problem openfold`
+# must name first (variants/openfold/probes.py).
+
+class HookedOpenFold(OpenFoldIPA):
+    """The openfold reference's forward, split into overridable steps (no bug)."""
+
+    def _local_points(self, y, H, P):
+        """linear output (B, N, 3*H*P), blocks [X | Y | Z] -> local points (B, N, H, P, 3)."""
+        B, N = y.shape[:2]
+        return torch.stack(torch.split(y, H * P, dim=-1), dim=-1).view(B, N, H, P, 3)
+
+    def _to_global(self, local, rotations, translations):
+        """Column convention R p + t on (B, N, H, P, 3) points."""
+        return (torch.einsum("bnxy,bnhpy->bnhpx", rotations, local)
+                + translations[:, :, None, None, :])
+
+    def _to_local(self, g, rotations, translations):
+        """R^T (g - t) on (B, N, H, P, 3) points."""
+        return torch.einsum("bnyx,bnhpy->bnhpx", rotations, g - translations[:, :, None, None, :])
+
+    def _kv(self, s, H, C):
+        kv = self.linear_kv(s).view(*s.shape[:2], H, 2 * C)
+        return kv[..., :C], kv[..., C:]
+
+    def _point_weight(self):
+        Pq = self.config.no_qk_points
+        return F.softplus(self.head_weights) * math.sqrt(1.0 / (3 * (Pq * 9.0 / 2)))
+
+    def _pair_bias(self, z):
+        """(B, N, N, c_z) -> (B, H, N, N), b[h, i, j] from z_ij, times sqrt(1/3)."""
+        return math.sqrt(1.0 / 3) * self.linear_b(z).permute(0, 3, 1, 2)
+
+    def _mask_logits(self, logit, mask):
+        return logit + self.config.inf * (mask[:, :, None] * mask[:, None, :] - 1)[:, None]
+
+    def _o_pair(self, a, z):
+        B, N = z.shape[:2]
+        return torch.einsum("bhij,bijc->bihc", a, z).reshape(B, N, -1)
+
+    def _norms(self, o_pt):
+        B, N = o_pt.shape[:2]
+        return torch.sqrt((o_pt ** 2).sum(dim=-1) + self.config.eps).reshape(B, N, -1)
+
+    def _xyz(self, o_pt):
+        B, N, H, Pv, _ = o_pt.shape
+        return o_pt.reshape(B, N, H * Pv, 3).unbind(dim=-1)
+
+    def forward(self, s, z, translations, rotations, mask):
+        cfg = self.config
+        B, N, _ = s.shape
+        H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
+        q = self.linear_q(s).view(B, N, H, C)
+        k, v = self._kv(s, H, C)
+        q_pts = self._to_global(self._local_points(self.linear_q_points.linear(s), H, Pq),
+                                rotations, translations)
+        kv_pts = self._to_global(
+            self._local_points(self.linear_kv_points.linear(s), H, Pq + Pv), rotations,
+            translations)
+        k_pts, v_pts = kv_pts[..., :Pq, :], kv_pts[..., Pq:, :]
+        logit = torch.einsum("bihc,bjhc->bhij", q, k) * math.sqrt(1.0 / (3 * C))
+        logit = logit + self._pair_bias(z)
+        dist2 = ((q_pts[:, :, None] - k_pts[:, None, :]) ** 2).sum(dim=-1).sum(dim=-1)
+        logit = logit - 0.5 * (self._point_weight() * dist2).permute(0, 3, 1, 2)
+        a = torch.softmax(self._mask_logits(logit, mask), dim=-1)
+        o = torch.einsum("bhij,bjhc->bihc", a, v).reshape(B, N, H * C)
+        o_pt = self._to_local(torch.einsum("bhij,bjhpx->bihpx", a, v_pts), rotations,
+                              translations)
+        o_x, o_y, o_z = self._xyz(o_pt)
+        return self.linear_out(torch.cat([o, o_x, o_y, o_z, self._norms(o_pt),
+                                          self._o_pair(a, z)], dim=-1))
+
+
+class OFRowConvention(HookedOpenFold):
+    """Bug: the row convention throughout: p R + t, and back (g - t) R^T."""
+
+    def _to_global(self, local, rotations, translations):
+        return (torch.einsum("bnhpy,bnyx->bnhpx", local, rotations)
+                + translations[:, :, None, None, :])
+
+    def _to_local(self, g, rotations, translations):
+        return torch.einsum("bnhpy,bnxy->bnhpx", g - translations[:, :, None, None, :],
+                            rotations)
+
+
+class OFInverseFrameWithR(HookedOpenFold):
+    """Bug: the inverse frame multiplies by R, not R^T: R (g - t)."""
+
+    def _to_local(self, g, rotations, translations):
+        return torch.einsum("bnxy,bnhpy->bnhpx", rotations, g - translations[:, :, None, None, :])
+
+
+class OFInverseFrameWithoutT(HookedOpenFold):
+    """Bug: the inverse frame forgets the translation: R^T g instead of R^T (g - t)."""
+
+    def _to_local(self, g, rotations, translations):
+        return super()._to_local(g, rotations, torch.zeros_like(translations))
+
+
+class OFNoPairValues(HookedOpenFold):
+    """Bug: the pair-value output o_pair is missing (zeros in its place)."""
+
+    def _o_pair(self, a, z):
+        return torch.zeros_like(super()._o_pair(a, z))
+
+
+class OFPairValuesTransposed(HookedOpenFold):
+    """Bug: o_pair[i] sums a_ij z_ji."""
+
+    def _o_pair(self, a, z):
+        return super()._o_pair(a, z.transpose(1, 2))
+
+
+class OFPairBiasTransposed(HookedOpenFold):
+    """Bug: the pair bias of (i, j) is read from z_ji."""
+
+    def _pair_bias(self, z):
+        return super()._pair_bias(z.transpose(1, 2))
+
+
+class OFNormWithoutEps(HookedOpenFold):
+    """Bug: o_pt_norm = sqrt(sum o_pt^2), eps missing."""
+
+    def _norms(self, o_pt):
+        B, N = o_pt.shape[:2]
+        return torch.sqrt((o_pt ** 2).sum(dim=-1)).reshape(B, N, -1)
+
+
+class OFOptInterleaved(HookedOpenFold):
+    """Bug: X, Y, Z cut as three blocks from o_pt flattened (h, p, xyz) (the reshape trap)."""
+
+    def _xyz(self, o_pt):
+        B, N, H, Pv, _ = o_pt.shape
+        return torch.split(o_pt.reshape(B, N, H * Pv * 3), H * Pv, dim=-1)
+
+
+class OFPointsInterleaved(HookedOpenFold):
+    """Bug: the point projections' output viewed (H, P, 3), not as [X | Y | Z] blocks."""
+
+    def _local_points(self, y, H, P):
+        return y.view(*y.shape[:2], H, P, 3)
+
+
+class OFKvBlocks(HookedOpenFold):
+    """Bug: linear_kv read as [all k | all v] instead of k and v interleaved per head."""
+
+    def _kv(self, s, H, C):
+        k, v = self.linear_kv(s).split(H * C, dim=-1)
+        return k.reshape(*s.shape[:2], H, C), v.reshape(*s.shape[:2], H, C)
+
+
+class OFSoftplusMissing(HookedOpenFold):
+    """Bug: the point weight uses head_weights itself, softplus missing."""
+
+    def _point_weight(self):
+        Pq = self.config.no_qk_points
+        return self.head_weights * math.sqrt(1.0 / (3 * (Pq * 9.0 / 2)))
+
+
+class OFMaskKeysIgnored(HookedOpenFold):
+    """Bug: the mask is applied for the query rows only: every key counts as present."""
+
+    def _mask_logits(self, logit, mask):
+        return logit + self.config.inf * (mask[:, :, None] - 1)[:, None]
+
+
+class OFKeyOnlyMask(HookedOpenFold):
+    """Bug: logit + inf (m_j - 1): masked query rows attend to the present keys only."""
+
+    def _mask_logits(self, logit, mask):
+        return logit + self.config.inf * (mask[:, None, :] - 1)[:, None]
+
+
+class OFMaskMinusInf(HookedOpenFold):
+    """Bug: masked pairs filled with -inf: the masked query rows become NaN."""
+
+    def _mask_logits(self, logit, mask):
+        pair = (mask[:, :, None] * mask[:, None, :])[:, None]
+        return logit.masked_fill(pair == 0, -math.inf)
+
+
+class OFSmallInf(HookedOpenFold):
+    """Bug: the mask constant is 1e4 (OpenFold's low-precision config), not 1e5."""
+
+    def _mask_logits(self, logit, mask):
+        return logit + 1e4 * (mask[:, :, None] * mask[:, None, :] - 1)[:, None]
+
+
+class OFMaskOfElement0(HookedOpenFold):
+    """Bug: the mask is read without its batch stride: every element uses element 0's."""
+
+    def _mask_logits(self, logit, mask):
+        return super()._mask_logits(logit, mask[:1].expand_as(mask))
+
+
+def planted_openfold_variant(module_cls: type[OpenFoldIPA], name: str) -> type[Variant]:
+    """A Variant class of problem openfold that builds `module_cls` with the given weights."""
+    return planted_variant(module_cls, name, problem="openfold")
+
+
+HookedOpenFoldExact = planted_openfold_variant(HookedOpenFold, "planted-of-none")
+
+# Every planted openfold bug, with the suspect `diagnose` must name first (a rule name in
+# variants/openfold/probes.py RULES).
+PLANTED_OPENFOLD_BUGS: dict[type[Variant], str] = {
+    planted_openfold_variant(cls, name): rule for cls, name, rule in (
+        (OFRowConvention, "planted-of-row-convention", "frame-convention"),
+        (OFInverseFrameWithR, "planted-of-inverse-frame", "inverse-frame"),
+        (OFInverseFrameWithoutT, "planted-of-inverse-frame-no-t", "frame-translation"),
+        (OFNoPairValues, "planted-of-no-pair-values", "pair-values"),
+        (OFPairValuesTransposed, "planted-of-pair-values-transposed", "pair-values"),
+        (OFPairBiasTransposed, "planted-of-pair-bias-transposed", "pair-bias"),
+        (OFNormWithoutEps, "planted-of-norm-no-eps", "point-norm-eps"),
+        (OFOptInterleaved, "planted-of-o-pt-interleaved", "o-pt-layout"),
+        (OFPointsInterleaved, "planted-of-points-interleaved", "point-layout"),
+        (OFKvBlocks, "planted-of-kv-blocks", "heads"),
+        (OFSoftplusMissing, "planted-of-softplus", "point-weight"),
+        (OFMaskKeysIgnored, "planted-of-mask-keys-ignored", "mask"),
+        (OFKeyOnlyMask, "planted-of-key-only-mask", "masked-rows"),
+        (OFMaskMinusInf, "planted-of-mask-minus-inf", "masked-rows"),
+        (OFSmallInf, "planted-of-small-inf", "mask-inf"),
+        (OFMaskOfElement0, "planted-of-mask-batch-0", "batch"),
+    )
 }

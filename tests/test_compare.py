@@ -21,8 +21,9 @@ def _row(variant="reference", length=256, median=10.0, spread=0.01, status="ok",
     """One COLUMNS row; `spread` puts p20 and p80 that far (relative) below and above."""
     row = dict.fromkeys(COLUMNS, "")
     row.update(
-        run_id="r", started_at="2026-12-02T00:00:00+00:00", variant=variant,
-        is_baseline=variant == "reference", batch=1, length=length, heads=12, node_dim=384,
+        run_id="r", started_at="2026-12-02T00:00:00+00:00", problem="simplified",
+        variant=variant, is_baseline=variant == "reference", batch=1, length=length, heads=12,
+        head_dim=32, node_dim=384,
         pair_dim=128, query_points=4, value_points=8, dtype="fp32", math_mode="ieee",
         mode=mode, device="cuda", device_name="NVIDIA H200", status=status, reason=reason,
     )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from variants.openfold import problem, reference
+from variants.openfold import probes, problem, reference
 
 PROBLEM = SimpleNamespace(
     name=problem.NAME,
     config_class=problem.OpenFoldConfig,
     inputs_class=problem.OpenFoldInputs,
     input_names=problem.INPUT_NAMES,
+    grad_inputs=problem.INPUT_NAMES[:4],  # a training step's: s, z, frames; the mask is data
     parameter_spec=problem.parameter_spec,
     init_state_dict=problem.init_state_dict,
     check_state_dict=problem.check_state_dict,
@@ -33,5 +34,8 @@ PROBLEM = SimpleNamespace(
     rigid_motion=problem.rigid_motion,
     invariance_rows=problem.invariance_rows,
     output_parts=problem.output_parts,
-    probes=(),  # diagnose probes: proposed in docs/problems.md, not written yet
+    # diagnose: keyword dicts of harness.probes.Probe / Rule, and the verdict's fallback
+    probes=probes.PROBES,
+    rules=probes.RULES,
+    probes_everywhere=probes.EVERYWHERE,
 )

@@ -7,7 +7,7 @@ pipeline.py       the checked public forwards `triton_ipa`, `triton_fullfuse_ipa
 pair_bias.py      the (B, H, N, N) pair-bias GEMM: Triton kernel, cuBLAS form, `pair_bias`
 attention.py      the streamed per-head flash kernel over that bias: `ipa_attention`
 bias_backward.py  its backward: per-head key and query kernels (dS written over the saved
-                  bias), d pair_repr and dW_b by cuBLAS
+                  bias), d pair_repr and dW_b in one pass over pair_repr
 fullfuse.py       the fully fused kernel (bias computed in the key loop, split-key merge):
                   `ipa_fullfuse_attention`
 backward.py       the fully fused kernel's backward (logits recomputed from pair_repr tile by
@@ -15,4 +15,24 @@ backward.py       the fully fused kernel's backward (logits recomputed from pair
 core_op.py        both forwards with their backwards as torch custom ops with autograd:
                   `triton_ipa_core`
 common.py         argument checks, dot modes, autotuning versus the interpreter's fixed config
+
+`interpreter_mismatch` (here, importing no Triton) is every Triton variant's reason not to run
+when the interpreter was switched on too late.
 """
+
+import os
+import sys
+
+import torch
+
+
+def interpreter_mismatch(device) -> list[str]:
+    """A reason not to run on the CPU when TRITON_INTERPRET=1 was set after the kernel modules
+    were imported: `common.py` fixes interpretation at that import, so the kernels would be
+    compiled for a GPU. Reads the module table only (imports no Triton)."""
+    common = sys.modules.get("variants.triton.common")
+    if (common is not None and torch.device(device).type == "cpu" and not common.INTERPRET
+            and os.environ.get("TRITON_INTERPRET") == "1"):
+        return ["the Triton kernels were defined before TRITON_INTERPRET=1 was set "
+                "(set it before variants.triton's kernel modules are imported)"]
+    return []

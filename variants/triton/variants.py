@@ -69,14 +69,13 @@ Triton is a reason (`requires`), not an ImportError.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import torch
 
 from variants.base import IPAFunction, Variant
 from variants.problem import IPAInputError, Precision, get_precision
+from variants.triton import interpreter_mismatch
 
 
 class Triton(Variant):
@@ -92,14 +91,8 @@ class Triton(Variant):
         return [Path(__file__).resolve().parent]  # the kernels live beside this module
 
     def not_supported_reasons(self, config, device, precision):
-        reasons = super().not_supported_reasons(config, device, precision)
-        # The kernels' modules fix interpretation when first imported (see common.py).
-        common = sys.modules.get("variants.triton.common")
-        if (common is not None and torch.device(device).type == "cpu" and not common.INTERPRET
-                and os.environ.get("TRITON_INTERPRET") == "1"):
-            reasons.append("the Triton kernels were defined before TRITON_INTERPRET=1 was set "
-                           "(set it before variants.triton's kernel modules are imported)")
-        return reasons
+        return (super().not_supported_reasons(config, device, precision)
+                + interpreter_mismatch(device))
 
     @staticmethod
     def _forward_function():

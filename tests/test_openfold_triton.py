@@ -1,0 +1,316 @@
+"""Problem `openfold`'s fused Triton variant (`variants/openfold/triton_fused.py`).
+
+What the generated tests do not cover: awkward lengths (N = 1, 17, 33, 70, single and
+multiple key blocks, partial last blocks), padded batches with B > 1 and different lengths, a
+batch element with every residue masked, masked query rows computed as if unmasked, `inf` taken
+from the config (a small one lets masked keys keep weight), padded tails that must not matter,
+z read through its strides, fp32 against the float64 oracle and better than the reference, bad
+input refused before any kernel launches. CPU: the kernel under the Triton interpreter
+(`TRITON_INTERPRET=1`, which `make test` sets where there is no GPU), bf16/fp16 with the
+interpreter's dots in fp32. GPU (marker `gpu`): the correctness protocol in fp32 and bf16 up
+to N = 1000, and the extra memory is O(N).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from harness.correctness import check_variant, rel_l2, tolerance
+from variants.openfold.problem import OpenFoldConfig, OpenFoldInputs, init_state_dict, make_inputs
+from variants.openfold.reference import make_module, oracle_forward
+from variants.openfold.triton_fused import OpenFoldTriton, kernel_precisions
+from variants.problem import IPAInputError, get_precision
+from variants.registry import get_variant
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_CUDA = torch.cuda.is_available()
+needs_interpreter = pytest.mark.skipif(
+    not (HAS_TRITON and INTERPRET),
+    reason="CPU tests of the Triton kernel need triton and TRITON_INTERPRET=1 "
+    "(`make test` sets it where there is no GPU)")
+needs_cuda = pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA),
+                                reason="needs a CUDA device and triton")
+
+VARIANT = OpenFoldTriton()
+# Awkward sizes: nothing a power of two (every padded axis of the kernel is exercised).
+SMALL = OpenFoldConfig(c_s=24, c_z=20, c_hidden=6, no_heads=5, no_qk_points=3, no_v_points=2)
+# The AF2 layer's heads and points with narrower features (the interpreter's cost is in z).
+AF2ISH = OpenFoldConfig(c_s=32, c_z=32, c_hidden=16, no_heads=12, no_qk_points=4,
+                        no_v_points=8)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_BUILT: dict = {}
+
+
+def built(config: OpenFoldConfig, precision: str = "fp32", device: str = "cpu"):
+    """(state_dict, the variant's callable, the reference module), once per configuration."""
+    key = (config, precision, device)
+    if key not in _BUILT:
+        sd = init_state_dict(config, seed=7)
+        _BUILT[key] = (sd, VARIANT.build(sd, config, device, precision),
+                       make_module(sd, config, device, DTYPES[precision]))
+    return _BUILT[key]
+
+
+def parts_errors(out, ref, oracle, mask) -> dict[str, tuple[float, float]]:
+    """{part: (the variant's rel_l2, the reference's)} against the oracle, present rows and
+    masked rows judged apart (as `harness.correctness.judge_output` does)."""
+    present = mask != 0
+    errors = {"present": (rel_l2(out[present], oracle[present]),
+                          rel_l2(ref[present], oracle[present]))}
+    if (~present).any():
+        errors["masked"] = (rel_l2(out[~present], oracle[~present]),
+                            rel_l2(ref[~present], oracle[~present]))
+    return errors
+
+
+def assert_within_protocol(out, ref, oracle, mask, precision: str):
+    """The harness's rule per part: rel_l2 <= max(2 x the reference's own, the floor)."""
+    assert torch.isfinite(out).all()
+    for part, (err, ref_err) in parts_errors(out, ref, oracle, mask).items():
+        tol = tolerance(ref_err, get_precision(precision))
+        assert err <= tol, f"{part} rows: rel_l2 {err:.3e} > tol {tol:.3e} (ref {ref_err:.3e})"
+
+
+def run(config, inputs: OpenFoldInputs, precision="fp32", device="cpu"):
+    sd, fn, module = built(config, precision, device)
+    x = inputs.to(device=device, dtype=DTYPES[precision])
+    with torch.no_grad():
+        return fn(*x.as_tuple()), module(*x.as_tuple()), oracle_forward(sd, config, x), x
+
+
+# ---- registration and capabilities --------------------------------------------------------
+
+def test_registered_for_openfold_only_with_its_capabilities():
+    variant = get_variant("triton", "openfold")
+    assert isinstance(variant, OpenFoldTriton) and variant.problems == ("openfold",)
+    assert not variant.is_baseline and not variant.supports_backward
+    assert variant.requires == ("triton",)
+    for precision in ("fp64", "tf32"):
+        assert any(f"precision {precision!r} not supported" in r
+                   for r in variant.not_supported_reasons(SMALL, "cuda", precision))
+    # fp16: the problem's own reason (inf = 1e5 overflows), none at OpenFold's low-precision inf
+    assert any(r.startswith("inf=100000 overflows torch.float16")
+               for r in variant.not_supported_reasons(SMALL, "cuda", "fp16"))
+    low = OpenFoldConfig(inf=1e4)
+    assert not any("overflows" in r for r in variant.not_supported_reasons(low, "cuda", "fp16"))
+    wide = OpenFoldConfig(no_heads=17, c_z=256)
+    reasons = " | ".join(variant.not_supported_reasons(wide, "cuda", "fp32"))
+    assert "heads=17 outside" in reasons and "pair_dim=256 outside" in reasons
+
+
+def test_dot_precisions_keep_fp32_accurate():
+    """fp32: the z dots in 3xTF32 (never plain TF32), IEEE elsewhere; 16-bit: tensor cores,
+    the fp32 point dots in 3xTF32."""
+    assert kernel_precisions(torch.float32, "ieee") == ("ieee", "tf32x3", "ieee")
+    assert kernel_precisions(torch.bfloat16, "ieee")[2] == "tf32x3"
+    with pytest.raises(IPAInputError, match="math_mode"):
+        kernel_precisions(torch.bfloat16, "tf32")
+
+
+# ---- against the float64 oracle (interpreter) -----------------------------------------------
+
+CASES = [  # (config, lengths): N = max(lengths)
+    (SMALL, [1]),
+    (SMALL, [17, 9]),
+    (SMALL, [33, 33, 5]),
+    (SMALL, [70, 41]),
+    (AF2ISH, [33, 20]),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("config, lengths", CASES,
+                         ids=[f"{'af2ish' if c is AF2ISH else 'small'}-{'-'.join(map(str, n))}"
+                              for c, n in CASES])
+def test_fp32_matches_oracle_and_beats_the_reference(config, lengths):
+    inputs = make_inputs(config, len(lengths), max(lengths), dtype=torch.float64, seed=3,
+                         lengths=lengths)
+    out, ref, oracle, x = run(config, inputs)
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    assert_within_protocol(out, ref, oracle, x.mask, "fp32")
+    errors = parts_errors(out, ref, oracle, x.mask)
+    # IEEE dots, a centred frame and fp32 logits: no worse than the fp32 reference
+    assert errors["present"][0] <= errors["present"][1], errors
+    if "masked" in errors:  # the mask term does not shift a masked row by -inf, see Deviations
+        assert errors["masked"][0] < 0.1 * errors["masked"][1], errors
+
+
+@needs_interpreter
+@pytest.mark.parametrize("precision, config", [("bf16", SMALL), ("fp16", OpenFoldConfig(
+    c_s=24, c_z=20, c_hidden=6, no_heads=5, no_qk_points=3, no_v_points=2, inf=1e4))])
+def test_16bit_matches_oracle(precision, config):
+    inputs = make_inputs(config, 2, 17, dtype=torch.float64, seed=4, lengths=[17, 11])
+    out, ref, oracle, x = run(config, inputs, precision)
+    assert out.dtype == DTYPES[precision]
+    assert_within_protocol(out, ref, oracle, x.mask, precision)
+    assert parts_errors(out, ref, oracle, x.mask)["present"][0] < 0.2 * rel_l2(
+        ref[x.mask != 0], oracle[x.mask != 0])
+
+
+# ---- the mask -------------------------------------------------------------------------------
+
+def _with_mask(x: OpenFoldInputs, mask: torch.Tensor) -> OpenFoldInputs:
+    return OpenFoldInputs(x.s, x.z, x.translations, x.rotations, mask)
+
+
+@needs_interpreter
+def test_fully_masked_batch_element():
+    """Every residue of element 1 masked: all its rows are masked query rows, computed as if
+    unmasked (softmax over every key, no NaN); element 0 is unaffected by it."""
+    x = make_inputs(SMALL, 2, 19, dtype=torch.float64, seed=5, lengths=[19, 12])
+    mask = x.mask.clone()
+    mask[1] = 0
+    out, ref, oracle, xm = run(SMALL, _with_mask(x, mask))
+    assert torch.isfinite(out).all()
+    assert_within_protocol(out, ref, oracle, xm.mask, "fp32")
+    unmasked, _, _, _ = run(SMALL, _with_mask(x, torch.ones_like(mask)))
+    assert rel_l2(out[1], unmasked[1]) < 1e-5
+    alone, _, _, _ = run(SMALL, OpenFoldInputs(*(t[:1] for t in x.as_tuple())))
+    assert rel_l2(out[0], alone[0]) < 1e-5
+
+
+@needs_interpreter
+def test_masked_query_rows_come_out_as_if_unmasked():
+    """SPEC step 5: a masked query row attends to every key, the masked ones included."""
+    x = make_inputs(SMALL, 2, 21, dtype=torch.float64, seed=6, lengths=[21, 13])
+    out, _, _, _ = run(SMALL, x)
+    masked = x.mask == 0
+    as_if, _, _, _ = run(SMALL, _with_mask(x, torch.ones_like(x.mask)))
+    assert rel_l2(out[masked], as_if[masked]) < 1e-5
+    assert rel_l2(out[~masked], as_if[~masked]) > 1e-2  # present rows do see the mask
+
+
+@needs_interpreter
+def test_inf_comes_from_the_config():
+    """inf = 2: masked keys keep a weight of about e^-2, which -inf or a hard-coded 1e5 would
+    remove; the oracle (the reference in float64) uses the config's inf too."""
+    config = OpenFoldConfig(c_s=24, c_z=20, c_hidden=6, no_heads=5, no_qk_points=3,
+                            no_v_points=2, inf=2.0)
+    x = make_inputs(config, 2, 17, dtype=torch.float64, seed=8, lengths=[17, 8])
+    out, ref, oracle, xm = run(config, x)
+    assert_within_protocol(out, ref, oracle, xm.mask, "fp32")
+    big, _, _, _ = run(SMALL, x)  # the same layer and weights at inf = 1e5
+    present = xm.mask != 0
+    assert rel_l2(out[present], big[present]) > 1e-3
+
+
+@needs_interpreter
+def test_padded_tails_do_not_matter():
+    """Finite junk in every masked residue's s, z rows and columns (1e3) and translations
+    (+40 A) leaves the present rows unchanged, up to the rounding of the frame the kernel
+    centres on each element's mean translation: masked keys get no weight."""
+    x = make_inputs(SMALL, 2, 18, dtype=torch.float64, seed=9, lengths=[18, 7])
+    pad = x.mask == 0
+    s, z, t = x.s.clone(), x.z.clone(), x.translations.clone()
+    s[pad] = 1e3
+    t[pad] += 40.0
+    z[pad] = 1e3
+    z.transpose(1, 2)[pad] = 1e3
+    out, _, _, _ = run(SMALL, x)
+    spoiled, _, _, _ = run(SMALL, OpenFoldInputs(s, z, t, x.rotations, x.mask))
+    assert rel_l2(spoiled[~pad], out[~pad]) < 2e-6
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+@needs_interpreter
+def test_z_is_read_through_its_strides():
+    """z as a strided view (a channel slice of a wider tensor, and a transposed one): the
+    same result as its contiguous copy."""
+    x = make_inputs(SMALL, 2, 17, seed=10, lengths=[17, 10])
+    _, fn, _ = built(SMALL)
+    wide = torch.randn(2, 17, 17, SMALL.c_z + 5)
+    wide[..., 2:2 + SMALL.c_z] = x.z
+    transposed = x.z.transpose(1, 2).contiguous().transpose(1, 2)
+    expect = fn(*x.as_tuple())
+    for z in (wide[..., 2:2 + SMALL.c_z], transposed):
+        assert not z.is_contiguous()
+        got = fn(x.s, z, x.translations, x.rotations, x.mask)
+        assert torch.equal(got, expect) or rel_l2(got, expect) < 1e-6
+
+
+def _spoil(name, fn):
+    def spoil(fields):
+        fields[name] = fn(fields[name])
+        return fields
+    return spoil
+
+
+BAD = [
+    (_spoil("s", lambda t: t.double()), r"s: expected dtype in \[torch.float32\]"),
+    (_spoil("z", lambda t: t[:, :, :-1]), r"z: expected shape \(2, 9, 9, 20\)"),
+    (_spoil("mask", lambda t: t.bool()), r"mask: expected dtype torch.float32"),
+    (_spoil("rotations", lambda t: t[..., :2]), r"rotations: expected shape"),
+]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("spoil, message", BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_bad_input_is_refused_before_any_launch(spoil, message, monkeypatch):
+    from variants.openfold import triton_kernel
+
+    launches = []
+    monkeypatch.setattr(triton_kernel, "launch", lambda *a, **k: launches.append(a))
+    fn = FusedForwardOnCpu.build()
+    x = make_inputs(SMALL, 2, 9, seed=11)
+    fields = dict(zip(("s", "z", "translations", "rotations", "mask"), x.as_tuple(),
+                      strict=True))
+    with pytest.raises(IPAInputError, match=message):
+        fn(**spoil(fields))
+    assert launches == []
+
+
+class FusedForwardOnCpu:
+    """The callable without the interpreter (checks run before anything Triton does)."""
+
+    @staticmethod
+    def build():
+        from variants.openfold.triton_fused import FusedForward
+
+        module = make_module(init_state_dict(SMALL), SMALL, "cpu", torch.float32)
+        return FusedForward(module, torch.device("cpu"), torch.float32, "ieee")
+
+
+@needs_interpreter
+def test_build_refuses_what_it_cannot_run():
+    with pytest.raises(IPAInputError, match="precision 'fp64' not supported"):
+        VARIANT.build(init_state_dict(SMALL), SMALL, "cpu", "fp64")
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch, length", [(2, 97), (1, 1000)])
+def test_protocol_on_the_gpu(precision, batch, length):
+    """The harness's protocol (5 seeds, padded batches, invariance) at the AF2 layer."""
+    config = OpenFoldConfig()
+    result = check_variant(VARIANT, config, batch=batch, length=length, device="cuda",
+                           precision=precision, seeds=3)
+    assert result.passed, (result.failures, result.rel_l2, result.tol)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_extra_memory_is_linear_in_n():
+    """No N x N tensor: at N = 1536 the (B, H, N, N) fp32 logits alone would be 108 MiB; the
+    forward's extra peak over its inputs stays under 40 MiB."""
+    config = OpenFoldConfig()
+    sd, fn, _ = built(config, "fp32", "cuda")
+    x = make_inputs(config, 1, 1536, device="cuda", seed=12)
+    fn(*x.as_tuple())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn(*x.as_tuple())
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra < 40 * 2**20, extra / 2**20

@@ -1,0 +1,276 @@
+"""Problem `openfold`'s `triton` variant: the O(N^2) part of OpenFold IPA (SPEC-openfold.md
+steps 3-8 and 11) as one fused Triton kernel that reads z exactly once and writes nothing
+N x N (issue #18, deliverable 3). The kernel is `variants/openfold/triton_kernel.py`.
+
+What it is. The O(N) work stays PyTorch and is the reference module's own (`make_module`): its
+projections linear_q, linear_kv and the point projections (SPEC steps 1-2), its inverse frame
+`to_local` and linear_out (steps 8, 12); only norms and the concatenation are spelled here. The
+kernel is FlashAttention-2's loop (online softmax in fp32, base 2: `variants/base2.py`) with
+the pair terms pulled in, as `triton-fullfuse` does for the simplified problem, plus the pair
+values o_pair that the simplified problem lacks.
+
+Design. One program per (query block of BLOCK_M rows, batch element), all heads; it loops over
+key blocks of BLOCK_N keys. Per key block it loads the z tile (BLOCK_M, BLOCK_N, c_z) once (the
+pipeliner copies it into shared memory asynchronously) and feeds that one buffer to two dots
+batched over the query rows i: the pair bias of every head, z_i (BN, c_z) @ W_b^T (c_z, 16),
+before the softmax, and the pair values, a_i (16, BN) @ z_i (BN, c_z), after it. Heads are
+padded 12 -> 16. The per-head terms (q.k, point distances, p.v, p.v_pts) are dots batched over
+heads instead, in a head-major (16, BN, BLOCK_M) layout with the keys as M, so that a small
+BLOCK_M pads nothing; the logits and probabilities are permuted between the two layouts once
+each per key block. The accumulators live in registers: o_pair (BLOCK_M, 16, c_z), o
+(16, C, BLOCK_M), o_pt (16, 3Pv, BLOCK_M), all fp32, rescaled by the online softmax.
+
+Register budget of the o_pair accumulator (default layer: H = 12 -> 16, c_z = 128, C = 16,
+Pq = 4, Pv = 8; sm_90: 64 Ki 32-bit registers = 256 KiB per SM, at most 255 per thread).
+One query row needs 16 x 128 fp32 = 8 KiB (6 KiB of real heads); a block of BLOCK_M rows
+needs BLOCK_M x 8 KiB, held by every thread of the program: at 8 warps (256 threads) that is
+8 x BLOCK_M registers per thread: 32 at BLOCK_M = 4, 64 at 8, 128 at 16 (half of each thread's
+255 before anything else). Triton gives the batched dots' warps to the rows first ([4, 1, 2]
+for 4 rows and 8 warps: a warp holds 16 heads x 64 channels of one row). What else holds
+registers, per thread at BLOCK_M = 4, BLOCK_N = 16, 8 warps, bf16: W_b^T as the bias dot's
+operand (c_z x 8 heads per warp, hoisted: 16), the z tile as that dot's other operand (16 keys x
+128 channels per warp: 32, transient) and as o_pair's (16 x 64: 16), the head-major tiles
+(16 heads x 16 keys x 8 padded queries over 256 threads: 8 each for logits, distances,
+probabilities), o and o_pt (8 + 16), the point operands in 3xTF32 (hi and lo halves). ptxas
+(sm_90, compiled on the CPU machine with triton 3.9): bf16 at BLOCK_M = 4 uses 240-255
+registers and no spills; BLOCK_M = 8 spills 176-264 bytes, BLOCK_N = 32 232 bytes. fp32 doubles
+every operand and 3xTF32 doubles the z and point operands again: 255 registers plus 300-470
+bytes of spills at BLOCK_M = 2 or 4 (the autotuner picks among them). Shared memory: the z tile
+is 16 KiB (bf16) or 32 KiB (fp32) per pipeline stage, the key-side tiles (k, v, point rows,
+value points) 40 KiB; 94 KiB at two stages in bf16. So BLOCK_M is capped at 4-8 by the
+accumulator, and the price is paid on the key side: every program re-reads the per-key
+operands (k, v and 36 point coordinates per head: 2.5 KiB per key in bf16) N / BLOCK_M times,
+2.6 GB of L2 traffic at N = 2048, BLOCK_M = 4, against z's 1.07 GB. Not tried: o_pair in shared
+memory (Triton has no explicit shared accumulators), heads or c_z split over programs (z would
+be read more than once), fp16/bf16 accumulation.
+
+Deviations from the reference (none changes the function):
+* Mask: the kernel adds m_i * inf * (m_j - 1), the SPEC's inf * (m_i m_j - 1) less inf on every
+  key of a masked query row (m_i = 0), a shift that is uniform over that row's keys, which the
+  softmax cancels: equal in exact arithmetic for any inf (taken from the config, never -inf).
+  Masked query rows then keep full fp32 precision (the reference's logits at -1e5 keep 1e-3).
+* Points are fp32 in every dtype, in a frame centred on each batch element's mean translation
+  (the output is invariant to that shift). fp32 computes distances directly, sum (q - k)^2;
+  16-bit inputs compute them as one 3xTF32 dot of the rows [-2 pw q | pw | pw |q|^2] and
+  [k | |k|^2 | 1] (`point_rows`) of the centred points, never the uncentred expansion: with
+  coordinates within ~70 A of the centre that costs ~1e-4 in the logits, negligible against the
+  bf16 tolerance, not against fp32's (measured under the interpreter at N = 70: 3.2e-6 against
+  6.2e-7 direct). Value points are summed in fp32 (IEEE, or 3xTF32 for 16-bit inputs).
+* Dots (`kernel_precisions`): fp32 inputs use IEEE dots for q.k and p.v and 3xTF32 for the two
+  z dots (fp32-accurate on tensor cores; IEEE fp32 dots run on CUDA cores at ~13 % of peak and
+  the z dots are 2 x 16 x c_z FMA per pair); bf16/fp16 use tensor cores with fp32 accumulation.
+  The logits, softmax and every accumulator are fp32; o_pair is rounded to the input dtype only
+  where linear_out reads it.
+
+Caveats. Forward only. Heads 1..16, c_z, c_hidden <= 128, points <= 16 (`MAX_SIZES`). Speed:
+the measured record and the prediction are in the final report of issue #18 (first version on
+the H200, N = 2048, B = 1, default layer: bf16 6.8 ms and fp32 28 ms with spills and masked
+per-element loads; the current kernel removes the spills in bf16 and the masks everywhere).
+Under the interpreter (`TRITON_INTERPRET=1`, read when the kernel module is first imported)
+every dot runs in numpy fp32 and one block-size config is used.
+
+This module imports no Triton: `build` imports the kernel module, and a missing Triton is a
+reason (`requires`), not an ImportError.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from variants.base import IPAFunction, Variant
+from variants.base2 import LOG2E
+from variants.openfold.problem import OpenFoldConfig, not_supported_reasons, validate_inputs
+from variants.openfold.reference import OpenFoldIPA, make_module
+from variants.problem import IPAInputError, Precision, get_precision
+from variants.triton import interpreter_mismatch
+
+# The kernel's padded axes: heads to 16 (a power of two, >= the 16 a tensor-core dot needs),
+# c_hidden, c_z and 3 * Pv to powers of two >= 16. Past these the register budget of the
+# docstring does not hold (c_z) or the kernels' shared helpers refuse (heads).
+MAX_SIZES = {"heads": 16, "head_dim": 128, "query_points": 16, "value_points": 16,
+             "pair_dim": 128}
+
+
+def kernel_precisions(dtype: torch.dtype, math_mode: str) -> tuple[str, str, str]:
+    """The `input_precision` of the kernel's dots for one dtype: (q.k and p.v, the two z dots,
+    the fp32 point dots p.v_pts and distances).
+
+    `dot_modes` (the simplified kernels' table) checks the arguments and gives bf16/fp16 their
+    tensor-core dots with fp32 accumulation. Its fp32 mode ("ieee" everywhere) is kept for
+    q.k and p.v but not for the two z dots: Triton lowers IEEE fp32 dots to CUDA-core FMAs at
+    ~13 % of peak (docs/perf-notes.md), and the z dots are 2 * 16 * c_z FMA per pair, 8x the
+    z read; 3xTF32 keeps them fp32-accurate on tensor cores. The point dots (fp32 operands in
+    every dtype) are IEEE in fp32 and 3xTF32 for 16-bit inputs, never plain TF32 (a TF32
+    rounding of 70 A coordinates is 0.03 A). The interpreter computes every dot in numpy fp32.
+    """
+    from variants.triton.common import dot_modes
+
+    modes = dot_modes(dtype, math_mode)
+    if dtype == torch.float32:
+        return modes.dot, "tf32x3", modes.points
+    return modes.dot, modes.dot, "tf32x3"
+
+
+def point_rows(q_pts: torch.Tensor, k_pts: torch.Tensor, point_weight: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distance term as one dot (16-bit inputs): q_pts, k_pts (B, N, H, P) fp32, centred
+    coordinates, point_weight (H,) -> query rows (B, H, P_PAD, N) and key rows
+    (B, H, N, P_PAD) whose dot over P_PAD is
+    point_weight * |q - k|^2: [-2 pw q | pw | pw |q|^2 | 0 ...] and [k | |k|^2 | 1 | 0 ...],
+    P_PAD = the power of two >= max(16, P + 2)."""
+    from variants.triton.common import pow2
+
+    B, N, H, P = q_pts.shape
+    pw = point_weight.view(1, 1, H, 1)
+    rows = pow2(P + 2)
+    qa = q_pts.new_zeros(B, N, H, rows)
+    ka = k_pts.new_zeros(B, N, H, rows)
+    qa[..., :P] = -2.0 * pw * q_pts
+    qa[..., P] = pw[..., 0]
+    qa[..., P + 1] = pw[..., 0] * (q_pts * q_pts).sum(-1)
+    ka[..., :P] = k_pts
+    ka[..., P] = (k_pts * k_pts).sum(-1)
+    ka[..., P + 1] = 1.0
+    return qa.permute(0, 2, 3, 1).contiguous(), ka.transpose(1, 2).contiguous()
+
+
+def tf32_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 x -> (hi, lo): hi = x rounded to TF32 (10 mantissa bits, to nearest, ties away from
+    zero: cvt.rna.tf32.f32 for finite x), lo = x - hi, exact. The kernel's tf32x3 dots take
+    the key-side operands and W_b split here, once, instead of per key block."""
+    hi = ((x.contiguous().view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
+    return hi, x - hi
+
+
+class FusedForward:
+    """The callable a build returns: the reference module's own projections in PyTorch (O(N)),
+    the fused kernel (O(N^2)), then the reference's inverse frame and linear_out."""
+
+    def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
+                 math_mode: str):
+        from variants.triton.common import pow2
+
+        cfg = module.config
+        self.module, self.config, self.device, self.dtype = module, cfg, device, dtype
+        self.precisions = kernel_precisions(dtype, math_mode)
+        self.points_dot = dtype != torch.float32
+        self.vp3_pad = pow2(3 * cfg.no_v_points)
+        # Points in fp32 in every dtype: fp32 copies of the module's point projections (their
+        # weights as the module holds them), so global coordinates at 100 A are not rounded to
+        # the input dtype (a bf16 ulp there is 0.5 A).
+        self.q_points = (module.linear_q_points if dtype == torch.float32
+                         else copy.deepcopy(module.linear_q_points).float())
+        self.kv_points = (module.linear_kv_points if dtype == torch.float32
+                          else copy.deepcopy(module.linear_kv_points).float())
+        # Logit factors in base-2 units (the kernel's softmax runs on exp2), from float64.
+        with torch.no_grad():
+            pq = cfg.no_qk_points
+            w = F.softplus(module.head_weights.double()) * math.sqrt(1.0 / (3 * (pq * 9.0 / 2)))
+            self.point_weight = (-0.5 * w * LOG2E).float().contiguous()
+            self.b_b = (module.linear_b.bias.double() * math.sqrt(1.0 / 3) * LOG2E).float()
+        self.w_b = module.linear_b.weight.detach().contiguous()
+        self.w_b_lo = None
+        if self.precisions[1] == "tf32x3":
+            self.w_b, self.w_b_lo = tf32_split(self.w_b)
+        self.q_scale = math.sqrt(1.0 / (3 * cfg.c_hidden)) * LOG2E
+
+    @torch.no_grad()
+    def __call__(self, s, z, translations, rotations, mask):
+        from variants.openfold.triton_kernel import KEY_PAD, launch
+        from variants.triton.common import check_runnable
+
+        cfg, mod = self.config, self.module
+        validate_inputs(cfg, s, z, translations, rotations, mask, dtypes=(self.dtype,),
+                        device=self.device, check_values=False)
+        check_runnable("s", s)
+        B, N, _ = s.shape
+        H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
+
+        # Prologue, O(N): the module's projections (SPEC steps 1-2); points in fp32, in a
+        # frame centred on each batch element's mean translation (the output is invariant to
+        # that shift, and the kernel's point sums and products stay small).
+        q = mod.linear_q(s).view(B, N, H, C)
+        kv = mod.linear_kv(s).view(B, N, H, 2 * C)
+        k, v = kv[..., :C], kv[..., C:]
+        rot = rotations.float()
+        trans = translations.float()
+        trans = trans - trans.mean(dim=1, keepdim=True)
+        s_pts = s if self.dtype == torch.float32 else s.float()
+        q_pts = self.q_points(s_pts, rot, trans).reshape(B, N, H, 3 * Pq)
+        kv_pts = self.kv_points(s_pts, rot, trans)  # (B, N, H, Pq + Pv, 3)
+        k_pts = kv_pts[..., :Pq, :].reshape(B, N, H, 3 * Pq)
+        # (B, H, VP3_PAD, NP): coordinates x keys, both zero-padded (the kernel's key blocks
+        # read v_pts unclamped)
+        v_pts = kv_pts[..., Pq:, :].reshape(B, N, H, 3 * Pv).permute(0, 2, 3, 1)
+        v_pts = F.pad(v_pts, (0, -N % KEY_PAD, 0, self.vp3_pad - 3 * Pv)).contiguous()
+        if self.points_dot:
+            q_pts, k_pts = point_rows(q_pts, k_pts, self.point_weight)
+        else:
+            q_pts = q_pts.permute(0, 2, 3, 1).contiguous()
+            k_pts = k_pts.permute(0, 2, 3, 1).contiguous()
+        qp_lo = kp_lo = vp_lo = None
+        if self.precisions[2] == "tf32x3":
+            v_pts, vp_lo = tf32_split(v_pts)
+            if self.points_dot:
+                q_pts, qp_lo = tf32_split(q_pts)
+                k_pts, kp_lo = tf32_split(k_pts)
+
+        # linear_out's input, fp32: [o | X | Y | Z | o_pt_norm | o_pair] (SPEC step 12).
+        hc, hp = H * C, H * Pv
+        cat = torch.empty(B, N, cfg.out_in_features, dtype=torch.float32, device=s.device)
+        o_pt = torch.empty(B, N, H, 3 * Pv, dtype=torch.float32, device=s.device)
+        launch(q, k, v, q_pts, k_pts, v_pts, mask.float().contiguous(), z, self.w_b, self.b_b,
+               self.point_weight, cat, o_pt, lows=(qp_lo, kp_lo, vp_lo, self.w_b_lo),
+               q_scale=self.q_scale, inf=cfg.inf,
+               precisions=self.precisions, points_dot=self.points_dot)
+
+        # Epilogue, O(N): back to each residue's frame (the module's own), norms, linear_out.
+        local = mod.to_local(o_pt.view(B, N, H, Pv, 3), rot, trans).reshape(B, N, hp, 3)
+        cat[..., hc:hc + 3 * hp] = local.permute(0, 1, 3, 2).reshape(B, N, 3 * hp)
+        cat[..., hc + 3 * hp:hc + 4 * hp] = torch.sqrt((local ** 2).sum(dim=-1) + cfg.eps)
+        return mod.linear_out(cat.to(self.dtype))
+
+
+class OpenFoldTriton(Variant):
+    name = "triton"
+    description = ("fused Triton kernel: z read once for the pair bias and the pair values, "
+                   "no N x N tensor")
+    problems = ("openfold",)
+    devices = ("cpu", "cuda")
+    precisions = ("fp32", "bf16", "fp16")
+    requires = ("triton",)
+
+    def code_paths(self):
+        here = Path(__file__).resolve().parent  # the kernel, and the module it reuses
+        return [here, here.parent / "triton" / "common.py", here.parent / "base2.py"]
+
+    def not_supported_reasons(self, config: OpenFoldConfig, device, precision):
+        reasons = (super().not_supported_reasons(config, device, precision)
+                   + not_supported_reasons(config, precision))
+        columns = config.columns()
+        for key, high in MAX_SIZES.items():
+            if columns[key] > high:
+                reasons.append(f"{key}={columns[key]} outside the supported range [1, {high}]")
+        reasons += interpreter_mismatch(device)
+        return reasons
+
+    def build(self, state_dict, config: OpenFoldConfig, device,
+              precision: str | Precision) -> IPAFunction:
+        precision = get_precision(precision)
+        reasons = self.not_supported_reasons(config, device, precision)
+        if reasons:
+            raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
+        # Imports Triton and defines the kernel now, not when timed.
+        from variants.openfold import triton_kernel  # noqa: F401
+        from variants.triton.common import chosen_configs
+
+        module = make_module(state_dict, config, device, precision.dtype)
+        forward = FusedForward(module, torch.device(device), precision.dtype,
+                               precision.math_mode)
+        forward.kernel_info = chosen_configs
+        return forward

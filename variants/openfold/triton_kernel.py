@@ -1,0 +1,338 @@
+"""The fused O(N^2) kernel of problem `openfold`'s `triton` variant (the design, the register
+budget and the deviations from the reference: `variants/openfold/triton_fused.py`).
+
+One program per (query block of BLOCK_M rows, batch element), all heads. Per key block of
+BLOCK_N keys it loads the z tile (BLOCK_M, BLOCK_N, c_z) once and uses it twice: for the pair
+bias of every head (one batched dot with W_b, before the softmax) and for the pair values
+o_pair (one batched dot with the attention, after it). Nothing N x N is written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from variants import base2
+from variants.triton.common import autotuned, cast_f32, pow2
+
+
+@triton.jit
+def _tf32_hi(x):
+    """fp32 x rounded to TF32 (10 mantissa bits, to nearest, ties away from zero): the value
+    of cvt.rna.tf32.f32 for finite x, in two integer instructions (Triton's own tf32x3 split
+    also tests for inf/NaN: five instructions per element on sm_90). x - _tf32_hi(x) is exact."""
+    return ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["N"])
+def _openfold_kernel(
+    Q, K, V,  # (B, N, H, C) views, input dtype, strides (sb, sn, sh, 1)
+    QP, KP,  # fp32 point rows, contiguous: (B, H, P3, N) coordinates, or with POINTS_DOT
+    # (B, H, P3, N) and (B, H, N, P3) rows of `triton_fused.point_rows` (their TF32 high
+    # parts when PTS_PRECISION is tf32x3)
+    QPL, KPL,  # with POINTS_DOT and PTS_PRECISION tf32x3: the low parts (x - hi), else unused
+    VP,  # (B, H, VP3_PAD, NP) fp32 value points, coordinates x keys, zero-padded (keys to NP,
+    # a multiple of every BLOCK_N), contiguous (TF32 high parts when PTS_PRECISION is tf32x3)
+    VPL,  # with PTS_PRECISION tf32x3: the low parts, else unused
+    MASK,  # (B, N) fp32, 1 = present
+    Z,  # (B, N, N, c_z) input dtype, any strides
+    WB,  # (H, c_z) linear_b.weight, input dtype, contiguous (TF32 high part when Z_PRECISION
+    # is tf32x3)
+    WBL,  # with Z_PRECISION tf32x3: W_b's low part, else unused
+    BB,  # (H,) fp32 linear_b.bias * sqrt(1/3) * log2(e)
+    PW,  # (H,) fp32 -w_h / 2 * log2(e): the point-distance factor
+    OUT,  # (B, N, W) fp32 rows of linear_out's input: o at column 0, o_pair at PAIR_COL
+    OPT,  # (B, N, H, 3*Pv) fp32: sum_j a_ij v_pts_j (global frame)
+    N,
+    NP,  # VP's padded key axis: keys are loaded unclamped, so contiguous (wide copies)
+    q_scale,  # sqrt(1/(3C)) * log2(e)
+    bias_scale,  # sqrt(1/3) * log2(e)
+    mask_inf,  # inf * log2(e)
+    stride_qb, stride_qn, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_zb, stride_zi, stride_zj, stride_zc,
+    stride_ob, stride_on,
+    N_KEY,  # autotune bucket, unused in the body
+    H: tl.constexpr,
+    H_PAD: tl.constexpr,
+    C: tl.constexpr,
+    C_PAD: tl.constexpr,
+    CZ: tl.constexpr,
+    CZ_PAD: tl.constexpr,
+    P3: tl.constexpr,  # rows of QP / KP
+    VP3: tl.constexpr,
+    VP3_PAD: tl.constexpr,
+    PAIR_COL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # q.k and p.v
+    Z_PRECISION: tl.constexpr,  # the two z dots (pair bias, o_pair)
+    PTS_PRECISION: tl.constexpr,  # p.v_pts and the distance dot (fp32 operands)
+    POINTS_DOT: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,  # tf32x3 dots as three TF32 dots of operands split by _tf32_hi (key
+    # side and W_b split by the host), else Triton's tf32x3 (which splits both operands of
+    # every dot in the loop); the same products either way
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, H_PAD)
+    offs_c = tl.arange(0, C_PAD)
+    offs_z = tl.arange(0, CZ_PAD)
+    offs_e = tl.arange(0, VP3_PAD)
+    m_ok = offs_m < N
+    h_ok = offs_h < H
+    c_ok = offs_c < C
+    z_ok = offs_z < CZ
+    e_ok = offs_e < VP3
+    # Two layouts of the (query, head, key) logits. Row-major (BLOCK_M, H_PAD, BLOCK_N) for the
+    # z terms (pair bias, o_pair: dots batched over query rows, each row's z_i. from the one
+    # tile) and the softmax. Head-major with keys before queries, (H_PAD, BLOCK_N, BLOCK_M), for
+    # the per-head terms (q.k, distances, p.v, p.v_pts: dots batched over heads, the key axis
+    # as M, so that a small BLOCK_M costs no padding of M).
+    hh = offs_h[:, None, None]
+    hh_ok = hh < H
+    # Loads in the key loop clamp their indices into range instead of masking (padded heads,
+    # channels, keys and rows read real, finite data): the zero padding that matters is in the
+    # loop-invariant operands (q, the point rows, W_b), keys j >= N get -inf logits, and
+    # padded rows, heads and channels are never stored.
+    hc = tl.minimum(offs_h, H - 1)[:, None, None]
+    # (a clamp hides contiguity from the compiler: channels are clamped only when padded)
+    kc_c = offs_c if C == C_PAD else tl.minimum(offs_c, C - 1)
+    zc = offs_z if CZ == CZ_PAD else tl.minimum(offs_z, CZ - 1)
+    bhc = b * H + hc
+    mq = offs_m[None, None, :]  # queries on the last axis
+    mq_ok = mq < N
+    bh = b * H + hh
+
+    q_t = tl.load(Q + b * stride_qb + mq * stride_qn + hh * stride_qh + offs_c[None, :, None],
+                  mask=hh_ok & mq_ok & c_ok[None, :, None], other=0.0)  # (H_PAD, C_PAD, BM)
+    if CAST_F32:
+        q_t = q_t.to(tl.float32)
+    if POINTS_DOT:
+        # QP rows [-2 pw q | pw | pw |q|^2 | 0], KP rows [k | |k|^2 | 1 | 0]: their dot is
+        # pw * |q - k|^2 (see triton_fused.point_rows)
+        offs_p = tl.arange(0, P3)
+        qp_t = tl.load(QP + (bh * P3 + offs_p[None, :, None]) * N + mq,
+                       mask=hh_ok & mq_ok, other=0.0)  # (H_PAD, P3, BM)
+        if PTS_PRECISION == "tf32x3":
+            qp_lo = tl.load(QPL + (bh * P3 + offs_p[None, :, None]) * N + mq,
+                            mask=hh_ok & mq_ok, other=0.0)
+            if not SPLIT:
+                qp_t = qp_t + qp_lo  # exact: the unsplit rows
+    else:
+        pw = tl.load(PW + hh, mask=hh_ok, other=0.0)
+    wb = tl.load(WB + offs_h[None, :] * CZ + offs_z[:, None],
+                 mask=h_ok[None, :] & z_ok[:, None], other=0.0)  # W_b^T (CZ_PAD, H_PAD)
+    if CAST_F32:
+        wb = wb.to(tl.float32)
+    if Z_PRECISION == "tf32x3":
+        wb_lo = tl.load(WBL + offs_h[None, :] * CZ + offs_z[:, None],
+                        mask=h_ok[None, :] & z_ok[:, None], other=0.0)
+        if SPLIT:
+            wb_lo = tl.broadcast_to(wb_lo[None, :, :], (BLOCK_M, CZ_PAD, H_PAD))
+        else:
+            wb = wb + wb_lo
+    wb = tl.broadcast_to(wb[None, :, :], (BLOCK_M, CZ_PAD, H_PAD))
+    bb = tl.load(BB + offs_h, mask=h_ok, other=0.0)
+    mask_i = tl.load(MASK + b * N + offs_m, mask=m_ok, other=0.0)
+    # m_i * inf * (m_j - 1) (log2 units): the SPEC's inf * (m_i m_j - 1) less inf on every key
+    # of a masked query row, a shift the softmax cancels (triton_fused.py, "Deviations").
+    row_inf = mask_i * mask_inf
+    z_rows = Z + b * stride_zb + tl.minimum(offs_m, N - 1)[:, None, None].to(tl.int64) * stride_zi
+
+    vp_rows = VP + b * (H * VP3_PAD) * NP  # this batch element's (H, VP3_PAD, NP) block
+    vpl_rows = VPL + b * (H * VP3_PAD) * NP
+
+    m_run = tl.full([BLOCK_M, H_PAD], float("-inf"), dtype=tl.float32)
+    l_run = tl.zeros([BLOCK_M, H_PAD], dtype=tl.float32)
+    acc_z = tl.zeros([BLOCK_M, H_PAD, CZ_PAD], dtype=tl.float32)
+    acc_v = tl.zeros([H_PAD, C_PAD, BLOCK_M], dtype=tl.float32)
+    acc_p = tl.zeros([H_PAD, VP3_PAD, BLOCK_M], dtype=tl.float32)
+    for j0 in range(0, N, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        offs_nv = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
+        n_ok = offs_n < N
+        n_in = tl.minimum(offs_n, N - 1)
+        nk = n_in[None, :, None]  # keys on the middle axis
+        # -- per-head terms (H_PAD, BN, BM): q.k / sqrt(3C) - w_h/2 sum_p |q_p - k_p|^2
+        k = tl.load(K + b * stride_kb + nk * stride_kn + hc * stride_kh
+                    + kc_c[None, None, :])  # (H_PAD, BN, C_PAD)
+        if CAST_F32:
+            k = k.to(tl.float32)
+        s_head = tl.dot(k, q_t, input_precision=DOT_PRECISION) * q_scale
+        if POINTS_DOT:
+            kp = tl.load(KP + (bhc * N + nk) * P3 + offs_p[None, None, :])  # (H_PAD, BN, P3)
+            if PTS_PRECISION == "tf32x3":
+                kp_lo = tl.load(KPL + (bhc * N + nk) * P3 + offs_p[None, None, :])
+                if SPLIT:  # small products first, as tf32x3 orders them
+                    s_head = tl.dot(kp_lo, qp_t, s_head, input_precision="tf32")
+                    s_head = tl.dot(kp, qp_lo, s_head, input_precision="tf32")
+                    s_head = tl.dot(kp, qp_t, s_head, input_precision="tf32")
+                else:
+                    s_head += tl.dot(kp + kp_lo, qp_t, input_precision="tf32x3")
+            else:
+                s_head += tl.dot(kp, qp_t, input_precision=PTS_PRECISION)
+        else:
+            # direct squared differences; the query coordinates are loaded in the loop (the
+            # mask names the loop index) so that they are not hoisted into P3 register tiles
+            dist = tl.zeros([H_PAD, BLOCK_N, BLOCK_M], dtype=tl.float32)
+            in_loop = tl.full([1, 1, BLOCK_M], j0, tl.int32) < N
+            for c in tl.static_range(P3):
+                qc = tl.load(QP + (bh * P3 + c) * N + mq, mask=hh_ok & mq_ok & in_loop,
+                             other=0.0)
+                kc = tl.load(KP + (bhc * P3 + c) * N + nk)
+                diff = kc - qc
+                dist += diff * diff
+            s_head += pw * dist
+        # -- the z tile, read once: (BM, BN, CZ_PAD); pair bias of every head (BM, BN, H_PAD)
+        zt = tl.load(z_rows + n_in[None, :, None].to(tl.int64) * stride_zj
+                     + zc[None, None, :] * stride_zc)
+        if CAST_F32:
+            zt = zt.to(tl.float32)
+        if Z_PRECISION == "tf32x3" and SPLIT:
+            # the tile split once, each half feeding both z dots
+            z_hi = _tf32_hi(zt)
+            z_lo = zt - z_hi
+            bias = tl.dot(z_lo, wb, input_precision="tf32")
+            bias = tl.dot(z_hi, wb_lo, bias, input_precision="tf32")
+            bias = tl.dot(z_hi, wb, bias, input_precision="tf32")
+        else:
+            bias = tl.dot(zt, wb, input_precision=Z_PRECISION)
+        mask_j = tl.load(MASK + b * N + n_in)
+        s = (tl.permute(s_head, (2, 0, 1)) + tl.permute(bias, (0, 2, 1)) * bias_scale
+             + bb[None, :, None] + (row_inf[:, None] * (mask_j[None, :] - 1.0))[:, None, :])
+        s = tl.where(n_ok[None, None, :], s, float("-inf"))
+        # -- online softmax over keys (axis 2), fp32, base 2
+        m_new = tl.maximum(m_run, tl.max(s, 2))
+        alpha = tl.exp2(m_run - m_new)
+        p = tl.exp2(s - m_new[:, :, None])
+        l_run = l_run * alpha + tl.sum(p, 2)
+        m_run = m_new
+        # -- o_pair: a_i (H_PAD, BN) @ z_i (BN, c_z), batched over rows i (the same tile)
+        if Z_PRECISION == "tf32x3" and SPLIT:
+            p_hi = _tf32_hi(p)
+            p_lo = p - p_hi
+            acc_z = acc_z * alpha[:, :, None]
+            acc_z = tl.dot(p_lo, z_hi, acc_z, input_precision="tf32")
+            acc_z = tl.dot(p_hi, z_lo, acc_z, input_precision="tf32")
+            acc_z = tl.dot(p_hi, z_hi, acc_z, input_precision="tf32")
+        else:
+            acc_z = acc_z * alpha[:, :, None] + tl.dot(p.to(zt.dtype), zt,
+                                                       input_precision=Z_PRECISION)
+        # -- scalar and point values, head-major: v^T (C, BN) @ a^T (BN, BM) per head
+        p_head = tl.permute(p, (1, 2, 0))  # (H_PAD, BN, BM)
+        alpha_head = tl.permute(alpha, (1, 0))[:, None, :]
+        v_t = tl.load(V + b * stride_vb + n_in[None, None, :] * stride_vn + hc * stride_vh
+                      + kc_c[None, :, None])  # (H_PAD, C_PAD, BN)
+        if CAST_F32:
+            v_t = v_t.to(tl.float32)
+        acc_v = acc_v * alpha_head + tl.dot(v_t, p_head.to(v_t.dtype),
+                                            input_precision=DOT_PRECISION)
+        # (H_PAD, VP3_PAD, BN), the dot's A operand with K (keys) contiguous, as ldmatrix
+        # wants it for 32-bit operands (keys padded to NP: no clamp, 16-byte copies)
+        vp_offs = (hc * VP3_PAD + offs_e[None, :, None]) * NP + offs_nv[None, None, :]
+        vp_t = tl.load(vp_rows + vp_offs)
+        if PTS_PRECISION == "tf32x3":
+            vp_lo = tl.load(vpl_rows + vp_offs)
+            if SPLIT:
+                ph_hi = _tf32_hi(p_head)
+                ph_lo = p_head - ph_hi
+                acc_p = acc_p * alpha_head
+                acc_p = tl.dot(vp_lo, ph_hi, acc_p, input_precision="tf32")
+                acc_p = tl.dot(vp_t, ph_lo, acc_p, input_precision="tf32")
+                acc_p = tl.dot(vp_t, ph_hi, acc_p, input_precision="tf32")
+            else:
+                acc_p = acc_p * alpha_head + tl.dot(vp_t + vp_lo, p_head,
+                                                    input_precision="tf32x3")
+        else:
+            acc_p = acc_p * alpha_head + tl.dot(vp_t, p_head, input_precision=PTS_PRECISION)
+
+    # -- epilogue: normalise and store (rows i >= N, padded heads and channels are not stored)
+    out_rows = OUT + b * stride_ob + offs_m.to(tl.int64) * stride_on
+    acc_z = acc_z / l_run[:, :, None]
+    tl.store(out_rows[:, None, None] + PAIR_COL + offs_h[None, :, None] * CZ
+             + offs_z[None, None, :], acc_z,
+             mask=m_ok[:, None, None] & h_ok[None, :, None] & z_ok[None, None, :])
+    l_head = tl.permute(l_run, (1, 0))[:, None, :]
+    acc_v = acc_v / l_head
+    tl.store(out_rows[None, None, :] + hh * C + offs_c[None, :, None], acc_v,
+             mask=hh_ok & mq_ok & c_ok[None, :, None])
+    acc_p = acc_p / l_head
+    tl.store(OPT + ((b * N + mq) * H + hh) * VP3 + offs_e[None, :, None], acc_p,
+             mask=hh_ok & mq_ok & e_ok[None, :, None])
+
+
+KEY_PAD = 64  # v_pts's key axis is padded to a multiple of this: of every BLOCK_N
+_KEY = ["N_KEY", "H_PAD", "C_PAD", "CZ_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "Z_PRECISION",
+        "PTS_PRECISION", "POINTS_DOT"]
+_INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": True}
+_kernel_fp32 = autotuned(
+    "openfold_fused_fp32",
+    _openfold_kernel,
+    configs=[
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "SPLIT": True}, num_warps=w, num_stages=s)
+        for m, n, w, s in [(2, 16, 8, 2), (4, 16, 8, 2), (4, 16, 8, 1)]
+    ],
+    key=_KEY,
+    interpreted=_INTERPRETED,
+)
+_kernel_16bit = autotuned(
+    "openfold_fused_16bit",
+    _openfold_kernel,
+    configs=[
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "SPLIT": True}, num_warps=w, num_stages=s)
+        for m, n, w, s in [(4, 16, 8, 2), (4, 16, 8, 3), (8, 16, 8, 2), (2, 16, 8, 2)]
+    ],
+    key=_KEY,
+    interpreted=_INTERPRETED,
+)
+
+
+def launch(q, k, v, q_pts, k_pts, v_pts, mask, z, w_b, b_b, point_weight, out, o_pt, *,
+           lows: tuple, q_scale: float, inf: float, precisions: tuple[str, str, str],
+           points_dot: bool) -> None:
+    """The kernel, unchecked (`triton_fused.FusedForward` builds every operand):
+
+    q, k, v        (B, N, H, C) views, innermost stride 1, input dtype
+    q_pts, k_pts   fp32 contiguous: the 3*Pq coordinates as (B, H, 3*Pq, N) each, or with
+                   `points_dot` the rows of `triton_fused.point_rows`, (B, H, P, N) and
+                   (B, H, N, P)
+    v_pts          (B, H, VP3_PAD, NP) fp32 contiguous, zero beyond 3*Pv and beyond key N;
+                   NP a multiple of 64 (`KEY_PAD`)
+    mask           (B, N) fp32 contiguous
+    z              (B, N, N, c_z) input dtype, any strides
+    w_b            (H, c_z) input dtype, contiguous (natural units)
+    b_b            (H,) fp32: linear_b.bias * sqrt(1/3) * log2(e)
+    point_weight   (H,) fp32: -w_h / 2 * log2(e)
+    out            (B, N, W) fp32, innermost stride 1: receives o (B, N, H*C) at column 0
+                   and o_pair (B, N, H*c_z) at column W - H*c_z
+    o_pt           (B, N, H, 3*Pv) fp32 contiguous: receives sum_j a_ij v_pts_j
+    lows           (q_pts, k_pts, v_pts, w_b)'s low parts where their dot is tf32x3 (the
+                   points with `points_dot`, v_pts, w_b; shaped as those, which then hold
+                   the TF32 high parts: `triton_fused.tf32_split`), None elsewhere
+    """
+    b, n, h, c = q.shape
+    cz = z.shape[3]
+    p3, vp3 = q_pts.shape[2], o_pt.shape[3]
+    kernel = _kernel_fp32 if q.dtype == torch.float32 else _kernel_16bit
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b)  # noqa: E731
+    qp_lo, kp_lo, vp_lo, wb_lo = (lo if lo is not None else hi for lo, hi in
+                                  zip(lows, (q_pts, k_pts, v_pts, w_b), strict=True))
+    kernel[grid](
+        q, k, v, q_pts, k_pts, qp_lo, kp_lo, v_pts, vp_lo, mask, z, w_b, wb_lo, b_b,
+        point_weight, out, o_pt,
+        n, v_pts.shape[3], q_scale, math.sqrt(1.0 / 3.0) * base2.LOG2E, inf * base2.LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), *z.stride(), out.stride(0), out.stride(1),
+        pow2(n, 64), H=h, H_PAD=pow2(h), C=c, C_PAD=pow2(c), CZ=cz, CZ_PAD=pow2(cz), P3=p3,
+        VP3=vp3, VP3_PAD=v_pts.shape[2], PAIR_COL=out.shape[2] - h * cz,
+        DOT_PRECISION=precisions[0], Z_PRECISION=precisions[1], PTS_PRECISION=precisions[2],
+        POINTS_DOT=points_dot,
+        CAST_F32=cast_f32(q.dtype),
+    )
