@@ -154,6 +154,46 @@ def test_16bit_matches_oracle(precision, config):
         ref[x.mask != 0], oracle[x.mask != 0])
 
 
+@needs_interpreter
+@pytest.mark.parametrize("meta", [
+    {"SPLIT": False, "ZCH": 1, "LAZY": False, "TC": 0, "BT": False},
+    {"SPLIT": True, "ZCH": 1, "LAZY": False, "TC": 1, "BT": False},
+    {"SPLIT": False, "ZCH": 2, "LAZY": True, "TC": 0, "BT": True, "BLOCK_M": 4}],
+    ids=["tf32x3-zch1-eager-fma", "split-zch1-eager-tc1", "tf32x3-zch2-lazy-fma-bt-bm4"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_every_code_path_the_autotuner_may_pick(precision, meta, monkeypatch):
+    """The constexpr paths the GPU configs select (SPLIT: the tf32x3 dots split by the host and
+    `_tf32_hi`, or Triton's tf32x3; ZCH: z in one or two channel chunks; LAZY: the online
+    softmax's rescaling skipped while no running max grows by more than 2^8; TC: fp32's IEEE
+    dots as split TF32; BT: the bias dot as W_b z^T) agree with the oracle (the interpreter
+    runs one config, SPLIT ZCH=2 LAZY TC=2 BT: the others are patched in). The interpreter's
+    dots are numpy fp32: what TF32 truncation does to the low parts is left to the GPU tests."""
+    from variants.openfold import triton_kernel as tk
+
+    for tuned in (tk._kernel_fp32, tk._kernel_16bit):
+        monkeypatch.setattr(tuned, "meta", {**tuned.meta, **meta})
+    inputs = make_inputs(AF2ISH, 2, 33, dtype=torch.float64, seed=5, lengths=[33, 20])
+    out, ref, oracle, x = run(AF2ISH, inputs, precision)
+    assert_within_protocol(out, ref, oracle, x.mask, precision)
+    if precision == "fp32":
+        assert parts_errors(out, ref, oracle, x.mask)["present"][0] <= rel_l2(
+            ref[x.mask != 0], oracle[x.mask != 0])
+
+
+def test_tf32_split_is_exact_and_rounds_to_nearest():
+    """hi has 10 mantissa bits (round to nearest, ties away from zero: cvt.rna.tf32.f32),
+    hi + lo == x exactly, |lo| <= ulp_tf32(x) / 2."""
+    from variants.openfold.triton_fused import tf32_split
+
+    x = torch.randn(4096, dtype=torch.float64).mul(100).float()
+    x[:3] = torch.tensor([1.0 + 2.0 ** -11, 1.0 + 2.0 ** -11 + 2.0 ** -20, -3.0])
+    hi, lo = tf32_split(x)
+    assert ((hi.view(torch.int32) & 0x1FFF) == 0).all()
+    assert torch.equal(hi + lo, x)
+    assert (lo.abs() <= hi.abs() * 2.0 ** -11).all()
+    assert hi[0] == 1.0 + 2.0 ** -10 and hi[1] == 1.0 + 2.0 ** -10 and hi[2] == -3.0
+
+
 # ---- the mask -------------------------------------------------------------------------------
 
 def _with_mask(x: OpenFoldInputs, mask: torch.Tensor) -> OpenFoldInputs:

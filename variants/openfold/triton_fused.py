@@ -32,17 +32,43 @@ operand (c_z x 8 heads per warp, hoisted: 16), the z tile as that dot's other op
 128 channels per warp: 32, transient) and as o_pair's (16 x 64: 16), the head-major tiles
 (16 heads x 16 keys x 8 padded queries over 256 threads: 8 each for logits, distances,
 probabilities), o and o_pt (8 + 16), the point operands in 3xTF32 (hi and lo halves). ptxas
-(sm_90, compiled on the CPU machine with triton 3.9): bf16 at BLOCK_M = 4 uses 240-255
-registers and no spills; BLOCK_M = 8 spills 176-264 bytes, BLOCK_N = 32 232 bytes. fp32 doubles
-every operand and 3xTF32 doubles the z and point operands again: 255 registers plus 300-470
-bytes of spills at BLOCK_M = 2 or 4 (the autotuner picks among them). Shared memory: the z tile
-is 16 KiB (bf16) or 32 KiB (fp32) per pipeline stage, the key-side tiles (k, v, point rows,
-value points) 40 KiB; 94 KiB at two stages in bf16. So BLOCK_M is capped at 4-8 by the
-accumulator, and the price is paid on the key side: every program re-reads the per-key
+(sm_90, compiled on the CPU machine with triton 3.9; every config's numbers in
+docs/perf-notes.md, "2026-12-03: openfold `triton` forward, compile-time measurements"): bf16
+at BLOCK_M = 4 uses 240 registers and no spills, BLOCK_M = 8 255 and 24-104 bytes of stack;
+fp32 doubles every operand and 3xTF32 doubles the z operands again: 255 registers plus 64-344
+bytes of stack at BLOCK_M = 2 or 4. Shared memory: the z tile is 16 KiB (bf16) or 32 KiB (fp32)
+per pipeline stage, the key-side tiles (k, v, point rows and value points with their TF32 low
+parts) ~70 KiB in bf16; 148 KiB at two stages (sm_90 allows 227). So BLOCK_M is capped at 4-8
+by the accumulator, and the price is paid on the key side: every program re-reads the per-key
 operands (k, v and 36 point coordinates per head: 2.5 KiB per key in bf16) N / BLOCK_M times,
 2.6 GB of L2 traffic at N = 2048, BLOCK_M = 4, against z's 1.07 GB. Not tried: o_pair in shared
 memory (Triton has no explicit shared accumulators), heads or c_z split over programs (z would
 be read more than once), fp16/bf16 accumulation.
+
+Instruction budget (the kernel is issue-bound: one 8-warp program per SM at 255 registers).
+The autotuner chooses among code paths as well as block sizes (constexprs of the configs):
+* SPLIT: every tf32x3 dot as three TF32 dots of operands split into TF32 high and low parts
+  (`tf32_split`: round to nearest, ties away, as cvt.rna.tf32.f32) once where that is cheap:
+  the key side (point rows, value points) and W_b by the host, the query side once per
+  program, the z tile and the probabilities in the loop by two integer ops (Triton's own
+  tf32x3 splits both operands of every dot in the loop, 5 instructions an element, which was
+  half of the bf16 loop). The products and their order are tf32x3's.
+* v_pts is stored coordinates x keys, keys zero-padded to a multiple of 64 (`KEY_PAD`), so that
+  the 32-bit A operand of p.v_pts is K-contiguous (ldmatrix) and its copies need no clamp.
+* ZCH = 2: the z tile in two channel halves, each with its own load, bias dot and o_pair
+  accumulator (fewer live operand registers; fp32 spills less).
+* LAZY: the accumulators are rescaled only when some running max grew by more than 2^8
+  (probabilities then stay <= 2^8, exact in fp32 and within bf16's range): FlashAttention-4's
+  trick, exact; it costs a block-wide max per key block.
+* TC = 1: fp32 inputs with IEEE dots run p.v and p.v_pts as split TF32 dots on tensor cores
+  (the host splits k, v and v_pts) instead of FMAs; TC = 2 adds q.k (no config: the dot's
+  layout doubles the direct distances' work at BLOCK_M = 4).
+* BT: the pair bias dot as W_b z_i^T, (BLOCK_M, H_PAD, BLOCK_N), the logits' own layout (no
+  permute); fewer instructions and spills at BLOCK_M = 8 in bf16, but Triton then copies the
+  z tile synchronously, and fp32 spills more.
+The last config of each list is the previous kernel (Triton's tf32x3, eager rescaling), kept
+as the control. Per (query, key) pair, warp-instructions in the key loop: bf16 99 -> 36-62,
+fp32 228 -> 164-187 (with spills).
 
 Deviations from the reference (none changes the function):
 * Mask: the kernel adds m_i * inf * (m_j - 1), the SPEC's inf * (m_i m_j - 1) less inf on every
@@ -51,14 +77,16 @@ Deviations from the reference (none changes the function):
   Masked query rows then keep full fp32 precision (the reference's logits at -1e5 keep 1e-3).
 * Points are fp32 in every dtype, in a frame centred on each batch element's mean translation
   (the output is invariant to that shift). fp32 computes distances directly, sum (q - k)^2;
-  16-bit inputs compute them as one 3xTF32 dot of the rows [-2 pw q | pw | pw |q|^2] and
-  [k | |k|^2 | 1] (`point_rows`) of the centred points, never the uncentred expansion: with
+  16-bit inputs compute them as one 3xTF32 dot (see SPLIT) of the rows [-2 pw q | pw |
+  pw |q|^2] and [k | |k|^2 | 1] (`point_rows`) of the centred points, never the uncentred
+  expansion: with
   coordinates within ~70 A of the centre that costs ~1e-4 in the logits, negligible against the
   bf16 tolerance, not against fp32's (measured under the interpreter at N = 70: 3.2e-6 against
   6.2e-7 direct). Value points are summed in fp32 (IEEE, or 3xTF32 for 16-bit inputs).
 * Dots (`kernel_precisions`): fp32 inputs use IEEE dots for q.k and p.v and 3xTF32 for the two
   z dots (fp32-accurate on tensor cores; IEEE fp32 dots run on CUDA cores at ~13 % of peak and
-  the z dots are 2 x 16 x c_z FMA per pair); bf16/fp16 use tensor cores with fp32 accumulation.
+  the z dots are 2 x 16 x c_z FMA per pair; with TC the configs may run p.v and p.v_pts as
+  3xTF32 too); bf16/fp16 use tensor cores with fp32 accumulation.
   The logits, softmax and every accumulator are fp32; o_pair is rounded to the input dtype only
   where linear_out reads it.
 
@@ -213,19 +241,25 @@ class FusedForward:
         else:
             q_pts = q_pts.permute(0, 2, 3, 1).contiguous()
             k_pts = k_pts.permute(0, 2, 3, 1).contiguous()
-        qp_lo = kp_lo = vp_lo = None
+        # TF32 splits of the key side, once here (the query side in the kernel): the
+        # operands of tf32x3 dots, and for fp32 IEEE dots those of the TC configs
+        kp_lo = vp_lo = k_lo = v_lo = None
         if self.precisions[2] == "tf32x3":
             v_pts, vp_lo = tf32_split(v_pts)
             if self.points_dot:
-                q_pts, qp_lo = tf32_split(q_pts)
                 k_pts, kp_lo = tf32_split(k_pts)
+        if self.dtype == torch.float32 and self.precisions[0] == "ieee":
+            kv_lo = tf32_split(kv)[1]
+            k_lo, v_lo = kv_lo[..., :C], kv_lo[..., C:]
+            if vp_lo is None:
+                vp_lo = tf32_split(v_pts)[1]
 
         # linear_out's input, fp32: [o | X | Y | Z | o_pt_norm | o_pair] (SPEC step 12).
         hc, hp = H * C, H * Pv
         cat = torch.empty(B, N, cfg.out_in_features, dtype=torch.float32, device=s.device)
         o_pt = torch.empty(B, N, H, 3 * Pv, dtype=torch.float32, device=s.device)
         launch(q, k, v, q_pts, k_pts, v_pts, mask.float().contiguous(), z, self.w_b, self.b_b,
-               self.point_weight, cat, o_pt, lows=(qp_lo, kp_lo, vp_lo, self.w_b_lo),
+               self.point_weight, cat, o_pt, lows=(kp_lo, vp_lo, self.w_b_lo, k_lo, v_lo),
                q_scale=self.q_scale, inf=cfg.inf,
                precisions=self.precisions, points_dot=self.points_dot)
 

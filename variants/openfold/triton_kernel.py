@@ -27,16 +27,91 @@ def _tf32_hi(x):
     return ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _w_tiles(WB, WBL, offs_h, h_ok, offs_c, c_ok, CZ: tl.constexpr, BLOCK_M: tl.constexpr,
+             Z_PRECISION: tl.constexpr, SPLIT: tl.constexpr, CAST_F32: tl.constexpr,
+             BT: tl.constexpr):
+    """W_b's columns offs_c, (BLOCK_M, H_PAD, len(offs_c)) with BT, else W_b^T's rows
+    (BLOCK_M, len(offs_c), H_PAD), and its low part (W_b again where there is none)."""
+    if BT:
+        w_offs = offs_h[:, None] * CZ + offs_c[None, :]
+        w_ok = h_ok[:, None] & c_ok[None, :]
+    else:
+        w_offs = offs_h[None, :] * CZ + offs_c[:, None]
+        w_ok = h_ok[None, :] & c_ok[:, None]
+    w = tl.load(WB + w_offs, mask=w_ok, other=0.0)
+    if CAST_F32:
+        w = w.to(tl.float32)
+    w_lo = w
+    if Z_PRECISION == "tf32x3":
+        w_lo = tl.load(WBL + w_offs, mask=w_ok, other=0.0)
+        if not SPLIT:
+            w = w + w_lo
+    w = tl.broadcast_to(w[None, :, :], (BLOCK_M, w.shape[0], w.shape[1]))
+    w_lo = tl.broadcast_to(w_lo[None, :, :], (BLOCK_M, w.shape[1], w.shape[2]))
+    return w, w_lo
+
+
+@triton.jit
+def _bias_dot(z, w, acc, precision: tl.constexpr, BT: tl.constexpr):
+    """acc + the pair bias of a z tile (BM, BN, c): W_b z_i^T (BM, H_PAD, BN) with BT, else
+    z_i W_b^T (BM, BN, H_PAD)."""
+    if BT:
+        acc = tl.dot(w, tl.permute(z, (0, 2, 1)), acc, input_precision=precision)
+    else:
+        acc = tl.dot(z, w, acc, input_precision=precision)
+    return acc
+
+
+@triton.jit
+def _z_bias(zt, w, w_lo, Z_PRECISION: tl.constexpr, SPLIT: tl.constexpr, BT: tl.constexpr):
+    """The pair bias of one z tile (BM, BN, c) (c_z channels or a chunk), logits' layout
+    (BM, H_PAD, BN) with BT (p's dot accumulator then feeds the o_pair dot as its A operand
+    without a shuffle), else (BM, BN, H_PAD); and the tile's TF32 halves for the o_pair dot
+    (the tile itself twice where unused)."""
+    if BT:
+        bias = tl.zeros([zt.shape[0], w.shape[1], zt.shape[1]], dtype=tl.float32)
+    else:
+        bias = tl.zeros([zt.shape[0], zt.shape[1], w.shape[2]], dtype=tl.float32)
+    if Z_PRECISION == "tf32x3" and SPLIT:
+        z_hi = _tf32_hi(zt)
+        z_lo = zt - z_hi
+        bias = _bias_dot(z_lo, w, bias, "tf32", BT)
+        bias = _bias_dot(z_hi, w_lo, bias, "tf32", BT)
+        bias = _bias_dot(z_hi, w, bias, "tf32", BT)
+    else:
+        z_hi = zt
+        z_lo = zt
+        bias = _bias_dot(zt, w, bias, Z_PRECISION, BT)
+    return bias, z_hi, z_lo
+
+
+@triton.jit
+def _z_pair(acc, p, p_hi, p_lo, zt, z_hi, z_lo, Z_PRECISION: tl.constexpr,
+            SPLIT: tl.constexpr):
+    """acc (BM, H_PAD, c) + p (BM, H_PAD, BN) @ the z tile (BM, BN, c)."""
+    if Z_PRECISION == "tf32x3" and SPLIT:
+        acc = tl.dot(p_lo, z_hi, acc, input_precision="tf32")
+        acc = tl.dot(p_hi, z_lo, acc, input_precision="tf32")
+        acc = tl.dot(p_hi, z_hi, acc, input_precision="tf32")
+    else:
+        acc += tl.dot(p.to(zt.dtype), zt, input_precision=Z_PRECISION)
+    return acc
+
+
 @triton.jit(do_not_specialize=["N"])
 def _openfold_kernel(
     Q, K, V,  # (B, N, H, C) views, input dtype, strides (sb, sn, sh, 1)
+    KL, VL,  # with TC (fp32 IEEE dots): the low parts k - tf32(k), v - tf32(v), K's and V's
+    # strides; else unused
     QP, KP,  # fp32 point rows, contiguous: (B, H, P3, N) coordinates, or with POINTS_DOT
-    # (B, H, P3, N) and (B, H, N, P3) rows of `triton_fused.point_rows` (their TF32 high
-    # parts when PTS_PRECISION is tf32x3)
-    QPL, KPL,  # with POINTS_DOT and PTS_PRECISION tf32x3: the low parts (x - hi), else unused
+    # (B, H, P3, N) and (B, H, N, P3) rows of `triton_fused.point_rows` (KP: the TF32 high
+    # parts when PTS_PRECISION is tf32x3; QP is split here, once)
+    KPL,  # with POINTS_DOT and PTS_PRECISION tf32x3: KP's low parts (x - hi), else unused
     VP,  # (B, H, VP3_PAD, NP) fp32 value points, coordinates x keys, zero-padded (keys to NP,
     # a multiple of every BLOCK_N), contiguous (TF32 high parts when PTS_PRECISION is tf32x3)
-    VPL,  # with PTS_PRECISION tf32x3: the low parts, else unused
+    VPL,  # the low parts with PTS_PRECISION tf32x3 (VP the high parts) or with TC (VP the
+    # points themselves), else unused
     MASK,  # (B, N) fp32, 1 = present
     Z,  # (B, N, N, c_z) input dtype, any strides
     WB,  # (H, c_z) linear_b.weight, input dtype, contiguous (TF32 high part when Z_PRECISION
@@ -74,6 +149,12 @@ def _openfold_kernel(
     CAST_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TC: tl.constexpr,  # fp32 inputs, IEEE dots: 1 = p.v and p.v_pts, 2 = q.k too, as three
+    # TF32 dots of split operands (tensor cores) instead of FMA; 0 = FMA
+    BT: tl.constexpr,  # the pair bias dot as W_b z^T, in the logits' (BM, H_PAD, BN) layout
+    LAZY: tl.constexpr,  # rescale the accumulators only when a running max grew by > 2^8
+    ZCH: tl.constexpr,  # 1 or 2: the z tile in ZCH chunks of channels, each with its own
+    # loads, bias dot and o_pair accumulator (the live dot operands shrink with the chunk)
     SPLIT: tl.constexpr,  # tf32x3 dots as three TF32 dots of operands split by _tf32_hi (key
     # side and W_b split by the host), else Triton's tf32x3 (which splits both operands of
     # every dot in the loop); the same products either way
@@ -83,12 +164,10 @@ def _openfold_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_h = tl.arange(0, H_PAD)
     offs_c = tl.arange(0, C_PAD)
-    offs_z = tl.arange(0, CZ_PAD)
     offs_e = tl.arange(0, VP3_PAD)
     m_ok = offs_m < N
     h_ok = offs_h < H
     c_ok = offs_c < C
-    z_ok = offs_z < CZ
     e_ok = offs_e < VP3
     # Two layouts of the (query, head, key) logits. Row-major (BLOCK_M, H_PAD, BLOCK_N) for the
     # z terms (pair bias, o_pair: dots batched over query rows, each row's z_i. from the one
@@ -104,7 +183,6 @@ def _openfold_kernel(
     hc = tl.minimum(offs_h, H - 1)[:, None, None]
     # (a clamp hides contiguity from the compiler: channels are clamped only when padded)
     kc_c = offs_c if C == C_PAD else tl.minimum(offs_c, C - 1)
-    zc = offs_z if CZ == CZ_PAD else tl.minimum(offs_z, CZ - 1)
     bhc = b * H + hc
     mq = offs_m[None, None, :]  # queries on the last axis
     mq_ok = mq < N
@@ -114,31 +192,33 @@ def _openfold_kernel(
                   mask=hh_ok & mq_ok & c_ok[None, :, None], other=0.0)  # (H_PAD, C_PAD, BM)
     if CAST_F32:
         q_t = q_t.to(tl.float32)
+    TC_ON: tl.constexpr = TC > 0 and DOT_PRECISION == "ieee" and Q.dtype.element_ty == tl.float32
+    TC_QK: tl.constexpr = TC_ON and TC > 1
+    if TC_QK:
+        q_lo = q_t - _tf32_hi(q_t)
+        q_t = q_t - q_lo
     if POINTS_DOT:
         # QP rows [-2 pw q | pw | pw |q|^2 | 0], KP rows [k | |k|^2 | 1 | 0]: their dot is
         # pw * |q - k|^2 (see triton_fused.point_rows)
         offs_p = tl.arange(0, P3)
         qp_t = tl.load(QP + (bh * P3 + offs_p[None, :, None]) * N + mq,
                        mask=hh_ok & mq_ok, other=0.0)  # (H_PAD, P3, BM)
-        if PTS_PRECISION == "tf32x3":
-            qp_lo = tl.load(QPL + (bh * P3 + offs_p[None, :, None]) * N + mq,
-                            mask=hh_ok & mq_ok, other=0.0)
-            if not SPLIT:
-                qp_t = qp_t + qp_lo  # exact: the unsplit rows
+        if PTS_PRECISION == "tf32x3" and SPLIT:
+            qp_lo = qp_t - _tf32_hi(qp_t)
+            qp_t = qp_t - qp_lo
     else:
         pw = tl.load(PW + hh, mask=hh_ok, other=0.0)
-    wb = tl.load(WB + offs_h[None, :] * CZ + offs_z[:, None],
-                 mask=h_ok[None, :] & z_ok[:, None], other=0.0)  # W_b^T (CZ_PAD, H_PAD)
-    if CAST_F32:
-        wb = wb.to(tl.float32)
-    if Z_PRECISION == "tf32x3":
-        wb_lo = tl.load(WBL + offs_h[None, :] * CZ + offs_z[:, None],
-                        mask=h_ok[None, :] & z_ok[:, None], other=0.0)
-        if SPLIT:
-            wb_lo = tl.broadcast_to(wb_lo[None, :, :], (BLOCK_M, CZ_PAD, H_PAD))
-        else:
-            wb = wb + wb_lo
-    wb = tl.broadcast_to(wb[None, :, :], (BLOCK_M, CZ_PAD, H_PAD))
+    # W_b per channel chunk, hoisted: (BM, H_PAD, CZH) with BT, else W_b^T (BM, CZH, H_PAD)
+    CZH: tl.constexpr = CZ_PAD // ZCH
+    offs_z0 = tl.arange(0, CZH)
+    zc0 = offs_z0 if CZ == CZ_PAD else tl.minimum(offs_z0, CZ - 1)
+    wb, wb_lo = _w_tiles(WB, WBL, offs_h, h_ok, offs_z0, offs_z0 < CZ, CZ, BLOCK_M,
+                         Z_PRECISION, SPLIT, CAST_F32, BT)
+    if ZCH == 2:
+        offs_z1 = CZH + offs_z0
+        zc1 = offs_z1 if CZ == CZ_PAD else tl.minimum(offs_z1, CZ - 1)
+        wb1, wb1_lo = _w_tiles(WB, WBL, offs_h, h_ok, offs_z1, offs_z1 < CZ, CZ, BLOCK_M,
+                               Z_PRECISION, SPLIT, CAST_F32, BT)
     bb = tl.load(BB + offs_h, mask=h_ok, other=0.0)
     mask_i = tl.load(MASK + b * N + offs_m, mask=m_ok, other=0.0)
     # m_i * inf * (m_j - 1) (log2 units): the SPEC's inf * (m_i m_j - 1) less inf on every key
@@ -146,12 +226,15 @@ def _openfold_kernel(
     row_inf = mask_i * mask_inf
     z_rows = Z + b * stride_zb + tl.minimum(offs_m, N - 1)[:, None, None].to(tl.int64) * stride_zi
 
+    kp_rows = KP + b * (H * P3) * N  # this batch element's (H, N, P3) block (POINTS_DOT)
+    kpl_rows = KPL + b * (H * P3) * N
     vp_rows = VP + b * (H * VP3_PAD) * NP  # this batch element's (H, VP3_PAD, NP) block
     vpl_rows = VPL + b * (H * VP3_PAD) * NP
 
     m_run = tl.full([BLOCK_M, H_PAD], float("-inf"), dtype=tl.float32)
     l_run = tl.zeros([BLOCK_M, H_PAD], dtype=tl.float32)
-    acc_z = tl.zeros([BLOCK_M, H_PAD, CZ_PAD], dtype=tl.float32)
+    acc_z = tl.zeros([BLOCK_M, H_PAD, CZH], dtype=tl.float32)
+    acc_z1 = tl.zeros([BLOCK_M, H_PAD, CZH], dtype=tl.float32)  # ZCH = 2: channels CZH..
     acc_v = tl.zeros([H_PAD, C_PAD, BLOCK_M], dtype=tl.float32)
     acc_p = tl.zeros([H_PAD, VP3_PAD, BLOCK_M], dtype=tl.float32)
     for j0 in range(0, N, BLOCK_N):
@@ -161,15 +244,24 @@ def _openfold_kernel(
         n_in = tl.minimum(offs_n, N - 1)
         nk = n_in[None, :, None]  # keys on the middle axis
         # -- per-head terms (H_PAD, BN, BM): q.k / sqrt(3C) - w_h/2 sum_p |q_p - k_p|^2
-        k = tl.load(K + b * stride_kb + nk * stride_kn + hc * stride_kh
-                    + kc_c[None, None, :])  # (H_PAD, BN, C_PAD)
+        k_offs = b * stride_kb + nk * stride_kn + hc * stride_kh + kc_c[None, None, :]
+        k = tl.load(K + k_offs)  # (H_PAD, BN, C_PAD)
         if CAST_F32:
             k = k.to(tl.float32)
-        s_head = tl.dot(k, q_t, input_precision=DOT_PRECISION) * q_scale
+        if TC_QK:
+            k_lo = tl.load(KL + k_offs)
+            k = k - k_lo
+            s_head = tl.dot(k_lo, q_t, input_precision="tf32")
+            s_head = tl.dot(k, q_lo, s_head, input_precision="tf32")
+            s_head = tl.dot(k, q_t, s_head, input_precision="tf32") * q_scale
+        else:
+            s_head = tl.dot(k, q_t, input_precision=DOT_PRECISION) * q_scale
         if POINTS_DOT:
-            kp = tl.load(KP + (bhc * N + nk) * P3 + offs_p[None, None, :])  # (H_PAD, BN, P3)
+            # (H_PAD, BN, P3); int32 offsets from this batch element's block
+            kp_offs = (hc * N + nk) * P3 + offs_p[None, None, :]
+            kp = tl.load(kp_rows + kp_offs)
             if PTS_PRECISION == "tf32x3":
-                kp_lo = tl.load(KPL + (bhc * N + nk) * P3 + offs_p[None, None, :])
+                kp_lo = tl.load(kpl_rows + kp_offs)
                 if SPLIT:  # small products first, as tf32x3 orders them
                     s_head = tl.dot(kp_lo, qp_t, s_head, input_precision="tf32")
                     s_head = tl.dot(kp, qp_lo, s_head, input_precision="tf32")
@@ -191,49 +283,73 @@ def _openfold_kernel(
                 dist += diff * diff
             s_head += pw * dist
         # -- the z tile, read once: (BM, BN, CZ_PAD); pair bias of every head (BM, BN, H_PAD)
-        zt = tl.load(z_rows + n_in[None, :, None].to(tl.int64) * stride_zj
-                     + zc[None, None, :] * stride_zc)
+        z_keys = z_rows + n_in[None, :, None].to(tl.int64) * stride_zj
+        zt = tl.load(z_keys + zc0[None, None, :] * stride_zc)
         if CAST_F32:
             zt = zt.to(tl.float32)
-        if Z_PRECISION == "tf32x3" and SPLIT:
-            # the tile split once, each half feeding both z dots
-            z_hi = _tf32_hi(zt)
-            z_lo = zt - z_hi
-            bias = tl.dot(z_lo, wb, input_precision="tf32")
-            bias = tl.dot(z_hi, wb_lo, bias, input_precision="tf32")
-            bias = tl.dot(z_hi, wb, bias, input_precision="tf32")
-        else:
-            bias = tl.dot(zt, wb, input_precision=Z_PRECISION)
+        # (with SPLIT the tile's TF32 halves feed both z dots)
+        bias, z_hi, z_lo = _z_bias(zt, wb, wb_lo, Z_PRECISION, SPLIT, BT)
+        if ZCH == 2:
+            zt1 = tl.load(z_keys + zc1[None, None, :] * stride_zc)
+            if CAST_F32:
+                zt1 = zt1.to(tl.float32)
+            bias1, z1_hi, z1_lo = _z_bias(zt1, wb1, wb1_lo, Z_PRECISION, SPLIT, BT)
+            bias += bias1
         mask_j = tl.load(MASK + b * N + n_in)
-        s = (tl.permute(s_head, (2, 0, 1)) + tl.permute(bias, (0, 2, 1)) * bias_scale
+        if not BT:
+            bias = tl.permute(bias, (0, 2, 1))
+        s = (tl.permute(s_head, (2, 0, 1)) + bias * bias_scale
              + bb[None, :, None] + (row_inf[:, None] * (mask_j[None, :] - 1.0))[:, None, :])
         s = tl.where(n_ok[None, None, :], s, float("-inf"))
-        # -- online softmax over keys (axis 2), fp32, base 2
+        # -- online softmax over keys (axis 2), fp32, base 2; the accumulators rescaled here
         m_new = tl.maximum(m_run, tl.max(s, 2))
-        alpha = tl.exp2(m_run - m_new)
-        p = tl.exp2(s - m_new[:, :, None])
-        l_run = l_run * alpha + tl.sum(p, 2)
-        m_run = m_new
+        if LAZY:
+            # only when some running max grew by more than 2^8 (else the stale max stays,
+            # p <= 2^8: exact in fp32 and bf16's range); the first block always rescales
+            rescale = tl.max(tl.max(m_new - m_run, 1), 0) > 8.0
+        else:
+            rescale = True
+        if rescale:
+            alpha = tl.exp2(m_run - m_new)
+            l_run = l_run * alpha
+            acc_z = acc_z * alpha[:, :, None]
+            if ZCH == 2:
+                acc_z1 = acc_z1 * alpha[:, :, None]
+            alpha_head = tl.permute(alpha, (1, 0))[:, None, :]
+            acc_v = acc_v * alpha_head
+            acc_p = acc_p * alpha_head
+            m_run = m_new
+        p = tl.exp2(s - m_run[:, :, None])
+        l_run = l_run + tl.sum(p, 2)
         # -- o_pair: a_i (H_PAD, BN) @ z_i (BN, c_z), batched over rows i (the same tile)
+        p_hi = p
+        p_lo = p
         if Z_PRECISION == "tf32x3" and SPLIT:
             p_hi = _tf32_hi(p)
             p_lo = p - p_hi
-            acc_z = acc_z * alpha[:, :, None]
-            acc_z = tl.dot(p_lo, z_hi, acc_z, input_precision="tf32")
-            acc_z = tl.dot(p_hi, z_lo, acc_z, input_precision="tf32")
-            acc_z = tl.dot(p_hi, z_hi, acc_z, input_precision="tf32")
-        else:
-            acc_z = acc_z * alpha[:, :, None] + tl.dot(p.to(zt.dtype), zt,
-                                                       input_precision=Z_PRECISION)
+        acc_z = _z_pair(acc_z, p, p_hi, p_lo, zt, z_hi, z_lo, Z_PRECISION, SPLIT)
+        if ZCH == 2:
+            acc_z1 = _z_pair(acc_z1, p, p_hi, p_lo, zt1, z1_hi, z1_lo, Z_PRECISION, SPLIT)
         # -- scalar and point values, head-major: v^T (C, BN) @ a^T (BN, BM) per head
         p_head = tl.permute(p, (1, 2, 0))  # (H_PAD, BN, BM)
-        alpha_head = tl.permute(alpha, (1, 0))[:, None, :]
-        v_t = tl.load(V + b * stride_vb + n_in[None, None, :] * stride_vn + hc * stride_vh
-                      + kc_c[None, :, None])  # (H_PAD, C_PAD, BN)
+        ph_hi = p_head
+        ph_lo = p_head
+        if (PTS_PRECISION == "tf32x3" and SPLIT) or TC_ON:
+            ph_hi = _tf32_hi(p_head)
+            ph_lo = p_head - ph_hi
+        v_offs = b * stride_vb + n_in[None, None, :] * stride_vn + hc * stride_vh \
+            + kc_c[None, :, None]
+        v_t = tl.load(V + v_offs)  # (H_PAD, C_PAD, BN)
         if CAST_F32:
             v_t = v_t.to(tl.float32)
-        acc_v = acc_v * alpha_head + tl.dot(v_t, p_head.to(v_t.dtype),
-                                            input_precision=DOT_PRECISION)
+        if TC_ON:
+            v_lo = tl.load(VL + v_offs)
+            v_t = v_t - v_lo
+            acc_v = tl.dot(v_lo, ph_hi, acc_v, input_precision="tf32")
+            acc_v = tl.dot(v_t, ph_lo, acc_v, input_precision="tf32")
+            acc_v = tl.dot(v_t, ph_hi, acc_v, input_precision="tf32")
+        else:
+            acc_v = tl.dot(v_t, p_head.to(v_t.dtype), acc_v, input_precision=DOT_PRECISION)
         # (H_PAD, VP3_PAD, BN), the dot's A operand with K (keys) contiguous, as ldmatrix
         # wants it for 32-bit operands (keys padded to NP: no clamp, 16-byte copies)
         vp_offs = (hc * VP3_PAD + offs_e[None, :, None]) * NP + offs_nv[None, None, :]
@@ -241,24 +357,31 @@ def _openfold_kernel(
         if PTS_PRECISION == "tf32x3":
             vp_lo = tl.load(vpl_rows + vp_offs)
             if SPLIT:
-                ph_hi = _tf32_hi(p_head)
-                ph_lo = p_head - ph_hi
-                acc_p = acc_p * alpha_head
                 acc_p = tl.dot(vp_lo, ph_hi, acc_p, input_precision="tf32")
                 acc_p = tl.dot(vp_t, ph_lo, acc_p, input_precision="tf32")
                 acc_p = tl.dot(vp_t, ph_hi, acc_p, input_precision="tf32")
             else:
-                acc_p = acc_p * alpha_head + tl.dot(vp_t + vp_lo, p_head,
-                                                    input_precision="tf32x3")
+                acc_p += tl.dot(vp_t + vp_lo, p_head, input_precision="tf32x3")
+        elif TC_ON:  # VP holds the unsplit points here
+            vp_lo = tl.load(vpl_rows + vp_offs)
+            vp_t = vp_t - vp_lo
+            acc_p = tl.dot(vp_lo, ph_hi, acc_p, input_precision="tf32")
+            acc_p = tl.dot(vp_t, ph_lo, acc_p, input_precision="tf32")
+            acc_p = tl.dot(vp_t, ph_hi, acc_p, input_precision="tf32")
         else:
-            acc_p = acc_p * alpha_head + tl.dot(vp_t, p_head, input_precision=PTS_PRECISION)
+            acc_p += tl.dot(vp_t, p_head, input_precision=PTS_PRECISION)
 
     # -- epilogue: normalise and store (rows i >= N, padded heads and channels are not stored)
     out_rows = OUT + b * stride_ob + offs_m.to(tl.int64) * stride_on
     acc_z = acc_z / l_run[:, :, None]
     tl.store(out_rows[:, None, None] + PAIR_COL + offs_h[None, :, None] * CZ
-             + offs_z[None, None, :], acc_z,
-             mask=m_ok[:, None, None] & h_ok[None, :, None] & z_ok[None, None, :])
+             + offs_z0[None, None, :], acc_z,
+             mask=m_ok[:, None, None] & h_ok[None, :, None] & (offs_z0 < CZ)[None, None, :])
+    if ZCH == 2:
+        acc_z1 = acc_z1 / l_run[:, :, None]
+        tl.store(out_rows[:, None, None] + PAIR_COL + offs_h[None, :, None] * CZ
+                 + offs_z1[None, None, :], acc_z1,
+                 mask=m_ok[:, None, None] & h_ok[None, :, None] & (offs_z1 < CZ)[None, None, :])
     l_head = tl.permute(l_run, (1, 0))[:, None, :]
     acc_v = acc_v / l_head
     tl.store(out_rows[None, None, :] + hh * C + offs_c[None, :, None], acc_v,
@@ -271,27 +394,34 @@ def _openfold_kernel(
 KEY_PAD = 64  # v_pts's key axis is padded to a multiple of this: of every BLOCK_N
 _KEY = ["N_KEY", "H_PAD", "C_PAD", "CZ_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "Z_PRECISION",
         "PTS_PRECISION", "POINTS_DOT"]
-_INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": True}
-_kernel_fp32 = autotuned(
-    "openfold_fused_fp32",
-    _openfold_kernel,
-    configs=[
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "SPLIT": True}, num_warps=w, num_stages=s)
-        for m, n, w, s in [(2, 16, 8, 2), (4, 16, 8, 2), (4, 16, 8, 1)]
-    ],
-    key=_KEY,
-    interpreted=_INTERPRETED,
-)
-_kernel_16bit = autotuned(
-    "openfold_fused_16bit",
-    _openfold_kernel,
-    configs=[
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "SPLIT": True}, num_warps=w, num_stages=s)
-        for m, n, w, s in [(4, 16, 8, 2), (4, 16, 8, 3), (8, 16, 8, 2), (2, 16, 8, 2)]
-    ],
-    key=_KEY,
-    interpreted=_INTERPRETED,
-)
+_INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": True, "ZCH": 2, "LAZY": True,
+                "TC": 2, "BT": True}
+# Autotune configs: (BLOCK_M, BLOCK_N, warps, stages, ZCH, SPLIT, LAZY, TC, BT), chosen with
+# the sm_90 compile-time proxy (docs/perf-notes.md, section "2026-12-03: openfold `triton`
+# forward, compile-time measurements": registers, spills, SASS instructions per key block).
+# The last of each list is the previous kernel's best config and code path (Triton's tf32x3,
+# eager rescaling), kept as the control. Left out: anything needing more than the 227 KiB of
+# shared memory an sm_90 block may have (bf16 BM 4 at 3 stages, BM 8 x BN 32, BM 16) or
+# spilling heavily (fp32 BM 8, 4 warps; TC = 2; BT in fp32).
+_FP32 = [(4, 16, 8, 2, 2, True, False, 0, False), (4, 16, 8, 2, 2, True, False, 1, False),
+         (4, 16, 8, 2, 2, True, True, 0, False), (4, 16, 8, 2, 2, True, True, 1, False),
+         (2, 16, 8, 2, 2, True, False, 0, False), (4, 16, 8, 2, 1, False, False, 0, False)]
+_16BIT = [(4, 16, 8, 2, 1, True, False, 0, False), (4, 16, 8, 2, 1, True, True, 0, False),
+          (8, 16, 8, 2, 2, True, False, 0, False), (8, 16, 8, 2, 2, True, False, 0, True),
+          (8, 16, 8, 1, 2, True, False, 0, True), (8, 16, 8, 2, 2, True, True, 0, True),
+          (8, 16, 8, 1, 2, True, True, 0, True), (4, 16, 8, 2, 1, False, False, 0, False)]
+
+
+def _configs(table):
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "ZCH": zch, "SPLIT": split,
+                           "LAZY": lazy, "TC": tc, "BT": bt}, num_warps=w, num_stages=s)
+            for m, n, w, s, zch, split, lazy, tc, bt in table]
+
+
+_kernel_fp32 = autotuned("openfold_fused_fp32", _openfold_kernel, configs=_configs(_FP32),
+                         key=_KEY, interpreted=_INTERPRETED)
+_kernel_16bit = autotuned("openfold_fused_16bit", _openfold_kernel, configs=_configs(_16BIT),
+                          key=_KEY, interpreted=_INTERPRETED)
 
 
 def launch(q, k, v, q_pts, k_pts, v_pts, mask, z, w_b, b_b, point_weight, out, o_pt, *,
@@ -313,19 +443,21 @@ def launch(q, k, v, q_pts, k_pts, v_pts, mask, z, w_b, b_b, point_weight, out, o
     out            (B, N, W) fp32, innermost stride 1: receives o (B, N, H*C) at column 0
                    and o_pair (B, N, H*c_z) at column W - H*c_z
     o_pt           (B, N, H, 3*Pv) fp32 contiguous: receives sum_j a_ij v_pts_j
-    lows           (q_pts, k_pts, v_pts, w_b)'s low parts where their dot is tf32x3 (the
-                   points with `points_dot`, v_pts, w_b; shaped as those, which then hold
-                   the TF32 high parts: `triton_fused.tf32_split`), None elsewhere
+    lows           (k_pts, v_pts, w_b, k, v)'s low parts (`triton_fused.tf32_split`, shaped
+                   and strided as those), None where not used: k_pts's with `points_dot`,
+                   v_pts's and w_b's where their dots are tf32x3 (k_pts, v_pts and w_b then
+                   hold the TF32 high parts), and for fp32 IEEE dots (the TC configs) those of
+                   k, v and v_pts (which hold the values themselves)
     """
     b, n, h, c = q.shape
     cz = z.shape[3]
     p3, vp3 = q_pts.shape[2], o_pt.shape[3]
     kernel = _kernel_fp32 if q.dtype == torch.float32 else _kernel_16bit
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b)  # noqa: E731
-    qp_lo, kp_lo, vp_lo, wb_lo = (lo if lo is not None else hi for lo, hi in
-                                  zip(lows, (q_pts, k_pts, v_pts, w_b), strict=True))
+    kp_lo, vp_lo, wb_lo, k_lo, v_lo = (lo if lo is not None else hi for lo, hi in
+                                       zip(lows, (k_pts, v_pts, w_b, k, v), strict=True))
     kernel[grid](
-        q, k, v, q_pts, k_pts, qp_lo, kp_lo, v_pts, vp_lo, mask, z, w_b, wb_lo, b_b,
+        q, k, v, k_lo, v_lo, q_pts, k_pts, kp_lo, v_pts, vp_lo, mask, z, w_b, wb_lo, b_b,
         point_weight, out, o_pt,
         n, v_pts.shape[3], q_scale, math.sqrt(1.0 / 3.0) * base2.LOG2E, inf * base2.LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
