@@ -9,13 +9,15 @@ tolerance from the reference's own error in that probe; `harness.correctness.jud
 Where the error appears and where it vanishes names the suspect; that logic is data
 (`harness.probes.RULES`), one rule per suspect, each with a test. With
 `--pass forward+backward` each probe is a training step and every gradient is judged too;
-the verdict names the wrong gradients and their term (`harness.probes.GRADIENT_TERMS`,
-`GRADIENT_RULES`).
+the verdict names the wrong gradients and their term (the problem's gradient terms and
+rules: `ProbeSet.gradient_terms`, `.gradient_rules`; the simplified problem's are
+`harness.probes.GRADIENT_TERMS`, `GRADIENT_RULES`).
 
 Each problem has its own probes and rules (`--problem`; `harness.probes.probe_set`):
 openfold's (`variants/openfold/probes.py`) add the mask, the pair-value output, the point
-norms and the frame convention, and judge the present residues and the masked query rows
-apart (outcomes `PROBE:present`, `PROBE:masked`), as `check` does.
+norms and the frame convention, judge the present residues and the masked query rows
+apart (outcomes `PROBE:present`, `PROBE:masked`), as `check` does, and bring their own
+gradient terms and rules.
 
 Probes are cheap at the default sizes (B = 2, N = 97 and 128, default layer): a few seconds
 on a CPU for the whole table (openfold's 25 probes at its default layer: about a minute on two
@@ -43,6 +45,7 @@ from harness.correctness import (
     pass_reasons,
     rel_l2,
     require_pass_for_problem,
+    rounding_only,
     tolerance,
 )
 from harness.model_new import model_new_variant
@@ -214,12 +217,12 @@ def diagnose(
 
 
 def _probes_for_pass(problem: str, pass_name: str) -> ProbeSet:
-    """`problem`'s probes, or an `IPAInputError` for a training step where its gradient
-    terms and rules are not written (every problem but the simplified one, so far)."""
+    """`problem`'s probes, or an `IPAInputError` for a training step where the problem
+    brings no gradient terms (`ProbeSet.gradient_terms`)."""
     probes = probe_set(problem)
     if pass_name != "forward" and not probes.gradients:
-        raise IPAInputError(f"--pass {pass_name}: diagnose's gradient terms and rules are "
-                            f"written for problem 'simplified' only so far, not {problem!r}")
+        raise IPAInputError(f"--pass {pass_name}: problem {problem!r} has no gradient terms "
+                            "and rules for diagnose (only the forward is diagnosed)")
     return probes
 
 
@@ -301,7 +304,9 @@ def _part_outcomes(run: RunOutput, figure, precision: Precision) -> dict[str, bo
 
 def _judge_gradients(result: ProbeResult, recipes, runs, references, precision) -> None:
     """Every gradient against the oracle's on each seed: per tensor its worst seed, the
-    worst tensor, and the failing ones (by name, in the oracle's order)."""
+    worst tensor (failing first, then those whose relative error means something: not a
+    rounding-only one, as `check` ranks them), and the failing ones (by name, in the
+    oracle's order)."""
     worst: dict[str, OutputJudgement] = {}
     for recipe, run in zip(recipes, runs, strict=True):
         judged = judge_gradients(run.grads, references.gradient_figures(recipe), precision)
@@ -309,7 +314,9 @@ def _judge_gradients(result: ProbeResult, recipes, runs, references, precision) 
             if name not in worst or judgement.err_over_tol > worst[name].err_over_tol:
                 worst[name] = judgement
     result.gradients = worst
-    result.grad_worst = max(worst, key=lambda n: worst[n].err_over_tol)
+    result.grad_worst = max(worst, key=lambda n: (not worst[n].passed,
+                                                  not rounding_only(worst[n].reference_rel_l2),
+                                                  worst[n].err_over_tol))
     result.failing_gradients = [n for n, j in worst.items() if not j.passed]
     if result.failing_gradients:
         result.status = "FAIL"
@@ -440,7 +447,7 @@ def add_parser(subparsers) -> None:
         "one point, non-contiguous inputs; for --problem openfold also the mask, the "
         "pair-value output, the point norms and the frame convention) through the oracle "
         "comparison, and name the suspect part; with --pass forward+backward judge every "
-        "gradient too and name the wrong ones and their term (simplified problem). Exit "
+        "gradient too and name the wrong ones and their term. Exit "
         "status 1 when a mismatch is found or the variant cannot run here.")
     p.add_argument("variant", nargs="?", metavar="VARIANT", help="a registered variant")
     p.add_argument("--model-new", metavar="FILE",
@@ -463,7 +470,7 @@ def add_parser(subparsers) -> None:
                    help="forward (default), or forward+backward: every probe a training step, "
                    "every gradient judged, and the verdict names the wrong gradients and "
                    "their term (pair bias, point distance, scalar dot, value aggregation, "
-                   "frame)")
+                   "frame, ...)")
     options.add_output_options(p)
     options.add_problem_option(p)
     options.add_config_options(p)

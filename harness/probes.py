@@ -7,11 +7,13 @@ applies the rules; `docs/diagnose.md` explains each; the planted-bug tests keep 
 honest.
 
 Each problem has its own (`probe_set(problem)`): the simplified problem's are below
-(`PROBES`, `RULES`, and the gradient terms and rules of `--pass forward+backward`); another
-problem brings them as data on its problem object (`probes` and `rules`: keyword dicts of
-`Probe` and `Rule`; openfold's are in `variants/openfold/probes.py`). A problem with several
-output parts (openfold: present residues, masked query rows) also gets an outcome per part,
-`PROBE:PART`, that its rules may name.
+(`PROBES`, `RULES`, and the gradient terms and rules of `--pass forward+backward`:
+`GRADIENT_TERMS`, `GRADIENT_RULES`); another problem brings them as data on its problem
+object (`probes`, `rules`, `gradient_terms`, `gradient_rules`: keyword dicts of `Probe`,
+`Rule` and `GradientRule`, and a dict gradient name -> term; openfold's are in
+`variants/openfold/probes.py`). A problem with several output parts (openfold: present
+residues, masked query rows) also gets an outcome per part, `PROBE:PART`, that its rules may
+name.
 """
 
 from __future__ import annotations
@@ -258,66 +260,13 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-# ---- the probes of each problem ----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ProbeSet:
-    """One problem's probes and rules. `everywhere` names what every probe uses (the verdict
-    when none is clean); `gradients`: whether the gradient terms and rules below are written
-    for this problem (`diagnose --pass forward+backward`)."""
-
-    problem: str
-    probes: tuple[Probe, ...]
-    rules: tuple[Rule, ...]
-    everywhere: str = "LayerNorm, the projections or out_proj"
-    gradients: bool = False
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.probes)
-
-    def key(self, probe: Probe) -> str:
-        """The probe's name as an `InputRecipe` carries it to a worker (`probe_named`):
-        `problem/name`, or the bare name for the simplified problem."""
-        return probe.name if self.problem == "simplified" else f"{self.problem}/{probe.name}"
-
-
-SIMPLIFIED_PROBES = ProbeSet("simplified", PROBES, RULES, gradients=True)
-_PROBE_SETS: dict[str, ProbeSet] = {SIMPLIFIED_PROBES.problem: SIMPLIFIED_PROBES}
-
-
-def probe_set(problem: str) -> ProbeSet:
-    """The probes and rules of `problem` (a name in `harness.problems.PROBLEMS`), built from
-    its problem object's `probes` and `rules` (keyword dicts of `Probe` and `Rule`)."""
-    if problem not in _PROBE_SETS:
-        from harness.problems import PROBLEMS  # imported here: the probes import no harness
-
-        spec = PROBLEMS[problem]
-        probes = tuple(p if isinstance(p, Probe) else Probe(**p)
-                       for p in getattr(spec, "probes", ()))
-        if not probes:
-            raise ValueError(f"problem {problem!r} has no diagnose probes")
-        rules = tuple(r if isinstance(r, Rule) else Rule(**r) for r in getattr(spec, "rules", ()))
-        everywhere = getattr(spec, "probes_everywhere", None) or ProbeSet.everywhere
-        _PROBE_SETS[problem] = ProbeSet(problem, probes, rules, everywhere)
-    return _PROBE_SETS[problem]
-
-
-def probe_named(key: str) -> Probe:
-    """The probe an `InputRecipe` names (`ProbeSet.key`: `problem/name`, or a simplified
-    probe's bare name); a worker gets probes by name, their functions stay with the problem."""
-    problem, _, name = key.rpartition("/")
-    probes = probe_set(problem or SIMPLIFIED_PROBES.problem)
-    return probes.probes[probes.names.index(name)]
-
-
 @dataclass
 class Verdict:
     mismatch: bool
     suspects: list[Rule]  # matching rules, prime suspect first
     lines: list[str]  # the plain-language verdict
     ran: bool = True  # False when the baseline probe could not run here
-    # forward+backward: the gradients that fail somewhere, and the matching GRADIENT_RULES
+    # forward+backward: the gradients that fail somewhere, and the matching gradient rules
     wrong_gradients: list[WrongGradient] = dataclasses.field(default_factory=list)
     gradient_suspects: list[GradientRule] = dataclasses.field(default_factory=list)
 
@@ -349,7 +298,7 @@ def verdict(
     read arithmetic, not exceptions. `unsupported` maps probes the variant cannot run to
     its reasons. `gradient_failures` (forward+backward only) maps every probe whose training
     step ran to the gradients that fail in it (`gradient_verdict` reads them). `probes`: the
-    problem's probes and rules (default: the simplified problem's).
+    problem's probes and rules, forward and backward (default: the simplified problem's).
     """
     probes = probes or SIMPLIFIED_PROBES
     errors, unsupported = errors or {}, unsupported or {}
@@ -357,7 +306,7 @@ def verdict(
         return Verdict(False, [], [f"nothing checked: the variant cannot run the baseline "
                                    f"probe here: {unsupported['baseline']}"], ran=False)
     training = gradient_failures is not None
-    wrong, gradient_rules, gradient_lines = gradient_verdict(gradient_failures or {})
+    wrong, gradient_rules, gradient_lines = gradient_verdict(gradient_failures or {}, probes)
     failed = [p for p in probes.names if outcomes.get(p) == "fail"]
     if not failed and not wrong:
         return Verdict(False, [], [
@@ -390,10 +339,11 @@ def verdict(
 # ---- gradients (diagnose --pass forward+backward) ----------------------------------------------
 
 SHARED_TERM = "shared (input projections)"
-# Which term of IPA each gradient belongs to: an input by name, a parameter by the module
-# before the '.' of its state_dict key (or the whole key). A wrong backward in one term shows
-# in its own tensors' gradients and, through the chain rule, in the shared ones upstream
-# (layer_norm, node_repr), so the shared term is named only when no other is wrong.
+# The simplified problem's: which term of IPA each gradient belongs to: an input by name, a
+# parameter by its whole state_dict key or else the module before the first '.'. A wrong
+# backward in one term shows in its own tensors' gradients and, through the chain rule, in
+# the shared ones upstream (layer_norm, node_repr), so the shared term is named only when no
+# other is wrong.
 GRADIENT_TERMS: dict[str, str] = {
     "pair_repr": "pair bias",
     "pair_bias": "pair bias",
@@ -414,14 +364,12 @@ TERMS: tuple[str, ...] = tuple(dict.fromkeys(GRADIENT_TERMS.values()))
 LOGIT_TERMS = ("scalar dot", "point distance", "pair bias")
 
 
-def gradient_term(name: str) -> str:
-    """The term of the gradient of input or parameter `name` ('unknown' if none)."""
-    return GRADIENT_TERMS.get(name) or GRADIENT_TERMS.get(name.split(".")[0], "unknown")
-
-
-def _others(*terms: str) -> tuple[str, ...]:
-    """Every term but `terms` and the shared one (for rules: 'only these are wrong')."""
-    return tuple(t for t in TERMS if t not in terms and t != SHARED_TERM)
+def gradient_term(name: str, terms: dict[str, str] | None = None) -> str:
+    """The term of the gradient of input or parameter `name` in `terms` (default: the
+    simplified problem's `GRADIENT_TERMS`): by the whole name, else by the module before the
+    first '.'; 'unknown' if neither."""
+    terms = GRADIENT_TERMS if terms is None else terms
+    return terms.get(name) or terms.get(name.split(".")[0], "unknown")
 
 
 @dataclass(frozen=True)
@@ -429,20 +377,33 @@ class GradientRule:
     """A suspect in the backward, named when at least one gradient of every term in `wrong`
     fails (in some probe), every gradient of every term in `right` passes (in every probe that
     ran), and for the probes: in every one of `fails` some gradient fails, in every one of
-    `passes` every gradient passes. `term` is what the verdict names."""
+    `passes` every gradient passes. `right=None`: every other term of the problem but its
+    shared ones (`ProbeSet.shared_terms`), i.e. 'only the `wrong` terms are wrong'. `term` is
+    what the verdict names (a term of the problem, or a part of the layer no one gradient
+    belongs to, e.g. the softmax)."""
 
     name: str
     term: str
     wrong: tuple[str, ...]
-    right: tuple[str, ...]
+    right: tuple[str, ...] | None
     fails: tuple[str, ...]
     passes: tuple[str, ...]
     observation: str
     suspect: str
 
-    def matches(self, wrong_terms: set[str], outcomes: dict[str, str]) -> bool:
+    def right_terms(self, terms: tuple[str, ...] = TERMS,
+                    shared: tuple[str, ...] = (SHARED_TERM,)) -> tuple[str, ...]:
+        """The terms that must be right, `right=None` resolved against the problem's `terms`
+        (default: the simplified problem's)."""
+        if self.right is not None:
+            return self.right
+        return tuple(t for t in terms if t not in self.wrong and t not in shared)
+
+    def matches(self, wrong_terms: set[str], outcomes: dict[str, str],
+                terms: tuple[str, ...] = TERMS,
+                shared: tuple[str, ...] = (SHARED_TERM,)) -> bool:
         return (all(t in wrong_terms for t in self.wrong)
-                and not any(t in wrong_terms for t in self.right)
+                and not any(t in wrong_terms for t in self.right_terms(terms, shared))
                 and all(outcomes.get(p) == "fail" for p in self.fails)
                 and all(outcomes.get(p) == "pass" for p in self.passes))
 
@@ -452,32 +413,30 @@ class GradientRule:
 
 # Most specific first: the probe-confirmed readings, then one term alone, then combinations.
 GRADIENT_RULES: tuple[GradientRule, ...] = (
-    GradientRule("pair-bias-weight-grad", "pair bias", ("pair bias",), _others("pair bias"),
+    GradientRule("pair-bias-weight-grad", "pair bias", ("pair bias",), None,
                  ("baseline",), ("pair-off",),
                  "only pair-bias gradients are wrong, and they are right with pair_repr = 0 "
                  "(where d pair_bias.weight = 0)",
                  "the pair bias backward: d pair_bias.weight = sum_ij z_ij (x) d bias_ij "
                  "(the (i, j) index or the head layout)"),
-    GradientRule("pair-bias-grad", "pair bias", ("pair bias",), _others("pair bias"), (), (),
+    GradientRule("pair-bias-grad", "pair bias", ("pair bias",), None, (), (),
                  "only pair-bias gradients are wrong",
                  "the pair bias backward: d pair_repr = d bias . W or d pair_bias.weight (the "
                  "(i, j) index, the (B, H, N, N) layout, a missing write)"),
-    GradientRule("point-weight-grad", "point distance", ("point distance",),
-                 _others("point distance"), ("baseline", "point-term-off"),
-                 ("qk-points-at-origin",),
+    GradientRule("point-weight-grad", "point distance", ("point distance",), None,
+                 ("baseline", "point-term-off"), ("qk-points-at-origin",),
                  "only point-distance gradients are wrong, and they are right when the "
                  "distances are 0",
                  "the point term backward: d head_weights (softplus' = sigmoid, the factor "
                  "1/2) or d q_pts / k_pts from the squared distance"),
-    GradientRule("point-distance-grad", "point distance", ("point distance",),
-                 _others("point distance"), (), (),
+    GradientRule("point-distance-grad", "point distance", ("point distance",), None, (), (),
                  "only point-distance gradients are wrong",
                  "the point term backward: d head_weights or d q_pts / k_pts (2 (q - k) per "
                  "point, the weight softplus(w) / 2)"),
-    GradientRule("scalar-dot-grad", "scalar dot", ("scalar dot",), _others("scalar dot"), (), (),
+    GradientRule("scalar-dot-grad", "scalar dot", ("scalar dot",), None, (), (),
                  "only scalar-dot gradients are wrong",
                  "the scalar q.k backward: dq = dS . k, dk = dS^T . q, the 1/sqrt(d) scale"),
-    GradientRule("frame-grad", "frame", ("frame",), _others("frame"), (), (),
+    GradientRule("frame-grad", "frame", ("frame",), None, (), (),
                  "only the frames' gradients are wrong",
                  "the frame backward: d translations / d rotations of the frame transform or "
                  "the inverse frame"),
@@ -490,7 +449,7 @@ GRADIENT_RULES: tuple[GradientRule, ...] = (
                  ("value aggregation",), (), (),
                  "every logit term's gradients are wrong, the value path's right",
                  "the softmax backward: d logits = P * (dP - sum_j P dP), or dP = dO . V^T"),
-    GradientRule("shared-grad", SHARED_TERM, (SHARED_TERM,), _others(), (), (),
+    GradientRule("shared-grad", SHARED_TERM, (SHARED_TERM,), None, (), (),
                  "only the shared gradients (LayerNorm, node_repr) are wrong",
                  "the LayerNorm backward, or the sum of the projections' input gradients "
                  "(d x = the q, k, v and point projections' W^T dy)"),
@@ -502,6 +461,86 @@ GRADIENT_RULES: tuple[GradientRule, ...] = (
 )
 
 
+# ---- the probes of each problem ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProbeSet:
+    """One problem's probes and rules. `everywhere` names what every probe uses (the verdict
+    when none is clean). For `diagnose --pass forward+backward`: `gradient_terms` (gradient
+    name -> term, `gradient_term`; empty: the backward is not diagnosed for this problem),
+    `gradient_rules`, and `shared_terms`: the terms a rule's `right=None` leaves out and the
+    wrong list puts last (a shared input's, upstream of every other term; openfold's also
+    the rounding-only linear_b.bias)."""
+
+    problem: str
+    probes: tuple[Probe, ...]
+    rules: tuple[Rule, ...]
+    everywhere: str = "LayerNorm, the projections or out_proj"
+    gradient_terms: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    gradient_rules: tuple[GradientRule, ...] = ()
+    shared_terms: tuple[str, ...] = (SHARED_TERM,)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.probes)
+
+    @property
+    def gradients(self) -> bool:
+        """Whether the backward is diagnosed for this problem (its gradient terms written)."""
+        return bool(self.gradient_terms)
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The problem's gradient terms, in table order."""
+        return tuple(dict.fromkeys(self.gradient_terms.values()))
+
+    def gradient_term(self, name: str) -> str:
+        return gradient_term(name, self.gradient_terms)
+
+    def key(self, probe: Probe) -> str:
+        """The probe's name as an `InputRecipe` carries it to a worker (`probe_named`):
+        `problem/name`, or the bare name for the simplified problem."""
+        return probe.name if self.problem == "simplified" else f"{self.problem}/{probe.name}"
+
+
+SIMPLIFIED_PROBES = ProbeSet("simplified", PROBES, RULES, gradient_terms=GRADIENT_TERMS,
+                             gradient_rules=GRADIENT_RULES)
+_PROBE_SETS: dict[str, ProbeSet] = {SIMPLIFIED_PROBES.problem: SIMPLIFIED_PROBES}
+
+
+def probe_set(problem: str) -> ProbeSet:
+    """The probes and rules of `problem` (a name in `harness.problems.PROBLEMS`), built from
+    its problem object's `probes`, `rules` and `gradient_rules` (keyword dicts of `Probe`,
+    `Rule`, `GradientRule`), `gradient_terms` and `gradient_shared_terms`."""
+    if problem not in _PROBE_SETS:
+        from harness.problems import PROBLEMS  # imported here: the probes import no harness
+
+        spec = PROBLEMS[problem]
+        probes = tuple(p if isinstance(p, Probe) else Probe(**p)
+                       for p in getattr(spec, "probes", ()))
+        if not probes:
+            raise ValueError(f"problem {problem!r} has no diagnose probes")
+        rules = tuple(r if isinstance(r, Rule) else Rule(**r) for r in getattr(spec, "rules", ()))
+        everywhere = getattr(spec, "probes_everywhere", None) or ProbeSet.everywhere
+        gradient_rules = tuple(r if isinstance(r, GradientRule) else GradientRule(**r)
+                               for r in getattr(spec, "gradient_rules", ()))
+        shared = tuple(getattr(spec, "gradient_shared_terms", None) or (SHARED_TERM,))
+        _PROBE_SETS[problem] = ProbeSet(problem, probes, rules, everywhere,
+                                        dict(getattr(spec, "gradient_terms", None) or {}),
+                                        gradient_rules, shared)
+    return _PROBE_SETS[problem]
+
+
+def probe_named(key: str) -> Probe:
+    """The probe an `InputRecipe` names (`ProbeSet.key`: `problem/name`, or a simplified
+    probe's bare name); a worker gets probes by name, their functions stay with the problem."""
+    problem, _, name = key.rpartition("/")
+    probes = probe_set(problem or SIMPLIFIED_PROBES.problem)
+    return probes.probes[probes.names.index(name)]
+
+
+# ---- the backward's verdict ----------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class WrongGradient:
     """A gradient that fails in at least one probe: its name, term, and the probes."""
@@ -511,32 +550,37 @@ class WrongGradient:
     probes: tuple[str, ...]
 
 
-def gradient_verdict(failing: dict[str, list[str]]) -> tuple[list[WrongGradient],
-                                                              list[GradientRule], list[str]]:
+def gradient_verdict(failing: dict[str, list[str]], probes: ProbeSet | None = None
+                     ) -> tuple[list[WrongGradient], list[GradientRule], list[str]]:
     """The backward's reading of `failing` (probe -> the gradients that fail in it, for
-    every probe whose training step ran and was judged): the wrong gradients (the shared
-    ones last, else most probes first), the matching gradient rules (prime suspect first;
-    per term only the first, most specific, that matches), and the verdict lines."""
+    every probe whose training step ran and was judged) with `probes`' gradient terms and
+    rules (default: the simplified problem's): the wrong gradients (the shared ones last,
+    else most probes first), the matching gradient rules (prime suspect first; per term only
+    the first, most specific, that matches), and the verdict lines."""
+    probes = probes or SIMPLIFIED_PROBES
     by_name: dict[str, list[str]] = {}
-    for probe in PROBE_NAMES:
+    for probe in probes.names:
         for name in failing.get(probe, ()):
             by_name.setdefault(name, []).append(probe)
     if not by_name:
         return [], [], []
-    wrong = sorted((WrongGradient(n, gradient_term(n), tuple(p)) for n, p in by_name.items()),
-                   key=lambda w: (w.term == SHARED_TERM, -len(w.probes), w.name))
+    shared = probes.shared_terms
+    wrong = sorted((WrongGradient(n, probes.gradient_term(n), tuple(p))
+                    for n, p in by_name.items()),
+                   key=lambda w: (w.term in shared, -len(w.probes), w.name))
     outcomes = {p: "fail" if names else "pass" for p, names in failing.items()}
     wrong_terms = {w.term for w in wrong}
     rules: list[GradientRule] = []
-    for rule in GRADIENT_RULES:  # one reading per term: the most specific that matches
-        if rule.matches(wrong_terms, outcomes) and rule.term not in {r.term for r in rules}:
+    for rule in probes.gradient_rules:  # one reading per term: the most specific that matches
+        if (rule.matches(wrong_terms, outcomes, probes.terms, shared)
+                and rule.term not in {r.term for r in rules}):
             rules.append(rule)
     ran = len(failing)
 
     def where(w: WrongGradient) -> str:
         if len(w.probes) == ran:
             return f"all {ran} probes"
-        clean = [p for p in PROBE_NAMES if p in failing and p not in w.probes]
+        clean = [p for p in probes.names if p in failing and p not in w.probes]
         return f"{len(w.probes)} of {ran} probes, right in {', '.join(clean)}"
 
     lines = ["wrong gradients: " + ", ".join(f"{w.name} ({w.term}; {where(w)})"

@@ -146,22 +146,33 @@ class DropsRaggedKeyBlock(HookedReference):
 
 
 def planted_variant(module_cls: type[IPAReference], name: str,
-                    problem: str = "simplified") -> type[Variant]:
+                    problem: str = "simplified", backward: bool = False) -> type[Variant]:
     """A Variant class of `problem` that builds `module_cls` with the given weights (openfold:
-    with the config's inf and eps)."""
+    with the config's inf and eps); with `backward`, trainable (autograd through the module,
+    its parameters by name as `fn.module`'s)."""
 
     class Planted(Variant):
         description = f"planted bug: {module_cls.__doc__.strip()}"
         problems = (problem,)
+        supports_backward = backward
 
         def build(self, state_dict, config, device, precision):
             constants = dict(inf=config.inf, eps=config.eps) if problem == "openfold" else {}
             module = module_cls(*config.module_args(), **constants)
             module.load_state_dict(state_dict)
-            return module.to(device, get_precision(precision).dtype).eval()
+            module = module.to(device, get_precision(precision).dtype).eval()
+            if not backward:
+                return module
+
+            def forward(*inputs):
+                return module(*inputs)
+
+            forward.module = module
+            return forward
 
     Planted.name = name
-    Planted.__qualname__ = Planted.__name__ = f"Planted_{module_cls.__name__}"
+    suffix = "_Trainable" if backward else ""
+    Planted.__qualname__ = Planted.__name__ = f"Planted_{module_cls.__name__}{suffix}"
     globals()[Planted.__name__] = Planted  # found by name when pickled for a worker process
     return Planted
 
@@ -229,6 +240,13 @@ class HookedOpenFold(OpenFoldIPA):
     def _mask_logits(self, logit, mask):
         return logit + self.config.inf * (mask[:, :, None] * mask[:, None, :] - 1)[:, None]
 
+    def _split_kv_points(self, kv_pts, Pq):
+        """(B, N, H, Pq+Pv, 3) -> key points (the first Pq), value points (the next Pv)."""
+        return kv_pts[..., :Pq, :], kv_pts[..., Pq:, :]
+
+    def _softmax(self, logit):
+        return torch.softmax(logit, dim=-1)
+
     def _o_pair(self, a, z):
         B, N = z.shape[:2]
         return torch.einsum("bhij,bijc->bihc", a, z).reshape(B, N, -1)
@@ -252,12 +270,12 @@ class HookedOpenFold(OpenFoldIPA):
         kv_pts = self._to_global(
             self._local_points(self.linear_kv_points.linear(s), H, Pq + Pv), rotations,
             translations)
-        k_pts, v_pts = kv_pts[..., :Pq, :], kv_pts[..., Pq:, :]
+        k_pts, v_pts = self._split_kv_points(kv_pts, Pq)
         logit = torch.einsum("bihc,bjhc->bhij", q, k) * math.sqrt(1.0 / (3 * C))
         logit = logit + self._pair_bias(z)
         dist2 = ((q_pts[:, :, None] - k_pts[:, None, :]) ** 2).sum(dim=-1).sum(dim=-1)
         logit = logit - 0.5 * (self._point_weight() * dist2).permute(0, 3, 1, 2)
-        a = torch.softmax(self._mask_logits(logit, mask), dim=-1)
+        a = self._softmax(self._mask_logits(logit, mask))
         o = torch.einsum("bhij,bjhc->bihc", a, v).reshape(B, N, H * C)
         o_pt = self._to_local(torch.einsum("bhij,bjhpx->bihpx", a, v_pts), rotations,
                               translations)
@@ -415,5 +433,114 @@ PLANTED_OPENFOLD_BUGS: dict[type[Variant], str] = {
         (OFMaskMinusInf, "planted-of-mask-minus-inf", "masked-rows"),
         (OFSmallInf, "planted-of-small-inf", "mask-inf"),
         (OFMaskOfElement0, "planted-of-mask-batch-0", "batch"),
+    )
+}
+
+
+# ---- openfold backward bugs (diagnose --pass forward+backward) ---------------------------------
+# The forward exact (a `.detach()` on one path, or an autograd.Function whose forward is the
+# true op), one gradient path wrong; each paired with the term `diagnose --pass
+# forward+backward --problem openfold` must name first and the gradient rule that names it.
+
+class OFPairValuesZDetached(HookedOpenFold):
+    """Backward bug: o_pair from z.detach(): z's gradient through the pair values is lost."""
+
+    def _o_pair(self, a, z):
+        return super()._o_pair(a, z.detach())
+
+
+class OFPairBiasZDetached(HookedOpenFold):
+    """Backward bug: the pair bias from z.detach(): z's gradient through the bias is lost."""
+
+    def _pair_bias(self, z):
+        return super()._pair_bias(z.detach())
+
+
+class OFHeadWeightsDetached(HookedOpenFold):
+    """Backward bug: the point distance weighted by softplus(head_weights.detach())."""
+
+    def _point_weight(self):
+        Pq = self.config.no_qk_points
+        return F.softplus(self.head_weights.detach()) * math.sqrt(1.0 / (3 * (Pq * 9.0 / 2)))
+
+
+class OFValuePointsDetached(HookedOpenFold):
+    """Backward bug: the value points detached: no gradient back through o_pt_g = sum a v_pts."""
+
+    def _split_kv_points(self, kv_pts, Pq):
+        k_pts, v_pts = super()._split_kv_points(kv_pts, Pq)
+        return k_pts, v_pts.detach()
+
+
+class OFKeyPointsDetached(HookedOpenFold):
+    """Backward bug: the key points detached: no gradient back through the distances to k."""
+
+    def _split_kv_points(self, kv_pts, Pq):
+        k_pts, v_pts = super()._split_kv_points(kv_pts, Pq)
+        return k_pts.detach(), v_pts
+
+
+class OFInverseFrameDetached(HookedOpenFold):
+    """Backward bug: the frame detached in the inverse transform R_i^T (g - t_i)."""
+
+    def _to_local(self, g, rotations, translations):
+        return super()._to_local(g, rotations.detach(), translations.detach())
+
+
+class _SoftmaxWithoutRowSum(torch.autograd.Function):
+    """Softmax over the last dim; the backward forgets the row sum: d logits = a * da instead
+    of a * (da - sum_j a da)."""
+
+    @staticmethod
+    def forward(ctx, logit):
+        a = torch.softmax(logit, dim=-1)
+        ctx.save_for_backward(a)
+        return a
+
+    @staticmethod
+    def backward(ctx, grad):
+        (a,) = ctx.saved_tensors
+        return a * grad
+
+
+class OFSoftmaxNoRowSum(HookedOpenFold):
+    """Backward bug: the softmax backward without its row-sum term."""
+
+    def _softmax(self, logit):
+        return _SoftmaxWithoutRowSum.apply(logit)
+
+
+def planted_openfold_backward_variant(module_cls: type[OpenFoldIPA], name: str
+                                      ) -> type[Variant]:
+    """A trainable Variant class of problem openfold that builds `module_cls`."""
+    return planted_variant(module_cls, name, problem="openfold", backward=True)
+
+
+HookedOpenFoldTrainable = planted_openfold_backward_variant(HookedOpenFold,
+                                                            "planted-of-none-trainable")
+# A forward bug with a backward: the forward rules come first, the gradients follow it.
+PairValuesTransposedTrainable = planted_openfold_backward_variant(
+    OFPairValuesTransposed, "planted-of-pair-values-transposed-trainable")
+
+# Every planted openfold backward bug: (the gradients that must be named wrong, the term
+# named first, the gradient rule that names it; variants/openfold/probes.py GRADIENT_RULES).
+PLANTED_OPENFOLD_BACKWARD_BUGS: dict[type[Variant], tuple[set[str], str, str]] = {
+    planted_openfold_backward_variant(cls, name): expected for cls, name, expected in (
+        (OFPairValuesZDetached, "planted-of-o-pair-z-detached",
+         ({"z"}, "pair values", "pair-values-grad")),
+        (OFPairBiasZDetached, "planted-of-pair-bias-z-detached",
+         ({"z"}, "pair bias", "pair-bias-z-grad")),
+        (OFHeadWeightsDetached, "planted-of-head-weights-detached",
+         ({"head_weights"}, "point distance", "point-distance-grad")),
+        (OFValuePointsDetached, "planted-of-value-points-detached",
+         ({"linear_kv_points.linear.weight", "linear_kv_points.linear.bias", "translations",
+           "rotations", "s"}, "value aggregation", "value-points-grad")),
+        (OFKeyPointsDetached, "planted-of-key-points-detached",
+         ({"linear_kv_points.linear.weight", "linear_kv_points.linear.bias", "translations",
+           "rotations", "s"}, "point distance", "key-points-grad")),
+        (OFInverseFrameDetached, "planted-of-inverse-frame-detached",
+         ({"translations", "rotations"}, "frame", "frame-grad")),
+        (OFSoftmaxNoRowSum, "planted-of-softmax-no-row-sum",
+         (None, "attention weights (softmax)", "softmax-grad")),
     )
 }

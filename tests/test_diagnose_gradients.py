@@ -19,6 +19,8 @@ from harness.probes import (
     PROBE_NAMES,
     PROBES,
     SHARED_TERM,
+    SIMPLIFIED_PROBES,
+    TERMS,
     Sizes,
     gradient_term,
     verdict,
@@ -216,9 +218,21 @@ def test_gradient_rules_name_known_terms_and_probes_and_cases_cover_every_rule()
     terms = set(GRADIENT_TERMS.values())
     assert set(LOGIT_TERMS) <= terms and SHARED_TERM in terms
     for rule in GRADIENT_RULES:
-        assert set(rule.wrong) | set(rule.right) <= terms, rule.name
-        assert not set(rule.wrong) & set(rule.right), rule.name
+        assert set(rule.wrong) | set(rule.right_terms()) <= terms, rule.name
+        assert not set(rule.wrong) & set(rule.right_terms()), rule.name
         assert set(rule.fails) | set(rule.passes) <= EVERY, rule.name
+
+
+def test_right_none_is_every_other_term_but_the_shared_one():
+    """A rule's 'only these are wrong' reads the problem's own terms (here the simplified
+    problem's, `SIMPLIFIED_PROBES`), not a list written into the rule."""
+    assert SIMPLIFIED_PROBES.gradient_rules is GRADIENT_RULES
+    assert SIMPLIFIED_PROBES.terms == TERMS and SIMPLIFIED_PROBES.shared_terms == (SHARED_TERM,)
+    pair = next(r for r in GRADIENT_RULES if r.name == "pair-bias-grad")
+    assert pair.right is None
+    assert set(pair.right_terms()) == set(TERMS) - {"pair bias", SHARED_TERM}
+    shared = next(r for r in GRADIENT_RULES if r.name == "shared-grad")
+    assert set(shared.right_terms()) == set(TERMS) - {SHARED_TERM}
 
 
 def test_unmatched_wrong_gradients_are_listed_by_term():

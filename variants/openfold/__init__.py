@@ -34,8 +34,12 @@ PROBLEM = SimpleNamespace(
     rigid_motion=problem.rigid_motion,
     invariance_rows=problem.invariance_rows,
     output_parts=problem.output_parts,
-    # diagnose: keyword dicts of harness.probes.Probe / Rule, and the verdict's fallback
+    # diagnose: keyword dicts of harness.probes.Probe / Rule, and the verdict's fallback;
+    # --pass forward+backward: gradient name -> term, keyword dicts of GradientRule
     probes=probes.PROBES,
     rules=probes.RULES,
     probes_everywhere=probes.EVERYWHERE,
+    gradient_terms=probes.GRADIENT_TERMS,
+    gradient_rules=probes.GRADIENT_RULES,
+    gradient_shared_terms=probes.GRADIENT_SHARED_TERMS,
 )

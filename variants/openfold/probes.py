@@ -26,6 +26,13 @@ the simplified problem's with OpenFold's keys; the rest follow the layer's own p
   (g - t) R^T) is self-consistent, so a single key comes back exact while rotations fail.
 
 Every value change keeps the inputs valid (finite, mask in {0, 1}, proper rotations).
+
+For `diagnose --pass forward+backward` (at the end): `GRADIENT_TERMS` (each input and
+parameter's term; z, linear_kv and linear_kv_points feed two terms each and are named for
+both), `GRADIENT_SHARED_TERMS` and `GRADIENT_RULES` (keyword dicts of
+`harness.probes.GradientRule`): the simplified problem's rules, with the pair bias confirmed by
+`pair-bias-off`, the pair values by `pair-values-off`, the key points by `qk-points-at-origin`
+and `point-term-off`, k by `scalar-term-off`, the logits by `single-key`.
 """
 
 from __future__ import annotations
@@ -455,3 +462,171 @@ RULES: tuple[dict, ...] = (
 
 # What every probe uses, for the verdict when no probe is clean.
 EVERYWHERE = "the projections (linear_q, linear_kv, the point projections) or linear_out"
+
+
+# ---- the backward (diagnose --pass forward+backward) ------------------------------------------
+# Which term of the layer each gradient belongs to (the keyword data of
+# harness.probes.ProbeSet.gradient_terms): an input by name, a parameter by its whole
+# state_dict key, else by the module before the first '.'. A wrong backward in one term shows
+# in its own tensors' gradients and, through the chain rule, in those upstream of it: s feeds
+# every projection (the shared term, named only when nothing else is wrong); z feeds both the
+# pair bias and o_pair; the frames feed the query, key and value points and the inverse frame.
+# Two projections feed two terms each and go by both names: linear_kv (k and v interleave per
+# head) and linear_kv_points (the first Pq points of each head keys, the next Pv values).
+
+SHARED_TERM = "shared (input s)"
+PAIR_Z = "pair z (bias and o_pair)"
+KV = "k and v (scalar dot, value aggregation)"
+KV_POINTS = "key and value points (point distance, value aggregation)"
+# linear_b.bias: its gradient is zero in exact arithmetic (the softmax cancels a logit shift
+# the same for every key, which a per-head bias is), so it is judged on rounding alone
+# (harness.correctness: against twice the reference's absolute error). Its own term, and a
+# shared one: a rule's `right=None` never asks it to be right, since any change to the
+# gradient reaching the logits changes its rounding; a rule of its own reads it wrong alone.
+ROW_SUMS = "logit row sums (linear_b.bias, zero in exact arithmetic)"
+
+GRADIENT_TERMS: dict[str, str] = {
+    "s": SHARED_TERM,
+    "z": PAIR_Z,
+    "translations": "frame",
+    "rotations": "frame",
+    "linear_q": "scalar dot",
+    "linear_kv": KV,
+    "linear_q_points": "point distance",
+    "head_weights": "point distance",
+    "linear_kv_points": KV_POINTS,
+    "linear_b.bias": ROW_SUMS,
+    "linear_b": "pair bias",
+    "linear_out": "value aggregation",
+}
+GRADIENT_SHARED_TERMS = (SHARED_TERM, ROW_SUMS)
+LOGIT_TERMS = ("scalar dot", "point distance", "pair bias")
+
+# The rules (keyword arguments of harness.probes.GradientRule), most specific first: the
+# probe-confirmed readings, then one term alone, then combinations. `right=None`: every other
+# term but the shared ones must be right ('only `wrong` is wrong').
+
+GRADIENT_RULES: tuple[dict, ...] = (
+    dict(name="pair-bias-weight-grad", term="pair bias", wrong=("pair bias",), right=None,
+         fails=("baseline",), passes=("pair-off",),
+         observation="only linear_b.weight's gradient is wrong, and right with z = 0 (where "
+                     "d linear_b.weight = 0)",
+         suspect="the pair bias backward: d linear_b.weight = sqrt(1/3) sum_ij d b_ij (x) "
+                 "z_ij (the (i, j) index or the (B, N, N, H) layout of b)"),
+    dict(name="pair-bias-z-grad", term="pair bias", wrong=(PAIR_Z,), right=None,
+         fails=("baseline",), passes=("pair-bias-off",),
+         observation="only z's gradient is wrong, and right with linear_b.weight = 0 (no "
+                     "gradient reaches z through the bias)",
+         suspect="the pair bias backward into z: d z_ij = sqrt(1/3) sum_h d b_ijh "
+                 "linear_b.weight[h] (the (i, j) index, the sqrt(1/3), a missing write)"),
+    dict(name="pair-values-grad", term="pair values", wrong=(PAIR_Z,), right=None,
+         fails=("baseline",), passes=("pair-values-off",),
+         observation="only z's gradient is wrong, and right with linear_out's o_pair "
+                     "columns off (no gradient reaches z through o_pair)",
+         suspect="the pair-value backward into z: d z_ij = sum_h a_hij d o_pair_ih (SPEC "
+                 "step 11: the (i, j) index, head-major h*c_z + c, a missing write)"),
+    dict(name="pair-bias-grad", term="pair bias", wrong=("pair bias", PAIR_Z), right=None,
+         fails=(), passes=(),
+         observation="only the pair bias' gradients (linear_b.weight and z) are wrong",
+         suspect="the pair bias backward: d b_ij (its (B, N, N, H) layout, the sqrt(1/3)), "
+                 "then d linear_b.weight = sum_ij d b_ij (x) z_ij and d z_ij = d b_ij W"),
+    dict(name="pair-bias-only-grad", term="pair bias", wrong=("pair bias",), right=None,
+         fails=(), passes=(),
+         observation="only linear_b.weight's gradient is wrong",
+         suspect="the pair bias backward: d linear_b.weight = sqrt(1/3) sum_ij d b_ij (x) "
+                 "z_ij"),
+    dict(name="pair-z-grad", term=PAIR_Z, wrong=(PAIR_Z,), right=None, fails=(), passes=(),
+         observation="only z's gradient is wrong",
+         suspect="z's backward, shared by the pair bias and o_pair: d z_ij = sqrt(1/3) d b_ij "
+                 "W + sum_h a_hij d o_pair_ih (a z tile a fused kernel reuses, the (i, j) "
+                 "index)"),
+    dict(name="point-weight-grad", term="point distance", wrong=("point distance",),
+         right=None, fails=("baseline", "point-term-off"), passes=("qk-points-at-origin",),
+         observation="only point-distance gradients are wrong, and they are right when the "
+                     "distances are 0",
+         suspect="the point weight backward: d head_weights (softplus' = sigmoid, the factor "
+                 "0.5 sqrt(1/(3 Pq 9/2)))"),
+    dict(name="point-distance-grad", term="point distance", wrong=("point distance",),
+         right=None, fails=(), passes=(),
+         observation="only point-distance gradients (head_weights, linear_q_points) are wrong",
+         suspect="the point term backward: d head_weights, or d q_pts = w sum_j (q_i - k_j) "
+                 "d logit_ij into linear_q_points"),
+    dict(name="key-points-grad", term="point distance", wrong=(KV_POINTS, "frame"),
+         right=None, fails=("baseline",), passes=("qk-points-at-origin", "point-term-off"),
+         observation="the kv points' and the frames' gradients are wrong, and right with the "
+                     "point term off or the distances 0",
+         suspect="the key points' backward: d k_pts = w sum_i (k_j - q_i) d logit_ij, through "
+                 "the frame R p + t into linear_kv_points' key rows (the first Pq of each "
+                 "head)"),
+    dict(name="value-points-grad", term="value aggregation", wrong=(KV_POINTS, "frame"),
+         right=None, fails=("baseline", "point-term-off", "qk-points-at-origin"), passes=(),
+         observation="the kv points' and the frames' gradients are wrong, also with the "
+                     "point term off and the distances 0 (so not the key points)",
+         suspect="the value points' backward: d v_pts_j = sum_i a_hij d o_pt_g_i, d o_pt_g = "
+                 "R_i d o_pt (the inverse frame), into linear_kv_points' value rows (the "
+                 "last Pv of each head)"),
+    dict(name="query-points-grad", term="point distance", wrong=("point distance", "frame"),
+         right=None, fails=(), passes=(),
+         observation="the query points' (linear_q_points) and the frames' gradients are "
+                     "wrong, the kv points' right",
+         suspect="the query points' backward: d q_pts = w sum_j (q_i - k_j) d logit_ij, "
+                 "through the frame R p + t into linear_q_points"),
+    dict(name="kv-points-grad", term=KV_POINTS, wrong=(KV_POINTS,), right=None, fails=(),
+         passes=(),
+         observation="only linear_kv_points' gradients are wrong",
+         suspect="linear_kv_points' backward: the [X | Y | Z] rows c*H*P + h*P + p, the key / "
+                 "value split at Pq within each head"),
+    dict(name="k-grad", term="scalar dot", wrong=(KV,), right=None, fails=("baseline",),
+         passes=("scalar-term-off",),
+         observation="only linear_kv's gradients are wrong, and right with q = 0 (where "
+                     "dk = 0)",
+         suspect="the scalar q.k backward into k: dk_j = sqrt(1/(3C)) sum_i dS_ij q_i, the "
+                 "first C of each head's 2C in linear_kv"),
+    dict(name="v-grad", term="value aggregation", wrong=(KV,), right=None,
+         fails=("baseline", "single-key"), passes=(),
+         observation="only linear_kv's gradients are wrong, also with a single key (where the "
+                     "softmax is constant)",
+         suspect="the value backward: dv_j = sum_i a_hij do_i, the second C of each head's "
+                 "2C in linear_kv"),
+    dict(name="scalar-dot-grad", term="scalar dot", wrong=("scalar dot",), right=None,
+         fails=(), passes=(),
+         observation="only linear_q's gradients are wrong",
+         suspect="the scalar q.k backward into q: dq_i = sqrt(1/(3C)) sum_j dS_ij k_j"),
+    dict(name="qk-grad", term="scalar dot", wrong=("scalar dot", KV), right=None, fails=(),
+         passes=(),
+         observation="only linear_q's and linear_kv's gradients are wrong",
+         suspect="the scalar q.k backward: dq = dS k, dk = dS^T q, the factor sqrt(1/(3C))"),
+    dict(name="kv-grad", term=KV, wrong=(KV,), right=None, fails=(), passes=(),
+         observation="only linear_kv's gradients are wrong",
+         suspect="linear_kv's backward: dk and dv interleaved per head (view (H, 2C))"),
+    dict(name="frame-grad", term="frame", wrong=("frame",), right=None, fails=(), passes=(),
+         observation="only the frames' gradients are wrong",
+         suspect="the frame backward: d translations / d rotations of the frame transform "
+                 "R p + t or of the inverse frame R_i^T (o_pt_g - t_i)"),
+    dict(name="value-aggregation-grad", term="value aggregation",
+         wrong=("value aggregation",), right=LOGIT_TERMS, fails=(), passes=(),
+         observation="value-path gradients are wrong, the logit terms' right",
+         suspect="the value path backward: linear_out, d cat[o, X, Y, Z, o_pt_norm, o_pair], "
+                 "the norms (o_pt / o_pt_norm), dv = P^T do"),
+    dict(name="softmax-grad", term="attention weights (softmax)", wrong=LOGIT_TERMS,
+         right=("value aggregation",), fails=(), passes=(),
+         observation="every logit term's gradients are wrong, the value path's right",
+         suspect="the softmax backward: d logits = a * (da - sum_j a da), or da = do . v^T "
+                 "+ d o_pt_g . v_pts + d o_pair . z"),
+    dict(name="row-sums-grad", term="attention weights (softmax)", wrong=(ROW_SUMS,),
+         right=None, fails=(), passes=(),
+         observation="only linear_b.bias' gradient is wrong (zero in exact arithmetic: "
+                     "d logits sum to zero over the keys of every row)",
+         suspect="the softmax backward: its row sum sum_j a da (missing, or in too low a "
+                 "precision), so d logits no longer sum to zero over the keys"),
+    dict(name="shared-grad", term=SHARED_TERM, wrong=(SHARED_TERM,), right=None, fails=(),
+         passes=(),
+         observation="only s's gradient is wrong",
+         suspect="the sum of the projections' input gradients d s = sum of linear_q, "
+                 "linear_kv, the point projections' W^T dy"),
+    dict(name="logits-grad", term="attention logits", wrong=(),
+         right=("value aggregation", "frame"), fails=("baseline",), passes=("single-key",),
+         observation="gradient errors vanish with a single key (softmax constant, d logits = "
+                     "0) and the value path's and the frames' gradients are right",
+         suspect="the backward of the attention logits, before the softmax"),
+)
