@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tests.planted import HookedReference
+from tests.planted import HookedReference, SoftmaxWithoutRowSum
 from variants.base import Variant
 from variants.problem import get_precision
 from variants.reference import Reference, checked
@@ -174,27 +174,11 @@ class HeadWeightGradientModule(HookedReference):
         return _ScaledGradient.apply(F.softplus(self.head_weights), BACKWARD_BUG_SCALE)
 
 
-class _SoftmaxMissingRowSum(torch.autograd.Function):
-    """Softmax over the last dim; the backward forgets the row-sum term:
-    d logits = P * dP instead of P * (dP - sum_j P dP)."""
-
-    @staticmethod
-    def forward(ctx, logits):
-        p = F.softmax(logits, dim=-1)
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        return p * grad
-
-
 class SoftmaxGradientModule(HookedReference):
     """The softmax backward without its row-sum term (every logit gradient off)."""
 
     def _softmax(self, logits):
-        return _SoftmaxMissingRowSum.apply(logits)
+        return SoftmaxWithoutRowSum.apply(logits)
 
 
 class _ModuleBackwardBug(Variant):

@@ -487,9 +487,9 @@ class OFInverseFrameDetached(HookedOpenFold):
         return super()._to_local(g, rotations.detach(), translations.detach())
 
 
-class _SoftmaxWithoutRowSum(torch.autograd.Function):
+class SoftmaxWithoutRowSum(torch.autograd.Function):
     """Softmax over the last dim; the backward forgets the row sum: d logits = a * da instead
-    of a * (da - sum_j a da)."""
+    of a * (da - sum_j a da). (Both problems' planted softmax-backward bugs use it.)"""
 
     @staticmethod
     def forward(ctx, logit):
@@ -507,7 +507,7 @@ class OFSoftmaxNoRowSum(HookedOpenFold):
     """Backward bug: the softmax backward without its row-sum term."""
 
     def _softmax(self, logit):
-        return _SoftmaxWithoutRowSum.apply(logit)
+        return SoftmaxWithoutRowSum.apply(logit)
 
 
 def planted_openfold_backward_variant(module_cls: type[OpenFoldIPA], name: str
