@@ -262,7 +262,7 @@ def _query_kernel(
              mask=m_ok[:, None] & p_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["PAIRS", "PER_PROGRAM"])
+@triton.jit(do_not_specialize=["PAIRS", "PAIRS_KEY"])
 def _pair_kernel(
     DS,  # (B, H, PAIRS) dS, the bias's dtype
     Z,  # (B, PAIRS, C) pair_repr
@@ -270,7 +270,7 @@ def _pair_kernel(
     DZ,  # (B, PAIRS, C) d pair_repr, written once
     DW,  # (B, programs, H_PAD, C_PAD) fp32 partial sums of dW_b, summed by PyTorch
     PAIRS,  # N * N
-    PER_PROGRAM,  # pairs per program, a multiple of BLOCK_P
+    PAIRS_KEY,  # autotune bucket, unused in the body
     H: tl.constexpr,
     H_PAD: tl.constexpr,
     C: tl.constexpr,
@@ -279,7 +279,8 @@ def _pair_kernel(
     CAST_F32: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """A program owns PER_PROGRAM consecutive (i, j) pairs of one batch element: per tile of
+    """A program owns an equal run of whole BLOCK_P tiles of (i, j) pairs of one batch
+    element (the last ones may own none and write a zero partial): per tile of
     BLOCK_P pairs it reads dS (H values a pair) and z once, writes d pair_repr = dS^T W_b and
     adds dS z to its own (H, C) partial dW_b (no atomics; one partial per program)."""
     pid, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -290,8 +291,9 @@ def _pair_kernel(
     if CAST_F32:
         w = w.to(tl.float32)
     acc = tl.zeros((H_PAD, C_PAD), dtype=tl.float32)
-    start = pid * PER_PROGRAM
-    for p0 in range(start, start + PER_PROGRAM, BLOCK_P):
+    per_program = tl.cdiv(tl.cdiv(PAIRS, BLOCK_P), tl.num_programs(0)) * BLOCK_P
+    start = pid * per_program
+    for p0 in range(start, start + per_program, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
         in_p = p < PAIRS
         ds = tl.load(DS + b * H * PAIRS + h[:, None] * PAIRS + p[None, :],
@@ -333,6 +335,14 @@ _query = autotuned(  # reads dS only: trials are harmless
              for m, n, w, s in [(64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2),
                                 (32, 64, 4, 2)]],
     key=_KEY, interpreted=_INTERPRETED,
+)
+
+_pair = autotuned(
+    "bias_backward_pairs", _pair_kernel,
+    configs=[triton.Config({"BLOCK_P": p}, num_warps=w, num_stages=st)
+             for p, w, st in [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3), (32, 4, 3),
+                              (256, 8, 2)]],
+    key=["PAIRS_KEY", "H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_P": 64},
 )
 
 
@@ -390,26 +400,18 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
     b, h, n, _ = ds.shape
     c = pair_repr.shape[3]
     pairs = n * n
-    block = _PAIR_BLOCK
-    tiles = triton.cdiv(pairs, block)
-    programs = tiles if INTERPRET else min(tiles, 4 * _sm_count(ds.device))
-    per_program = triton.cdiv(tiles, programs) * block
-    programs = triton.cdiv(pairs, per_program)
+    programs = min(triton.cdiv(pairs, 64), 64 if INTERPRET else 4 * _sm_count(ds.device))
     h_pad, c_pad = max(16, pow2(h)), max(16, pow2(c))
     pair_repr = pair_repr.contiguous()
     d_pair = torch.empty(pair_repr.shape, dtype=pair_repr.dtype, device=pair_repr.device)
     partial = torch.empty(b, programs, h_pad, c_pad, dtype=torch.float32, device=ds.device)
     fp32 = ds.dtype == torch.float32
-    _pair_kernel[(programs, b)](
-        ds, pair_repr, pair_weight.contiguous(), d_pair, partial, pairs,
-        per_program, H=h, H_PAD=h_pad, C=c, C_PAD=c_pad,
-        PRECISION="tf32x3" if fp32 and not INTERPRET else "ieee",
-        CAST_F32=cast_f32(ds.dtype), BLOCK_P=block, num_warps=4,
+    _pair[(programs, b)](  # every trial writes the same d_pair and partials: no restore
+        ds, pair_repr, pair_weight.contiguous(), d_pair, partial, pairs, pow2(pairs, 4096),
+        H=h, H_PAD=h_pad, C=c, C_PAD=c_pad,
+        PRECISION="tf32x3" if fp32 and not INTERPRET else "ieee", CAST_F32=cast_f32(ds.dtype),
     )
     return d_pair, partial.sum((0, 1))[:h, :c].contiguous()
-
-
-_PAIR_BLOCK = 64
 
 
 def _sm_count(device: torch.device) -> int:
