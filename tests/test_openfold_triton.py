@@ -166,7 +166,7 @@ def test_every_code_path_the_autotuner_may_pick(precision, meta, monkeypatch):
     `_tf32_hi`, or Triton's tf32x3; ZCH: z in one or two channel chunks; LAZY: the online
     softmax's rescaling skipped while no running max grows by more than 2^8; TC: fp32's IEEE
     dots as split TF32; BT: the bias dot as W_b z^T) agree with the oracle (the interpreter
-    runs one config, SPLIT ZCH=2 LAZY TC=2 BT: the others are patched in). The interpreter's
+    runs one config, SPLIT ZCH=2 LAZY TC=1 BT: the others are patched in). The interpreter's
     dots are numpy fp32: what TF32 truncation does to the low parts is left to the GPU tests."""
     from variants.openfold import triton_kernel as tk
 

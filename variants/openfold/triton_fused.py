@@ -61,8 +61,8 @@ The autotuner chooses among code paths as well as block sizes (constexprs of the
   (probabilities then stay <= 2^8, exact in fp32 and within bf16's range): FlashAttention-4's
   trick, exact; it costs a block-wide max per key block.
 * TC = 1: fp32 inputs with IEEE dots run p.v and p.v_pts as split TF32 dots on tensor cores
-  (the host splits k, v and v_pts) instead of FMAs; TC = 2 adds q.k (no config: the dot's
-  layout doubles the direct distances' work at BLOCK_M = 4).
+  (the host splits v and v_pts) instead of FMAs. q.k that way too was tried and removed: the
+  dot's layout doubles the direct distances' work at BLOCK_M = 4 (docs/perf-notes.md).
 * BT: the pair bias dot as W_b z_i^T, (BLOCK_M, H_PAD, BLOCK_N), the logits' own layout (no
   permute); fewer instructions and spills at BLOCK_M = 8 in bf16, but Triton then copies the
   z tile synchronously, and fp32 spills more.
@@ -243,14 +243,13 @@ class FusedForward:
             k_pts = k_pts.permute(0, 2, 3, 1).contiguous()
         # TF32 splits of the key side, once here (the query side in the kernel): the
         # operands of tf32x3 dots, and for fp32 IEEE dots those of the TC configs
-        kp_lo = vp_lo = k_lo = v_lo = None
+        kp_lo = vp_lo = v_lo = None
         if self.precisions[2] == "tf32x3":
             v_pts, vp_lo = tf32_split(v_pts)
             if self.points_dot:
                 k_pts, kp_lo = tf32_split(k_pts)
         if self.dtype == torch.float32 and self.precisions[0] == "ieee":
-            kv_lo = tf32_split(kv)[1]
-            k_lo, v_lo = kv_lo[..., :C], kv_lo[..., C:]
+            v_lo = tf32_split(kv)[1][..., C:]  # v's strides, as the kernel reads VL
             if vp_lo is None:
                 vp_lo = tf32_split(v_pts)[1]
 
@@ -259,7 +258,7 @@ class FusedForward:
         cat = torch.empty(B, N, cfg.out_in_features, dtype=torch.float32, device=s.device)
         o_pt = torch.empty(B, N, H, 3 * Pv, dtype=torch.float32, device=s.device)
         launch(q, k, v, q_pts, k_pts, v_pts, mask.float().contiguous(), z, self.w_b, self.b_b,
-               self.point_weight, cat, o_pt, lows=(kp_lo, vp_lo, self.w_b_lo, k_lo, v_lo),
+               self.point_weight, cat, o_pt, lows=(kp_lo, vp_lo, self.w_b_lo, v_lo),
                q_scale=self.q_scale, inf=cfg.inf,
                precisions=self.precisions, points_dot=self.points_dot)
 

@@ -102,8 +102,7 @@ def _z_pair(acc, p, p_hi, p_lo, zt, z_hi, z_lo, Z_PRECISION: tl.constexpr,
 @triton.jit(do_not_specialize=["N"])
 def _openfold_kernel(
     Q, K, V,  # (B, N, H, C) views, input dtype, strides (sb, sn, sh, 1)
-    KL, VL,  # with TC (fp32 IEEE dots): the low parts k - tf32(k), v - tf32(v), K's and V's
-    # strides; else unused
+    VL,  # with TC (fp32 IEEE dots): the low part v - tf32(v), V's strides; else unused
     QP, KP,  # fp32 point rows, contiguous: (B, H, P3, N) coordinates, or with POINTS_DOT
     # (B, H, P3, N) and (B, H, N, P3) rows of `triton_fused.point_rows` (KP: the TF32 high
     # parts when PTS_PRECISION is tf32x3; QP is split here, once)
@@ -149,8 +148,8 @@ def _openfold_kernel(
     CAST_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    TC: tl.constexpr,  # fp32 inputs, IEEE dots: 1 = p.v and p.v_pts, 2 = q.k too, as three
-    # TF32 dots of split operands (tensor cores) instead of FMA; 0 = FMA
+    TC: tl.constexpr,  # fp32 inputs, IEEE dots: 1 = p.v and p.v_pts as three TF32 dots of
+    # split operands (tensor cores) instead of FMA; 0 = FMA (q.k that way too spilled: left out)
     BT: tl.constexpr,  # the pair bias dot as W_b z^T, in the logits' (BM, H_PAD, BN) layout
     LAZY: tl.constexpr,  # rescale the accumulators only when a running max grew by > 2^8
     ZCH: tl.constexpr,  # 1 or 2: the z tile in ZCH chunks of channels, each with its own
@@ -193,10 +192,6 @@ def _openfold_kernel(
     if CAST_F32:
         q_t = q_t.to(tl.float32)
     TC_ON: tl.constexpr = TC > 0 and DOT_PRECISION == "ieee" and Q.dtype.element_ty == tl.float32
-    TC_QK: tl.constexpr = TC_ON and TC > 1
-    if TC_QK:
-        q_lo = q_t - _tf32_hi(q_t)
-        q_t = q_t - q_lo
     if POINTS_DOT:
         # QP rows [-2 pw q | pw | pw |q|^2 | 0], KP rows [k | |k|^2 | 1 | 0]: their dot is
         # pw * |q - k|^2 (see triton_fused.point_rows)
@@ -248,14 +243,7 @@ def _openfold_kernel(
         k = tl.load(K + k_offs)  # (H_PAD, BN, C_PAD)
         if CAST_F32:
             k = k.to(tl.float32)
-        if TC_QK:
-            k_lo = tl.load(KL + k_offs)
-            k = k - k_lo
-            s_head = tl.dot(k_lo, q_t, input_precision="tf32")
-            s_head = tl.dot(k, q_lo, s_head, input_precision="tf32")
-            s_head = tl.dot(k, q_t, s_head, input_precision="tf32") * q_scale
-        else:
-            s_head = tl.dot(k, q_t, input_precision=DOT_PRECISION) * q_scale
+        s_head = tl.dot(k, q_t, input_precision=DOT_PRECISION) * q_scale
         if POINTS_DOT:
             # (H_PAD, BN, P3); int32 offsets from this batch element's block
             kp_offs = (hc * N + nk) * P3 + offs_p[None, None, :]
@@ -395,14 +383,14 @@ KEY_PAD = 64  # v_pts's key axis is padded to a multiple of this: of every BLOCK
 _KEY = ["N_KEY", "H_PAD", "C_PAD", "CZ_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "Z_PRECISION",
         "PTS_PRECISION", "POINTS_DOT"]
 _INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": True, "ZCH": 2, "LAZY": True,
-                "TC": 2, "BT": True}
+                "TC": 1, "BT": True}
 # Autotune configs: (BLOCK_M, BLOCK_N, warps, stages, ZCH, SPLIT, LAZY, TC, BT), chosen with
 # the sm_90 compile-time proxy (docs/perf-notes.md, section "2026-12-03: openfold `triton`
 # forward, compile-time measurements": registers, spills, SASS instructions per key block).
 # The last of each list is the previous kernel's best config and code path (Triton's tf32x3,
 # eager rescaling), kept as the control. Left out: anything needing more than the 227 KiB of
 # shared memory an sm_90 block may have (bf16 BM 4 at 3 stages, BM 8 x BN 32, BM 16) or
-# spilling heavily (fp32 BM 8, 4 warps; TC = 2; BT in fp32).
+# spilling heavily (fp32 BM 8, 4 warps; q.k as split TF32 too, removed; BT in fp32).
 _FP32 = [(4, 16, 8, 2, 2, True, False, 0, False), (4, 16, 8, 2, 2, True, False, 1, False),
          (4, 16, 8, 2, 2, True, True, 0, False), (4, 16, 8, 2, 2, True, True, 1, False),
          (2, 16, 8, 2, 2, True, False, 0, False), (4, 16, 8, 2, 1, False, False, 0, False)]
@@ -443,21 +431,21 @@ def launch(q, k, v, q_pts, k_pts, v_pts, mask, z, w_b, b_b, point_weight, out, o
     out            (B, N, W) fp32, innermost stride 1: receives o (B, N, H*C) at column 0
                    and o_pair (B, N, H*c_z) at column W - H*c_z
     o_pt           (B, N, H, 3*Pv) fp32 contiguous: receives sum_j a_ij v_pts_j
-    lows           (k_pts, v_pts, w_b, k, v)'s low parts (`triton_fused.tf32_split`, shaped
+    lows           (k_pts, v_pts, w_b, v)'s low parts (`triton_fused.tf32_split`, shaped
                    and strided as those), None where not used: k_pts's with `points_dot`,
                    v_pts's and w_b's where their dots are tf32x3 (k_pts, v_pts and w_b then
                    hold the TF32 high parts), and for fp32 IEEE dots (the TC configs) those of
-                   k, v and v_pts (which hold the values themselves)
+                   v and v_pts (which hold the values themselves)
     """
     b, n, h, c = q.shape
     cz = z.shape[3]
     p3, vp3 = q_pts.shape[2], o_pt.shape[3]
     kernel = _kernel_fp32 if q.dtype == torch.float32 else _kernel_16bit
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b)  # noqa: E731
-    kp_lo, vp_lo, wb_lo, k_lo, v_lo = (lo if lo is not None else hi for lo, hi in
-                                       zip(lows, (k_pts, v_pts, w_b, k, v), strict=True))
+    kp_lo, vp_lo, wb_lo, v_lo = (lo if lo is not None else hi for lo, hi in
+                                 zip(lows, (k_pts, v_pts, w_b, v), strict=True))
     kernel[grid](
-        q, k, v, k_lo, v_lo, q_pts, k_pts, kp_lo, v_pts, vp_lo, mask, z, w_b, wb_lo, b_b,
+        q, k, v, v_lo, q_pts, k_pts, kp_lo, v_pts, vp_lo, mask, z, w_b, wb_lo, b_b,
         point_weight, out, o_pt,
         n, v_pts.shape[3], q_scale, math.sqrt(1.0 / 3.0) * base2.LOG2E, inf * base2.LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
