@@ -61,16 +61,7 @@ def make_config(problem: str, columns: dict[str, int]):
     """The config of `problem` with the sizes `columns` (the CSV's names, `columns()`), each
     defaulting to the problem's own. A size the problem derives (simplified: head_dim =
     node_dim / heads) must agree with its derivation (`IPAInputError`)."""
-    config_class = PROBLEMS[problem].config_class
-    sizes = {**config_class().columns(), **columns}
-    if hasattr(config_class, "from_columns"):
-        return config_class.from_columns(**sizes)
-    head_dim = columns.get("head_dim")
-    config = config_class(**{k: v for k, v in sizes.items() if k != "head_dim"})
-    if head_dim is not None and head_dim != config.head_dim:
-        raise IPAInputError(f"head_dim: the {problem} problem derives it as node_dim / heads = "
-                            f"{config.head_dim}, got {head_dim}")
-    return config
+    return PROBLEMS[problem].config_class.from_columns(**columns)
 
 
 @dataclass(frozen=True)

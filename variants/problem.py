@@ -51,6 +51,17 @@ class IPAConfig:
                 "head_dim": self.head_dim, "query_points": self.query_points,
                 "value_points": self.value_points}
 
+    @classmethod
+    def from_columns(cls, head_dim: int | None = None, **sizes: int) -> IPAConfig:
+        """The inverse of `columns()`, each size defaulting to the class's own; head_dim is
+        derived (node_dim // heads), so a given `head_dim` that disagrees is an
+        `IPAInputError`."""
+        config = cls(**sizes)
+        if head_dim is not None and head_dim != config.head_dim:
+            raise IPAInputError(f"head_dim: the simplified problem derives it as node_dim / "
+                                f"heads = {config.head_dim}, got {head_dim}")
+        return config
+
 
 @dataclass(frozen=True)
 class Precision:

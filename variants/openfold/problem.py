@@ -92,10 +92,12 @@ class OpenFoldConfig:
                 "value_points": self.no_v_points}
 
     @classmethod
-    def from_columns(cls, node_dim: int, pair_dim: int, heads: int, head_dim: int,
-                     query_points: int, value_points: int) -> OpenFoldConfig:
-        """The inverse of `columns()` (CLI options and grid axes use the shared names)."""
-        return cls(node_dim, pair_dim, head_dim, heads, query_points, value_points)
+    def from_columns(cls, **columns: int) -> OpenFoldConfig:
+        """The inverse of `columns()` (CLI options and grid axes use the shared names), each
+        size defaulting to the class's own."""
+        c = {**cls().columns(), **columns}
+        return cls(c["node_dim"], c["pair_dim"], c["head_dim"], c["heads"], c["query_points"],
+                   c["value_points"])
 
 
 def not_supported_reasons(config: OpenFoldConfig, precision) -> list[str]:
