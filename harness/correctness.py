@@ -21,6 +21,7 @@ from harness.runner import (
     LocalRunner,
     RunOutput,
     input_names,
+    leaf_inputs,
 )
 from harness.worker import Worker
 from variants.base import IPAFunction, Variant
@@ -236,11 +237,10 @@ def reference_gradients(module: torch.nn.Module, config, inputs: ForwardInputs,
     """Gradients of `grad_out . module(inputs)` for the inputs named in `grad_inputs` (the
     problem's differentiable ones) and every parameter, by name, accumulated over chunks of
     query rows when N x N would be too big (the oracle's way; `module` takes `query_rows`)."""
-    names = input_names(inputs)
-    args = tuple(t.detach().requires_grad_(name in grad_inputs)
-                 for name, t in zip(names, inputs.as_tuple(), strict=True))
+    args = leaf_inputs(inputs, grad_inputs)
     params = {name: p.requires_grad_(True) for name, p in module.named_parameters()}
-    leaves = {n: a for n, a in zip(names, args, strict=True) if n in grad_inputs} | params
+    leaves = {n: a for n, a in zip(input_names(inputs), args, strict=True)
+              if a.requires_grad} | params
     chunk = rows_per_chunk(config, inputs.batch, inputs.length)
     total = None
     with torch.enable_grad():
