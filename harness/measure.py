@@ -170,10 +170,9 @@ TRAINING_BYTES_FACTOR = 3
 TRAINING_FLOPS_FACTOR = 3
 
 
-def min_bytes(config: IPAConfig, batch: int, length: int, element_size: int,
-              pass_name: str = "forward") -> int:
-    """SPEC cost model: every input read once, the output written once, plus the weights
-    (a training step: three times that)."""
+def min_bytes(config: IPAConfig, batch: int, length: int, element_size: int) -> int:
+    """SPEC cost model of the forward: every input read once, the output written once, plus
+    the weights (a training step: `TRAINING_BYTES_FACTOR` times, applied by the caller)."""
     c, b, n = config, batch, length
     h, d, qp, vp = c.heads, c.head_dim, c.query_points, c.value_points
     weights = (
@@ -184,13 +183,12 @@ def min_bytes(config: IPAConfig, batch: int, length: int, element_size: int,
         + (h * d + 3 * h * vp + 1) * c.node_dim  # out_proj
     )
     activations = b * n * c.node_dim + b * n * n * c.pair_dim + 12 * b * n + b * n * c.node_dim
-    factor = 1 if pass_name == "forward" else TRAINING_BYTES_FACTOR
-    return factor * element_size * (activations + weights)
+    return element_size * (activations + weights)
 
 
-def flops(config: IPAConfig, batch: int, length: int, pass_name: str = "forward") -> int:
-    """SPEC cost model, dominant terms: pair bias, logits, aggregation, projections (a
-    training step: three times the forward's)."""
+def flops(config: IPAConfig, batch: int, length: int) -> int:
+    """SPEC cost model of the forward, dominant terms: pair bias, logits, aggregation,
+    projections (a training step: `TRAINING_FLOPS_FACTOR` times, applied by the caller)."""
     c, b, n = config, batch, length
     h, d, qp, vp = c.heads, c.head_dim, c.query_points, c.value_points
     pair_bias = 2 * b * n * n * c.pair_dim * h
@@ -198,5 +196,4 @@ def flops(config: IPAConfig, batch: int, length: int, pass_name: str = "forward"
     aggregation = 2 * b * h * n * n * (d + 3 * vp)
     projections = 2 * b * n * c.node_dim * (3 * h * d + 3 * h * (2 * qp + vp))
     out_proj = 2 * b * n * (h * d + 3 * h * vp) * c.node_dim
-    factor = 1 if pass_name == "forward" else TRAINING_FLOPS_FACTOR
-    return factor * (pair_bias + logits + aggregation + projections + out_proj)
+    return pair_bias + logits + aggregation + projections + out_proj
