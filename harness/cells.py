@@ -74,7 +74,8 @@ from variants.registry import BUILTIN
 _RANDOM = random.SystemRandom()  # refill seeds and sample indices no variant can predict
 BUILTIN_NAMES = frozenset(cls.name for cls in BUILTIN)
 # Wall-clock cross-check: a batch of about WALL_BATCH_S seconds of back-to-back calls; each
-# may take up to WALL_SLACK x the event median plus WALL_ALLOWANCE_MS by the host clock.
+# may take up to WALL_SLACK x the event median plus WALL_ALLOWANCE_MS by the host clock, and
+# the device may stay busy after a sample's end event (WALL_SLACK - 1) x the median plus it.
 WALL_BATCH_S = 0.05
 WALL_SLACK = 1.5
 WALL_ALLOWANCE_MS = 0.05
@@ -325,7 +326,7 @@ class CellRunner:
             suspicions = self._verify_refills(refills, timed.refill_outputs[mode], references,
                                               precision)
             if device == "cuda":
-                suspicions += self._cross_check_wall_clock(worker, mode, timed.timings[mode])
+                suspicions += self._unseen_work(worker, mode, timed.timings[mode])
             if suspicions and row["status"] == "ok":
                 row["status"] = "suspect"
             row["reason"] = "; ".join(filter(None, [row["reason"], *suspicions]))
@@ -374,10 +375,16 @@ class CellRunner:
         return []
 
     @staticmethod
-    def _cross_check_wall_clock(worker: Worker, mode: str, timing: Timing) -> list[str]:
-        """Host wall clock over a batch of back-to-back calls between two device-wide
-        synchronisations, against the event median: work on another stream (or a patched
-        timer) shows up as calls that take longer than the timer said."""
+    def _unseen_work(worker: Worker, mode: str, timing: Timing) -> list[str]:
+        """Work on another stream (or a patched timer): the device still busy after each
+        sample's end event, and the host wall clock over a batch of back-to-back calls between
+        two device-wide synchronisations, each against the event median."""
+        trailing_limit_ms = (WALL_SLACK - 1) * timing.median_ms + WALL_ALLOWANCE_MS
+        if timing.trailing_ms > trailing_limit_ms:
+            return [f"work outside the timed stream: after each timed call's end event the "
+                    f"device stayed busy for {timing.trailing_ms:.4g} ms (median, host clock "
+                    f"around a device-wide synchronize), the device events "
+                    f"{timing.median_ms:.4g} ms (limit {trailing_limit_ms:.4g} ms)"]
         calls = max(3, min(200, math.ceil(WALL_BATCH_S * 1e3 / timing.median_ms)))
         round_trip = min(_seconds(worker.ping) for _ in range(3))
         per_call_ms = (_seconds(lambda: worker.wall(mode, calls)) - round_trip) / calls * 1e3

@@ -9,6 +9,7 @@ samples) or the time budget is spent. On CPU the same statistics use `time.perf_
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -39,6 +40,9 @@ class Timing:
     p80_ms: float
     n_samples: int
     rel_noise: float  # relative standard error of the median
+    # CUDA: median host ms of the device-wide synchronize after each sample's end event, i.e.
+    # work still running on other streams when the timed stream had finished
+    trailing_ms: float = 0.0
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -98,8 +102,12 @@ def _sample_until_quiet(run_once: Callable[[], float], policy: TimingPolicy,
 
 def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher,
               before_sample: BeforeSample | None = None) -> Timing:
-    """Device-event timing of `fn()` with an L2 flush before every sample."""
+    """Device-event timing of `fn()` with an L2 flush before every sample. After each
+    sample's end event the whole device is synchronized, so no sample overlaps the next, and
+    the host time that synchronize takes is kept: work the events did not see (another
+    stream) shows up there as `trailing_ms`."""
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    trailing: list[float] = []
 
     def run_once() -> float:
         flusher()
@@ -107,9 +115,14 @@ def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher
         fn()
         end.record()
         end.synchronize()
+        start = time.perf_counter()
+        torch.cuda.synchronize()
+        trailing.append((time.perf_counter() - start) * 1e3)
         return begin.elapsed_time(end)
 
-    return _sample_until_quiet(run_once, policy, before_sample)
+    timing = _sample_until_quiet(run_once, policy, before_sample)
+    return dataclasses.replace(timing,
+                               trailing_ms=statistics.median(trailing[-timing.n_samples:]))
 
 
 def capture_cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:

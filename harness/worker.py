@@ -168,8 +168,9 @@ class Worker:
                 self.process.kill()
                 self.process.join(10)
                 self._cleanup()
-                value = VariantRaised(value.type_name, f"{value} (a CUDA fault: its worker was "
-                                      "ended, the next call starts a fresh one)", value.oom,
+                # first, since the row's reason quotes the start of a long CUDA message
+                value = VariantRaised(value.type_name, "a CUDA fault: its worker was ended, the "
+                                      f"next call starts a fresh one: {value}", value.oom,
                                       value.trace)
             raise value
         return value

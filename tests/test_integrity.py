@@ -132,12 +132,13 @@ def test_work_on_a_side_stream_is_named(tmp_path):
     assert "scan:streams" in row["flags"]
 
 
-@pytest.mark.gpu
-def test_a_cuda_fault_is_an_error_row_and_the_next_cell_gets_a_fresh_worker(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_cuda_fault_is_an_error_row_and_the_next_cell_gets_a_fresh_worker(tmp_path, device):
+    # On the CPU the attack raises the error (and message) PyTorch raises after the fault.
     grid = grid_from_dict({"base": {**GRID["base"], "dtypes": ["fp32"]},
                            "slice": [{"length": [64, 96]}]})
     variants = [get_variant("reference"), model_new_variant(ATTACKS / "cuda_fault.py")]
-    path = Sweep(variants, grid, "cuda", tmp_path, show_progress=False).run()
+    path = Sweep(variants, grid, device, tmp_path, show_progress=False).run()
     with path.open(newline="") as f:
         rows = {(r["variant"], r["length"]): r for r in csv.DictReader(f)}
     faulted = rows["model-new:cuda_fault.py", "64"]
@@ -145,3 +146,14 @@ def test_a_cuda_fault_is_an_error_row_and_the_next_cell_gets_a_fresh_worker(tmp_
     assert "a CUDA fault: its worker was ended" in faulted["reason"], faulted["reason"]
     assert rows["model-new:cuda_fault.py", "96"]["status"] == "ok"  # a fresh CUDA context
     assert rows["reference", "96"]["status"] == "ok"
+
+
+def test_device_busy_after_the_end_event_is_named_work_outside_the_timed_stream():
+    # The verdict alone (the GPU test above plants the side stream): each sample's device-wide
+    # synchronize after its end event took 4 ms against 1 ms by the events.
+    from harness.cells import CellRunner
+    from harness.measure import Timing
+
+    hidden = Timing(1.0, 0.9, 1.1, 20, 0.01, trailing_ms=4.0)
+    reasons = CellRunner._unseen_work(None, "eager", hidden)
+    assert reasons and reasons[0].startswith("work outside the timed stream"), reasons
