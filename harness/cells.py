@@ -109,8 +109,10 @@ def label(cell: Cell, variant: Variant) -> str:
             f"B={cell.batch} N={cell.length} H={cell.config.columns()['heads']}")
 
 
-def short_reason(exc: BaseException, limit: int = 400) -> str:
-    text = f"{exception_name(exc)}: {exc}".strip().replace("\n", " | ")
+def short_reason(exc: BaseException | str, limit: int = 400) -> str:
+    """An exception (or its text) on one line of at most `limit` characters."""
+    text = exc if isinstance(exc, str) else f"{exception_name(exc)}: {exc}"
+    text = text.strip().replace("\n", " | ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -321,6 +323,12 @@ class CellRunner:
         kernel = worker.kernel(build)
         rows = []
         for mode in modes:
+            if mode in timed.failures:  # the eager check passed or failed on its own
+                rows.append(self._row(
+                    cell, variant, mode, env, status="error", build_s=build_s, kernel=kernel,
+                    reason=short_reason(f"CUDA-graph capture failed: {timed.failures[mode]}"),
+                    **_correctness_columns(check), notes="; ".join(notes)))
+                continue
             row = self._timed_row(cell, variant, mode, env, timed.timings[mode], check,
                                   build_s, timed.peak_mib, notes, medians, known)
             suspicions = self._verify_refills(refills, timed.refill_outputs[mode], references,

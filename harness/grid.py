@@ -87,11 +87,10 @@ class Grid:
     problem: str = DEFAULT
 
     def modes_for(self, cell: Cell, device: str) -> list[str]:
-        """Eager always; CUDA-graph replay of a forward on CUDA up to graph_max_length (a
-        training step is timed eagerly)."""
+        """Eager always; CUDA-graph replay (of a forward or a whole training step) on CUDA up
+        to graph_max_length."""
         return [m for m in self.modes if m == "eager" or (
-            device == "cuda" and cell.length <= self.graph_max_length
-            and cell.pass_name == "forward")]
+            device == "cuda" and cell.length <= self.graph_max_length)]
 
 
 def _positive_ints(where: str, key: str, values) -> list[int]:
@@ -219,9 +218,10 @@ PRESETS: dict[str, dict] = {
             {"length": [256, 1024], "value_points": [12]},
         ],
     },
-    # Training steps (forward+backward, eager) along N at the default config.
+    # Training steps (forward+backward) along N at the default config; CUDA-graph replay of
+    # the whole step (launch overhead removed) up to N = 1024.
     "training": {
-        "base": {"modes": ["eager"], "seeds": 2, "budget_s": 0.5,
+        "base": {"seeds": 2, "budget_s": 0.5, "graph_max_length": 1024,
                  "passes": ["forward+backward"]},
         "slice": [{"length": [256, 1024, 2048, 4096]}],
     },

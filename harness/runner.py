@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -146,12 +146,14 @@ class RunOutput:
 
 @dataclass
 class TimedRun:
-    """`LocalRunner.time`: a Timing per mode, the peak memory (MiB, CUDA only), and per mode
-    the outputs of the refilled samples, in the order of the refills asked for."""
+    """`LocalRunner.time`: a Timing per mode, the peak memory (MiB, CUDA only), per mode the
+    outputs of the refilled samples (in the order of the refills asked for), and the modes
+    that could not run, with the exception (a CUDA graph that failed to capture)."""
 
     timings: dict[str, Timing]
     peak_mib: float | None
     refill_outputs: dict[str, list[RunOutput]]
+    failures: dict[str, str] = field(default_factory=dict)
 
 
 def input_names(inputs: ForwardInputs) -> tuple[str, ...]:
@@ -319,7 +321,7 @@ class LocalRunner:
                     holder[0] = training_step(fn, args, params, grad_out, names)[0]
 
             refill_at = dict(refills)
-            timings, kept, callables = {}, {}, {}
+            timings, kept, callables, failures = {}, {}, {}, {}
             peak = None
             if self.device == "cuda":
                 self._flusher = self._flusher or L2Flusher(torch.device("cuda"))
@@ -341,7 +343,15 @@ class LocalRunner:
                         self._sync()
                         pending[0] = True
 
-                timed = capture_cuda_graph(call) if mode == "graph" else call
+                if mode == "graph":
+                    try:
+                        timed = capture_cuda_graph(call)
+                    except Exception as exc:  # noqa: BLE001 - the other modes still run
+                        failures[mode] = f"{type(exc).__name__}: {exc}"
+                        holder[0] = None
+                        continue
+                else:
+                    timed = call
                 callables[mode] = timed
                 if self.device == "cuda":
                     timings[mode] = time_cuda(timed, policy, self._flusher, before_sample)
@@ -349,7 +359,7 @@ class LocalRunner:
                     timings[mode] = time_cpu(timed, policy, before_sample)
                 kept[mode] = outputs
             self._timed = (spec.key, callables)
-            return TimedRun(timings, peak, kept)
+            return TimedRun(timings, peak, kept, failures)
 
     def wall(self, mode: str, calls: int) -> None:
         """`calls` back-to-back calls of the last timed `mode`, between two device-wide

@@ -82,11 +82,33 @@ def test_bad_pass_names_are_usage_errors():
         grid_from_dict({"slice": [{"length": [4], "passes": []}]})
 
 
-def test_training_cells_are_timed_eagerly_only():
+def test_training_cells_get_cuda_graph_replay_too():
     grid = grid_from_dict({"base": {"passes": ["forward", TRAIN]},
                            "slice": [{"length": [64]}]})
     modes = {cell.pass_name: grid.modes_for(cell, "cuda") for cell in grid.cells}
-    assert modes == {"forward": ["eager", "graph"], TRAIN: ["eager"]}
+    assert modes == {"forward": ["eager", "graph"], TRAIN: ["eager", "graph"]}
+
+
+@pytest.mark.parametrize("pass_name", ["forward", TRAIN])
+def test_a_mode_that_cannot_be_captured_fails_alone(monkeypatch, pass_name):
+    # A CUDA graph that fails to capture (here on the CPU, by a stand-in for the capture)
+    # costs its own mode only: the eager timing still comes back.
+    from harness import runner as runner_module
+    from harness.measure import TimingPolicy
+
+    def refuse(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(runner_module, "capture_cuda_graph", refuse)
+    config = IPAConfig(node_dim=24, pair_dim=8, heads=3, query_points=3, value_points=5)
+    spec = runner_module.BuildSpec(("capture",), init_state_dict(config), config, "fp32")
+    recipe = runner_module.InputRecipe(config, 1, 7, "fp32", "cpu", 0)
+    local = runner_module.LocalRunner(get_variant("reference"), "cpu")
+    timed = local.time(spec, recipe, ["eager", "graph"], TimingPolicy(budget_s=0.01), [],
+                       pass_name)
+    assert set(timed.timings) == {"eager"}
+    assert timed.failures == {
+        "graph": "RuntimeError: operation not permitted when stream is capturing"}
 
 
 def test_a_sweep_writes_training_rows_and_the_gradient_breakdown(tmp_path):

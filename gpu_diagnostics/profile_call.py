@@ -1,0 +1,84 @@
+"""Where one call of a variant spends its time (GPU machine): a forward, or a training step
+(forward and every gradient), of the problem's default layer at B = 1 under torch.profiler,
+after two warm-up calls. Prints the CUDA kernels by total device time, then the host side:
+the operators by self CPU time (launch and dispatch overhead).
+
+    PYTHONPATH=. python3 gpu_diagnostics/profile_call.py [N] [fp32|bf16] [variant]
+        [--problem simplified|openfold] [--pass forward|forward+backward] [--device cuda|cpu]
+
+Defaults: N = 4096, fp32, `triton-train`, problem simplified, pass forward+backward, cuda
+(`--device cpu` with TRITON_INTERPRET=1 and a small N: a dry run of this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from harness.problems import PROBLEMS
+from harness.runner import (
+    InputRecipe,
+    input_names,
+    leaf_inputs,
+    trainable_parameters,
+    training_step,
+)
+from variants.problem import math_mode
+from variants.registry import get_variant
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("length", nargs="?", type=int, default=4096)
+    parser.add_argument("precision", nargs="?", default="fp32")
+    parser.add_argument("variant", nargs="?", default="triton-train")
+    parser.add_argument("--problem", default="simplified", choices=sorted(PROBLEMS))
+    parser.add_argument("--pass", dest="pass_name", default="forward+backward",
+                        choices=("forward", "forward+backward"))
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    args = parser.parse_args(argv)
+    problem = PROBLEMS[args.problem]
+    config = problem.config_class()
+    fn = get_variant(args.variant, args.problem).build(
+        problem.init_state_dict(config), config, args.device, args.precision)
+    recipe = InputRecipe(config, 1, args.length, args.precision, args.device, 0)
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with math_mode(args.precision):
+        inputs = recipe.presented(recipe.values())
+        if args.pass_name == "forward":
+            call_args = inputs.as_tuple()
+
+            def call():
+                with torch.no_grad():
+                    fn(*call_args)
+        else:
+            call_args, names = leaf_inputs(inputs), input_names(inputs)
+            params = {k: p.requires_grad_(True) for k, p in trainable_parameters(fn).items()}
+            grad_out = recipe.grad_output()
+
+            def call():
+                training_step(fn, call_args, params, grad_out, names)
+
+        for _ in range(2):
+            call()
+        sync()
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+        with profile(activities=activities) as prof:
+            call()
+            sync()
+    where = torch.cuda.get_device_name() if cuda else "cpu"
+    print(f"# {args.problem} {args.variant} {args.precision} {args.pass_name} N={args.length}, "
+          f"{where}, torch {torch.__version__}")
+    table = prof.key_averages()
+    if cuda:
+        print(table.table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+    print(table.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
