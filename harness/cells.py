@@ -340,6 +340,8 @@ class CellRunner:
             row["reason"] = "; ".join(filter(None, [row["reason"], *suspicions]))
             row["kernel"] = kernel
             rows.append(row)
+        if timed.failures:  # an invalidated capture can leave the worker's CUDA state unusable
+            worker.close()
         return rows
 
     def _write_gradients(self, cell: Cell, variant: Variant, check: CheckResult) -> None:
