@@ -230,13 +230,18 @@ class Worker:
             self.log_path.unlink(missing_ok=True)
         self.process = self.conn = self.log_path = None
 
-    def close(self) -> None:
-        """Ask the worker to stop; kill it if it does not within a few seconds."""
+    def ask_to_stop(self) -> None:
+        """Tell the worker to stop, without waiting for it."""
         if self.alive:
             try:
                 self.conn.send_bytes(pickle.dumps((STOP, (), {})))
             except OSError:
                 pass
+
+    def close(self) -> None:
+        """Ask the worker to stop; kill it if it does not within a few seconds."""
+        if self.alive:
+            self.ask_to_stop()
             self.process.join(5)
             if self.process.is_alive():
                 self.process.kill()
@@ -268,6 +273,10 @@ class WorkerPool:
             worker.ping()
 
     def close(self) -> None:
+        """Stop every worker: all told at once, then each waited for (a process with a CUDA
+        context and Inductor's compile workers takes seconds to exit: in turn, they add up)."""
+        for worker in self._workers.values():
+            worker.ask_to_stop()
         for worker in self._workers.values():
             worker.close()
         self._workers.clear()

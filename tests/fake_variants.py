@@ -217,3 +217,22 @@ class WrongSoftmaxGradient(_ModuleBackwardBug):
     name = "wrong-softmax-gradient"
     description = SoftmaxGradientModule.__doc__
     module_cls = SoftmaxGradientModule
+
+
+class SlowToExit(Reference):
+    """A reference whose worker process takes EXIT_S to exit (as one with a CUDA context and
+    Inductor's compile workers does): the worker unpickles it through `_slow_to_exit`."""
+
+    name = "slow-to-exit"
+    EXIT_S = 2.0
+
+    def __reduce__(self):
+        return _slow_to_exit, ()
+
+
+def _slow_to_exit() -> SlowToExit:
+    import atexit
+    import time
+
+    atexit.register(time.sleep, SlowToExit.EXIT_S)
+    return SlowToExit()

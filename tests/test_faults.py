@@ -248,3 +248,18 @@ def test_a_file_from_before_the_code_digest_column_is_named_as_earlier(tmp_path)
     path.write_text(",".join(columns) + "\n")
     with pytest.raises(IPAInputError, match="earlier ipa-bench \\(no code_digest column\\)"):
         ResultsFile(path)
+
+
+def test_closing_the_pool_stops_its_workers_together():
+    import time
+
+    from harness.worker import WorkerPool
+    from tests.fake_variants import SlowToExit
+
+    variants = [SlowToExit() for _ in range(3)]
+    with WorkerPool() as pool:
+        pool.prestart([(v, "cpu", dtype) for v, dtype in zip(variants, ("fp32", "bf16", "fp16"),
+                                                               strict=True)])
+        started = time.perf_counter()
+    took = time.perf_counter() - started
+    assert SlowToExit.EXIT_S <= took < 2 * SlowToExit.EXIT_S, took  # in turn: 3 x EXIT_S
