@@ -21,6 +21,7 @@ the actors and leaves the CSV resumable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections import deque
@@ -81,6 +82,10 @@ class CellActor:
     def __init__(self, spec: SweepSpec):
         import ray
 
+        # Ray starts its workers at nice 15, and the timed worker processes this actor
+        # spawns would inherit it: back to 0 where allowed (root, as on the GPU machine)
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
         device = torch.device(spec.device)
         if spec.threads:
             torch.set_num_threads(spec.threads)

@@ -80,10 +80,6 @@ def _serve(conn, variant: Variant, device: str, threads: int | None, log_path: s
     os.dup2(log, 1)
     os.dup2(log, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    # Ray starts its workers at nice 15 and this process inherits it; a timed process should
-    # not yield its core to every other one (lowering it needs root, as on the GPU machine)
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, 0)
     if threads:
         torch.set_num_threads(threads)
     runner = LocalRunner(variant, device, to_cpu=True)
