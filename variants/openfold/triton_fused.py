@@ -25,8 +25,11 @@ Pq = 4, Pv = 8; sm_90: 64 Ki 32-bit registers = 256 KiB per SM, at most 255 per 
 One query row needs 16 x 128 fp32 = 8 KiB (6 KiB of real heads); a block of BLOCK_M rows
 needs BLOCK_M x 8 KiB, held by every thread of the program: at 8 warps (256 threads) that is
 8 x BLOCK_M registers per thread: 32 at BLOCK_M = 4, 64 at 8, 128 at 16 (half of each thread's
-255 before anything else). Triton gives the batched dots' warps to the rows first ([4, 1, 2]
-for 4 rows and 8 warps: a warp holds 16 heads x 64 channels of one row). What else holds
+255 before anything else). Triton 3.9 gives the batched dots' warps to the rows first ([4, 1,
+2] for 4 rows and 8 warps: a warp holds 16 heads x 64 channels of one row); triton 3.6, the GPU
+machine's, puts every warp on the rows ([8, 1, 1]), so BLOCK_M < num_warps computes the z dots
+and o_pair twice or more (the configs added with that knowledge keep BLOCK_M >= num_warps).
+What else holds
 registers, per thread at BLOCK_M = 4, BLOCK_N = 16, 8 warps, bf16: W_b^T as the bias dot's
 operand (c_z x 8 heads per warp, hoisted: 16), the z tile as that dot's other operand (16 keys x
 128 channels per warp: 32, transient) and as o_pair's (16 x 64: 16), the head-major tiles
@@ -36,9 +39,10 @@ probabilities), o and o_pt (8 + 16), the point operands in 3xTF32 (hi and lo hal
 docs/perf-notes.md, "2026-12-03: openfold `triton` forward, compile-time measurements"): bf16
 at BLOCK_M = 4 uses 240 registers and no spills, BLOCK_M = 8 255 and 24-104 bytes of stack;
 fp32 doubles every operand and 3xTF32 doubles the z operands again: 255 registers plus 64-344
-bytes of stack at BLOCK_M = 2 or 4. Shared memory: the z tile is 16 KiB (bf16) or 32 KiB (fp32)
-per pipeline stage, the key-side tiles (k, v, point rows and value points with their TF32 low
-parts) ~70 KiB in bf16; 148 KiB at two stages (sm_90 allows 227). So BLOCK_M is capped at 4-8
+bytes of stack at BLOCK_M = 2 or 4. Triton 3.6 (the H200's; a proxy on it reproduces the GPU's
+counts exactly): fp32 BLOCK_M = 4 at 8 warps spills 1-1.4 KiB, bf16 BLOCK_M = 8 0-40 bytes.
+Shared memory: the z tile is 16 KiB (bf16) or 32 KiB (fp32) per pipeline stage, the key-side
+tiles (k, v, point rows and value points with their TF32 low parts) ~70 KiB in bf16; 148 KiB at two stages (sm_90 allows 227). So BLOCK_M is capped at 4-8
 by the accumulator, and the price is paid on the key side: every program re-reads the per-key
 operands (k, v and 36 point coordinates per head: 2.5 KiB per key in bf16) N / BLOCK_M times,
 2.6 GB of L2 traffic at N = 2048, BLOCK_M = 4, against z's 1.07 GB. Not tried: o_pair in shared
@@ -90,10 +94,10 @@ Deviations from the reference (none changes the function):
   The logits, softmax and every accumulator are fp32; o_pair is rounded to the input dtype only
   where linear_out reads it.
 
-Caveats. Forward only. Heads 1..16, c_z, c_hidden <= 128, points <= 16 (`MAX_SIZES`). Speed:
-the measured record and the prediction are in the final report of issue #18 (first version on
-the H200, N = 2048, B = 1, default layer: bf16 6.8 ms and fp32 28 ms with spills and masked
-per-element loads; the current kernel removes the spills in bf16 and the masks everywhere).
+Caveats. Forward only. Heads 1..16, c_z, c_hidden <= 128, points <= 16 (`MAX_SIZES`). Speed
+on the H200 (N = 2048, B = 1, default layer; results/h200-2026-12-03-openfold-triton/): the
+kernel 1.10 ms in bf16 and 9.64 ms in fp32 (the first version: 6.8 and 28 ms), the forward
+2.20 and 10.7 ms; docs/perf-notes.md says what bounds each.
 Under the interpreter (`TRITON_INTERPRET=1`, read when the kernel module is first imported)
 every dot runs in numpy fp32 and one block-size config is used.
 

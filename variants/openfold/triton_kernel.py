@@ -384,20 +384,22 @@ _KEY = ["N_KEY", "H_PAD", "C_PAD", "CZ_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "
         "PTS_PRECISION", "POINTS_DOT"]
 _INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": True, "ZCH": 2, "LAZY": True,
                 "TC": 1, "BT": True}
-# Autotune configs: (BLOCK_M, BLOCK_N, warps, stages, ZCH, SPLIT, LAZY, TC, BT), chosen with
-# the sm_90 compile-time proxy (docs/perf-notes.md, section "2026-12-03: openfold `triton`
-# forward, compile-time measurements": registers, spills, SASS instructions per key block).
-# The last of each list is the previous kernel's best config and code path (Triton's tf32x3,
-# eager rescaling), kept as the control. Left out: anything needing more than the 227 KiB of
-# shared memory an sm_90 block may have (bf16 BM 4 at 3 stages, BM 8 x BN 32, BM 16) or
-# spilling heavily (fp32 BM 8, 4 warps; q.k as split TF32 too, removed; BT in fp32).
+# Autotune configs: (BLOCK_M, BLOCK_N, warps, stages, ZCH, SPLIT, LAZY, TC, BT). First chosen
+# with an sm_90 compile-time proxy on triton 3.9 (docs/perf-notes.md, "2026-12-03: openfold
+# `triton` forward, compile-time measurements"), then revised with one on triton 3.6, the GPU
+# machine's, which reproduces its registers and spills exactly, calibrated against the H200's
+# per-config times (perf-notes, fifth session). Triton 3.6 puts every warp on the query-row
+# axis of the kernel's 3-D dots, so BLOCK_M < num_warps computes the z dots and o_pair twice
+# or more: fp32 adds BLOCK_M 8 with 8 warps and BLOCK_M 4 with 4. Dropped: the configs that
+# lost at N = 1024, 2048 and 4096 on the H200 (fp32 BM 2 and BM 4 LAZY; 16-bit BM 4, one
+# stage, BM 8 without BT). The last of each list is the first kernel's code path (Triton's
+# tf32x3, eager rescaling), kept as the control.
 _FP32 = [(4, 16, 8, 2, 2, True, False, 0, False), (4, 16, 8, 2, 2, True, False, 1, False),
-         (4, 16, 8, 2, 2, True, True, 0, False), (4, 16, 8, 2, 2, True, True, 1, False),
-         (2, 16, 8, 2, 2, True, False, 0, False), (4, 16, 8, 2, 1, False, False, 0, False)]
-_16BIT = [(4, 16, 8, 2, 1, True, False, 0, False), (4, 16, 8, 2, 1, True, True, 0, False),
-          (8, 16, 8, 2, 2, True, False, 0, False), (8, 16, 8, 2, 2, True, False, 0, True),
-          (8, 16, 8, 1, 2, True, False, 0, True), (8, 16, 8, 2, 2, True, True, 0, True),
-          (8, 16, 8, 1, 2, True, True, 0, True), (4, 16, 8, 2, 1, False, False, 0, False)]
+         (8, 16, 8, 2, 2, True, False, 1, False), (8, 16, 8, 2, 2, True, True, 1, False),
+         (8, 16, 8, 2, 2, True, False, 0, False), (4, 16, 4, 2, 2, True, False, 1, False),
+         (4, 16, 8, 2, 1, False, False, 0, False)]
+_16BIT = [(8, 16, 8, 2, 2, True, False, 0, True), (8, 16, 8, 2, 2, True, True, 0, True),
+          (4, 16, 8, 2, 1, False, False, 0, False)]
 
 
 def _configs(table):
