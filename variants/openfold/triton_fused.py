@@ -42,12 +42,13 @@ fp32 doubles every operand and 3xTF32 doubles the z operands again: 255 register
 bytes of stack at BLOCK_M = 2 or 4. Triton 3.6 (the H200's; a proxy on it reproduces the GPU's
 counts exactly): fp32 BLOCK_M = 4 at 8 warps spills 1-1.4 KiB, bf16 BLOCK_M = 8 0-40 bytes.
 Shared memory: the z tile is 16 KiB (bf16) or 32 KiB (fp32) per pipeline stage, the key-side
-tiles (k, v, point rows and value points with their TF32 low parts) ~70 KiB in bf16; 148 KiB at two stages (sm_90 allows 227). So BLOCK_M is capped at 4-8
-by the accumulator, and the price is paid on the key side: every program re-reads the per-key
-operands (k, v and 36 point coordinates per head: 2.5 KiB per key in bf16) N / BLOCK_M times,
-2.6 GB of L2 traffic at N = 2048, BLOCK_M = 4, against z's 1.07 GB. Not tried: o_pair in shared
-memory (Triton has no explicit shared accumulators), heads or c_z split over programs (z would
-be read more than once), fp16/bf16 accumulation.
+tiles (k, v, point rows and value points with their TF32 low parts) ~70 KiB in bf16; 148 KiB at
+two stages (sm_90 allows 227). So BLOCK_M is capped at 4-8 by the accumulator, and the price is
+paid on the key side: every program re-reads the per-key operands (k, v and 36 point coordinates
+per head: 2.5 KiB per key in bf16) N / BLOCK_M times, 2.6 GB of L2 traffic at N = 2048, BLOCK_M
+= 4, against z's 1.07 GB. Not tried: o_pair in shared memory (Triton has no explicit shared
+accumulators), heads or c_z split over programs (z would be read more than once), fp16/bf16
+accumulation.
 
 Instruction budget (the kernel is issue-bound: one 8-warp program per SM at 255 registers).
 The autotuner chooses among code paths as well as block sizes (constexprs of the configs):
