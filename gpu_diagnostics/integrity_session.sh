@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for issues #14 and #19: (1) the worker harness's overhead, A/B on one warmed
 # machine against the in-process harness of commit e4b9a52 (same grid: N = 1024 and 4096,
-# fp32 and bf16, eager, seeds 2, budget 0.5 s, six built-ins); (2) the GPU integrity tests
+# fp32 and bf16, eager, seeds 2, budget 0.5 s, six built-ins; each tree's caches filled first by
+# a `check` at N = 64); (2) the GPU integrity tests
 # (cuda_fault and friends); (3) the same grid through `sweep --ray` on this one GPU, compared
 # with the serial run. Run from a clean snapshot of HEAD, with e4b9a52's in $OLD:
 #
@@ -10,7 +11,7 @@
 # session.log (wall times, test summary): 6 files.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
-OLD=${OLD:-}  # unset: the workers' runs only (cold, then warm), against the recorded A/B
+OLD=${OLD:-}  # unset: the workers' run only, against the recorded A/B
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 IPA_BENCH_CACHE=${IPA_BENCH_CACHE:-/tmp/ipa-cache}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
@@ -27,10 +28,17 @@ sweep() {  # sweep DIR TREE LABEL [extra args...]
         --no-progress "${variants[@]}" "$@") > "$dir.log" 2>&1
     echo "$label: rc $? wall $((SECONDS - t0)) s" | tee -a "$log"
 }
-# Each tree once cold (CUDA build, Triton and Inductor compiles; discarded), then each warm,
-# back to back: the warm pair is the A/B.
-[[ -n $OLD ]] && sweep /tmp/ab-old-cold "$OLD" "in-process e4b9a52, cold (discarded)"
-sweep /tmp/ab-new-cold . "workers HEAD, cold (discarded)"
+warm() {  # warm TREE LABEL: build the CUDA extension and fill the compile caches of TREE
+    local t0=$SECONDS
+    (cd "$1" && PYTHONPATH=. timeout -s INT "${LIM_WARM:-120}" python3 -m harness.cli check \
+        --device cuda --length 64 --seeds 1 --dtype fp32 --dtype bf16 --no-progress \
+        "${variants[@]}") > "/tmp/warm-$2.log" 2>&1
+    echo "warm-up $2 (check at N = 64): rc $? wall $((SECONDS - t0)) s" | tee -a "$log"
+}
+# Each tree's caches filled first (a cut-short cold sweep once left the CUDA build to the
+# timed pair), then each tree swept back to back: that pair is the A/B.
+[[ -n $OLD ]] && warm "$OLD" old
+warm . new
 [[ -n $OLD ]] && sweep /tmp/ab-old "$OLD" "in-process e4b9a52, warm"
 sweep /tmp/ab-new . "workers HEAD, warm"
 cp /tmp/ab-new/results.csv "$OUT/ab-workers.csv"
