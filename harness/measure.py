@@ -126,10 +126,8 @@ def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher
 
 
 def capture_cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:
-    """`fn()` captured in a CUDA graph (after two warm-up calls on a side stream, the stream
-    the capture then runs on, so that per-stream state such as cuBLAS workspaces, in the
-    autograd engine's thread too, exists before the capture); returns the graph's replay.
-    What `fn` returned during capture is rewritten by every replay."""
+    """`fn()` captured in a CUDA graph (after two warm-up calls on a side stream); returns the
+    graph's replay. What `fn` returned during capture is rewritten by every replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -137,7 +135,7 @@ def capture_cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
+    with torch.cuda.graph(graph):
         fn()
     return graph.replay
 
