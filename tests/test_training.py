@@ -150,3 +150,36 @@ def test_a_sweep_writes_training_rows_and_the_gradient_breakdown(tmp_path):
     with pytest.raises(IPAInputError, match="line 4 is not a gradient record"):
         read_gradients(path)
     assert read_gradients(tmp_path / "elsewhere" / "results.csv").empty
+
+
+def test_a_cell_whose_graph_capture_fails_keeps_its_eager_row(monkeypatch, tmp_path):
+    # On the CPU every CUDA-graph capture fails (no CUDA), which stands in for a GPU capture
+    # failure; the grid is made to ask for graph mode here, and the variant runs in process.
+    import torch
+
+    from harness.cells import CellRunner, describe_environment
+    from harness.grid import Grid
+    from harness.results import Medians
+    from harness.runner import LocalRunner
+
+    class InProcess(LocalRunner):
+        closed = False
+
+        def close(self):
+            InProcess.closed = True
+
+    grid = grid_from_dict({"base": {"node_dim": 24, "pair_dim": 8, "heads": 3,
+                                    "query_points": 3, "value_points": 5, "dtypes": ["fp32"],
+                                    "seeds": 1, "budget_s": 0.01, "passes": [TRAIN]},
+                           "slice": [{"length": [7]}]})
+    monkeypatch.setattr(Grid, "modes_for", lambda self, cell, device: ["eager", "graph"])
+    reference = get_variant("reference")
+    sweep = Sweep([reference], grid, "cpu", tmp_path, show_progress=False)
+    cells = CellRunner(sweep.spec, describe_environment(torch.device("cpu"))[0])
+    monkeypatch.setattr(cells.workers, "get", lambda *group: InProcess(reference, "cpu"))
+    eager, graph = cells.run(grid.cells[0], reference, Medians())
+    assert (eager["mode"], eager["status"]) == ("eager", "ok"), eager["reason"]
+    assert (graph["mode"], graph["status"]) == ("graph", "error")
+    assert graph["reason"].startswith("CUDA-graph capture failed: "), graph["reason"]
+    assert graph["grad_worst"] == eager["grad_worst"]  # the eager check's figures, kept
+    assert InProcess.closed  # the worker is replaced after a failed capture
