@@ -62,24 +62,6 @@ def _step(variant: str, length: int, precision: str):
     return step, forward, fn, args, grad_out
 
 
-def _capture(fn, mode: str | None, same_stream: bool):
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    kwargs = {"stream": stream} if same_stream else {}
-    if mode:
-        kwargs["capture_error_mode"] = mode
-    with torch.cuda.graph(graph, **kwargs):
-        fn()
-    return graph.replay
-
-
 def _try(way: str, variant: str, length: int, precision: str, queue) -> None:
     try:
         import torch
@@ -106,8 +88,10 @@ def _try(way: str, variant: str, length: int, precision: str, queue) -> None:
                     torch.autograd.backward(graphed(*args), grad_out)
                 eager = step
             else:
-                mode = {"thread-local": "thread_local", "relaxed": "relaxed"}.get(way)
-                replay, eager = _capture(step, mode, way == "same-stream"), step
+                mode = {"thread-local": "thread_local", "relaxed": "relaxed"}.get(way, "global")
+                replay = capture_cuda_graph(step, on_warmup_stream=way == "same-stream",
+                                            capture_error_mode=mode)
+                eager = step
             replay()
             torch.cuda.synchronize()
             queue.put(f"ok: replay {do_bench(replay, rep=200):.3f} ms, eager "

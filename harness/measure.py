@@ -125,9 +125,12 @@ def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher
                                trailing_ms=statistics.median(trailing[-timing.n_samples:]))
 
 
-def capture_cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:
+def capture_cuda_graph(fn: Callable[[], object], *, on_warmup_stream: bool = False,
+                       capture_error_mode: str = "global") -> Callable[[], None]:
     """`fn()` captured in a CUDA graph (after two warm-up calls on a side stream); returns the
-    graph's replay. What `fn` returned during capture is rewritten by every replay."""
+    graph's replay. What `fn` returned during capture is rewritten by every replay. The
+    keywords (capture on the warm-up stream rather than the graph's own; torch.cuda.graph's
+    `capture_error_mode`) are for `gpu_diagnostics/graph_capture_probe.py`."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -135,7 +138,8 @@ def capture_cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream if on_warmup_stream else None,
+                          capture_error_mode=capture_error_mode):
         fn()
     return graph.replay
 
