@@ -2,9 +2,10 @@
 steps 3-8 and 11) as one fused Triton kernel that reads z exactly once and writes nothing
 N x N (issue #18, deliverable 3). The kernel is `variants/openfold/triton_kernel.py`.
 
-What it is. The O(N) work stays PyTorch and is the reference module's own (`make_module`): its
-projections linear_q, linear_kv and the point projections (SPEC steps 1-2), its inverse frame
-`to_local` and linear_out (steps 8, 12); only norms and the concatenation are spelled here. The
+What it is. The O(N) work stays PyTorch with the reference module's weights (`make_module`):
+its projections (SPEC steps 1-2) as two GEMMs of concatenated weights (q | kv, and the point
+projections in fp32), its inverse frame `to_local` and linear_out (steps 8, 12); the norms and
+the concatenation are spelled here. The
 kernel is FlashAttention-2's loop (online softmax in fp32, base 2: `variants/base2.py`) with
 the pair terms pulled in, as `triton-fullfuse` does for the simplified problem, plus the pair
 values o_pair that the simplified problem lacks.
@@ -108,7 +109,6 @@ reason (`requires`), not an ImportError.
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 
@@ -180,9 +180,16 @@ def tf32_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, x - hi
 
 
+def _local_points(y: torch.Tensor, heads: int) -> torch.Tensor:
+    """A point projection's output (B, N, 3 H P), blocks [X | Y | Z] of H P (index h P + p),
+    as local points (B, N, H, P, 3): SPEC step 2, as `reference.PointProjection` reads it."""
+    B, N, width = y.shape
+    return torch.stack(torch.split(y, width // 3, dim=-1), dim=-1).view(B, N, heads, -1, 3)
+
+
 class FusedForward:
-    """The callable a build returns: the reference module's own projections in PyTorch (O(N)),
-    the fused kernel (O(N^2)), then the reference's inverse frame and linear_out."""
+    """The callable a build returns: the reference module's projections in PyTorch (O(N),
+    two GEMMs), the fused kernel (O(N^2)), then the reference's inverse frame and linear_out."""
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
                  math_mode: str):
@@ -193,15 +200,18 @@ class FusedForward:
         self.precisions = kernel_precisions(dtype, math_mode)
         self.points_dot = dtype != torch.float32
         self.vp3_pad = pow2(3 * cfg.no_v_points)
-        # Points in fp32 in every dtype: fp32 copies of the module's point projections (their
-        # weights as the module holds them), so global coordinates at 100 A are not rounded to
-        # the input dtype (a bf16 ulp there is 0.5 A).
-        self.q_points = (module.linear_q_points if dtype == torch.float32
-                         else copy.deepcopy(module.linear_q_points).float())
-        self.kv_points = (module.linear_kv_points if dtype == torch.float32
-                          else copy.deepcopy(module.linear_kv_points).float())
-        # Logit factors in base-2 units (the kernel's softmax runs on exp2), from float64.
         with torch.no_grad():
+            # The four input projections as two GEMMs (concatenated weights: the same dot
+            # products, two fewer cuBLAS calls on the host): q | kv in the input dtype, and the
+            # point projections q_pts | kv_pts in fp32 in every dtype (their weights as the
+            # module holds them, upcast), so that global coordinates at 100 A are not rounded
+            # to the input dtype (a bf16 ulp there is 0.5 A).
+            self.w_qkv = torch.cat([module.linear_q.weight, module.linear_kv.weight])
+            self.b_qkv = torch.cat([module.linear_q.bias, module.linear_kv.bias])
+            points = (module.linear_q_points.linear, module.linear_kv_points.linear)
+            self.w_points = torch.cat([p.weight for p in points]).float()
+            self.b_points = torch.cat([p.bias for p in points]).float()
+            # Logit factors in base-2 units (the kernel's softmax runs on exp2), from float64.
             pq = cfg.no_qk_points
             w = F.softplus(module.head_weights.double()) * math.sqrt(1.0 / (3 * (pq * 9.0 / 2)))
             self.point_weight = (-0.5 * w * LOG2E).float().contiguous()
@@ -227,19 +237,25 @@ class FusedForward:
         # Prologue, O(N): the module's projections (SPEC steps 1-2); points in fp32, in a
         # frame centred on each batch element's mean translation (the output is invariant to
         # that shift, and the kernel's point sums and products stay small).
-        q = mod.linear_q(s).view(B, N, H, C)
-        kv = mod.linear_kv(s).view(B, N, H, 2 * C)
+        qkv = F.linear(s, self.w_qkv, self.b_qkv)  # (B, N, 3 H C): [q | kv]
+        q = qkv[..., :H * C].view(B, N, H, C)
+        kv = qkv[..., H * C:].view(B, N, H, 2 * C)
         k, v = kv[..., :C], kv[..., C:]
         rot = rotations.float()
         trans = translations.float()
         trans = trans - trans.mean(dim=1, keepdim=True)
         s_pts = s if self.dtype == torch.float32 else s.float()
-        q_pts = self.q_points(s_pts, rot, trans).reshape(B, N, H, 3 * Pq)
-        kv_pts = self.kv_points(s_pts, rot, trans)  # (B, N, H, Pq + Pv, 3)
-        k_pts = kv_pts[..., :Pq, :].reshape(B, N, H, 3 * Pq)
+        # Each projection's output is [X | Y | Z] blocks of H * P (PointProjection's layout);
+        # both go through one rotation: global points (B, N, H, Pq | Pq + Pv, 3)
+        y = F.linear(s_pts, self.w_points, self.b_points)
+        local = torch.cat([_local_points(part, H) for part in
+                           (y[..., :3 * H * Pq], y[..., 3 * H * Pq:])], dim=3)
+        pts = torch.einsum("bnxy,bnhpy->bnhpx", rot, local) + trans[:, :, None, None, :]
+        q_pts = pts[..., :Pq, :].reshape(B, N, H, 3 * Pq)
+        k_pts = pts[..., Pq:2 * Pq, :].reshape(B, N, H, 3 * Pq)
         # (B, H, VP3_PAD, NP): coordinates x keys, both zero-padded (the kernel's key blocks
         # read v_pts unclamped)
-        v_pts = kv_pts[..., Pq:, :].reshape(B, N, H, 3 * Pv).permute(0, 2, 3, 1)
+        v_pts = pts[..., 2 * Pq:, :].reshape(B, N, H, 3 * Pv).permute(0, 2, 3, 1)
         v_pts = F.pad(v_pts, (0, -N % KEY_PAD, 0, self.vp3_pad - 3 * Pv)).contiguous()
         if self.points_dot:
             q_pts, k_pts = point_rows(q_pts, k_pts, self.point_weight)
@@ -254,7 +270,8 @@ class FusedForward:
             if self.points_dot:
                 k_pts, kp_lo = tf32_split(k_pts)
         if self.dtype == torch.float32 and self.precisions[0] == "ieee":
-            v_lo = tf32_split(kv)[1][..., C:]  # v's strides, as the kernel reads VL
+            # v's strides, as the kernel reads VL
+            v_lo = tf32_split(qkv)[1][..., H * C:].view(B, N, H, 2 * C)[..., C:]
             if vp_lo is None:
                 vp_lo = tf32_split(v_pts)[1]
 
