@@ -28,6 +28,15 @@ def _tf32_hi(x):
 
 
 @triton.jit
+def _dot_split_tf32(a_hi, a_lo, b_hi, b_lo, acc):
+    """acc + a @ b as three TF32 dots of split operands (x = x_hi + x_lo, `_tf32_hi`), the
+    small products first, as Triton's tf32x3 orders them."""
+    acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@triton.jit
 def _w_tiles(WB, WBL, offs_h, h_ok, offs_c, c_ok, CZ: tl.constexpr, BLOCK_M: tl.constexpr,
              Z_PRECISION: tl.constexpr, SPLIT: tl.constexpr, CAST_F32: tl.constexpr,
              BT: tl.constexpr):
@@ -91,9 +100,7 @@ def _z_pair(acc, p, p_hi, p_lo, zt, z_hi, z_lo, Z_PRECISION: tl.constexpr,
             SPLIT: tl.constexpr):
     """acc (BM, H_PAD, c) + p (BM, H_PAD, BN) @ the z tile (BM, BN, c)."""
     if Z_PRECISION == "tf32x3" and SPLIT:
-        acc = tl.dot(p_lo, z_hi, acc, input_precision="tf32")
-        acc = tl.dot(p_hi, z_lo, acc, input_precision="tf32")
-        acc = tl.dot(p_hi, z_hi, acc, input_precision="tf32")
+        acc = _dot_split_tf32(p_hi, p_lo, z_hi, z_lo, acc)
     else:
         acc += tl.dot(p.to(zt.dtype), zt, input_precision=Z_PRECISION)
     return acc
@@ -250,10 +257,8 @@ def _openfold_kernel(
             kp = tl.load(kp_rows + kp_offs)
             if PTS_PRECISION == "tf32x3":
                 kp_lo = tl.load(kpl_rows + kp_offs)
-                if SPLIT:  # small products first, as tf32x3 orders them
-                    s_head = tl.dot(kp_lo, qp_t, s_head, input_precision="tf32")
-                    s_head = tl.dot(kp, qp_lo, s_head, input_precision="tf32")
-                    s_head = tl.dot(kp, qp_t, s_head, input_precision="tf32")
+                if SPLIT:
+                    s_head = _dot_split_tf32(kp, kp_lo, qp_t, qp_lo, s_head)
                 else:
                     s_head += tl.dot(kp + kp_lo, qp_t, input_precision="tf32x3")
             else:
@@ -333,9 +338,7 @@ def _openfold_kernel(
         if TC_ON:
             v_lo = tl.load(VL + v_offs)
             v_t = v_t - v_lo
-            acc_v = tl.dot(v_lo, ph_hi, acc_v, input_precision="tf32")
-            acc_v = tl.dot(v_t, ph_lo, acc_v, input_precision="tf32")
-            acc_v = tl.dot(v_t, ph_hi, acc_v, input_precision="tf32")
+            acc_v = _dot_split_tf32(v_t, v_lo, ph_hi, ph_lo, acc_v)
         else:
             acc_v = tl.dot(v_t, p_head.to(v_t.dtype), acc_v, input_precision=DOT_PRECISION)
         # (H_PAD, VP3_PAD, BN), the dot's A operand with K (keys) contiguous, as ldmatrix
@@ -345,17 +348,13 @@ def _openfold_kernel(
         if PTS_PRECISION == "tf32x3":
             vp_lo = tl.load(vpl_rows + vp_offs)
             if SPLIT:
-                acc_p = tl.dot(vp_lo, ph_hi, acc_p, input_precision="tf32")
-                acc_p = tl.dot(vp_t, ph_lo, acc_p, input_precision="tf32")
-                acc_p = tl.dot(vp_t, ph_hi, acc_p, input_precision="tf32")
+                acc_p = _dot_split_tf32(vp_t, vp_lo, ph_hi, ph_lo, acc_p)
             else:
                 acc_p += tl.dot(vp_t + vp_lo, p_head, input_precision="tf32x3")
         elif TC_ON:  # VP holds the unsplit points here
             vp_lo = tl.load(vpl_rows + vp_offs)
             vp_t = vp_t - vp_lo
-            acc_p = tl.dot(vp_lo, ph_hi, acc_p, input_precision="tf32")
-            acc_p = tl.dot(vp_t, ph_lo, acc_p, input_precision="tf32")
-            acc_p = tl.dot(vp_t, ph_hi, acc_p, input_precision="tf32")
+            acc_p = _dot_split_tf32(vp_t, vp_lo, ph_hi, ph_lo, acc_p)
         else:
             acc_p += tl.dot(vp_t, p_head, input_precision=PTS_PRECISION)
 
