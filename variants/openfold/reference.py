@@ -39,6 +39,13 @@ from variants.openfold.problem import (
 from variants.problem import Precision, get_precision
 
 
+def local_points(y: torch.Tensor, heads: int) -> torch.Tensor:
+    """A point projection's output (B, N, 3*H*P), blocks [X | Y | Z] each H*P wide (index
+    h*P + p), as local points (B, N, H, P, 3)."""
+    B, N, width = y.shape
+    return torch.stack(torch.split(y, width // 3, dim=-1), dim=-1).view(B, N, heads, -1, 3)
+
+
 class PointProjection(nn.Module):
     """OpenFold v2's wrapper of the point projections: its Linear sits under `.linear`, so the
     keys are `linear_q_points.linear.weight` (v1: `linear_q_points.weight`)."""
@@ -51,11 +58,7 @@ class PointProjection(nn.Module):
     def forward(self, s: torch.Tensor, rotations: torch.Tensor, translations: torch.Tensor
                 ) -> torch.Tensor:
         """Global points (B, N, H, P, 3) of features s (B, N, c_in) in frames (R, t)."""
-        B, N = s.shape[:2]
-        H, P = self.heads, self.points
-        y = self.linear(s)  # (B, N, 3*H*P): blocks [X | Y | Z], each H*P wide, index h*P + p
-        x_, y_, z_ = torch.split(y, H * P, dim=-1)
-        local = torch.stack([x_, y_, z_], dim=-1).view(B, N, H, P, 3)
+        local = local_points(self.linear(s), self.heads)
         # Column convention: (R p)_x = sum_y R[x, y] p_y, then + t.
         return (torch.einsum("bnxy,bnhpy->bnhpx", rotations, local)
                 + translations[:, :, None, None, :])

@@ -118,7 +118,7 @@ import torch.nn.functional as F
 from variants.base import IPAFunction, Variant
 from variants.base2 import LOG2E
 from variants.openfold.problem import OpenFoldConfig, not_supported_reasons, validate_inputs
-from variants.openfold.reference import OpenFoldIPA, make_module
+from variants.openfold.reference import OpenFoldIPA, local_points, make_module
 from variants.problem import IPAInputError, Precision, get_precision
 from variants.triton import interpreter_mismatch
 
@@ -178,13 +178,6 @@ def tf32_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     the key-side operands and W_b split here, once, instead of per key block."""
     hi = ((x.contiguous().view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
     return hi, x - hi
-
-
-def _local_points(y: torch.Tensor, heads: int) -> torch.Tensor:
-    """A point projection's output (B, N, 3 H P), blocks [X | Y | Z] of H P (index h P + p),
-    as local points (B, N, H, P, 3): SPEC step 2, as `reference.PointProjection` reads it."""
-    B, N, width = y.shape
-    return torch.stack(torch.split(y, width // 3, dim=-1), dim=-1).view(B, N, heads, -1, 3)
 
 
 class FusedForward:
@@ -248,7 +241,7 @@ class FusedForward:
         # Each projection's output is [X | Y | Z] blocks of H * P (PointProjection's layout);
         # both go through one rotation: global points (B, N, H, Pq | Pq + Pv, 3)
         y = F.linear(s_pts, self.w_points, self.b_points)
-        local = torch.cat([_local_points(part, H) for part in
+        local = torch.cat([local_points(part, H) for part in
                            (y[..., :3 * H * Pq], y[..., 3 * H * Pq:])], dim=3)
         pts = torch.einsum("bnxy,bnhpy->bnhpx", rot, local) + trans[:, :, None, None, :]
         q_pts = pts[..., :Pq, :].reshape(B, N, H, 3 * Pq)
