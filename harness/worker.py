@@ -238,15 +238,20 @@ class Worker:
             except OSError:
                 pass
 
-    def close(self) -> None:
-        """Ask the worker to stop; kill it if it does not within a few seconds."""
+    def wait_for_exit(self) -> None:
+        """After `ask_to_stop`: wait for the worker, kill it if it does not end within a few
+        seconds, and release its pipe and log."""
         if self.alive:
-            self.ask_to_stop()
             self.process.join(5)
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(5)
         self._cleanup()
+
+    def close(self) -> None:
+        """Ask the worker to stop and wait for it."""
+        self.ask_to_stop()
+        self.wait_for_exit()
 
 
 class WorkerPool:
@@ -278,7 +283,7 @@ class WorkerPool:
         for worker in self._workers.values():
             worker.ask_to_stop()
         for worker in self._workers.values():
-            worker.close()
+            worker.wait_for_exit()
         self._workers.clear()
 
     def __enter__(self) -> WorkerPool:
