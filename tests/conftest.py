@@ -14,3 +14,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def oracles():
+    """`diagnose`'s oracles, shared by the diagnoses of one module (they do not depend on the
+    variant)."""
+    from harness.diagnose import OracleCache
+
+    return OracleCache()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.cli import main as cli_main
-from harness.diagnose import OracleCache, diagnose
+from harness.diagnose import diagnose
 from harness.probes import PROBE_NAMES, PROBES, RULES, Sizes, verdict
 from tests.planted import PLANTED_BUGS, HookedExact, HookedReference, planted_variant
 from variants.problem import IPAConfig, make_inputs
@@ -24,17 +24,13 @@ SIZES = Sizes(batch=2, length=45, aligned_length=64)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def cache():
-    """Oracles shared by every diagnosis in this module (they do not depend on the variant)."""
-    return OracleCache()
 
 
 # ---- end to end on planted bugs ---------------------------------------------------------------
 
 @pytest.mark.parametrize("variant_cls", [Reference, HookedExact], ids=lambda c: c.name)
-def test_correct_implementations_get_a_clean_bill(variant_cls, cache):
-    diagnosis = diagnose(variant_cls(), sizes=SIZES, cache=cache)
+def test_correct_implementations_get_a_clean_bill(variant_cls, oracles):
+    diagnosis = diagnose(variant_cls(), sizes=SIZES, cache=oracles)
     assert [r.status for r in diagnosis.results] == ["pass"] * len(PROBES)
     assert not diagnosis.verdict.mismatch
     assert diagnosis.verdict.lines[0].startswith("no mismatch")
@@ -52,8 +48,8 @@ def test_hooked_reference_is_the_reference_bit_for_bit():
 
 
 @pytest.mark.parametrize("variant_cls", list(PLANTED_BUGS), ids=lambda c: c.name)
-def test_planted_bug_is_named(variant_cls, cache):
-    diagnosis = diagnose(variant_cls(), sizes=SIZES, cache=cache)
+def test_planted_bug_is_named(variant_cls, oracles):
+    diagnosis = diagnose(variant_cls(), sizes=SIZES, cache=oracles)
     found = diagnosis.verdict
     assert found.mismatch
     assert found.suspects, found.lines
@@ -80,22 +76,22 @@ class RaisesOnNonContiguous(HookedReference):
 
 
 @pytest.mark.parametrize("module_cls", [ReadsRotationsAsContiguous, RaisesOnNonContiguous])
-def test_contiguity_assumption_is_named(module_cls, cache):
+def test_contiguity_assumption_is_named(module_cls, oracles):
     variant = planted_variant(module_cls, "contiguity")()
-    diagnosis = diagnose(variant, sizes=SIZES, cache=cache)
+    diagnosis = diagnose(variant, sizes=SIZES, cache=oracles)
     assert diagnosis.verdict.suspects[0].name == "non-contiguous"
     failed = [r.probe.name for r in diagnosis.results if r.status != "pass"]
     assert failed == ["non-contiguous"]
 
 
-def test_a_variant_that_cannot_build_is_an_error_in_every_probe(cache):
+def test_a_variant_that_cannot_build_is_an_error_in_every_probe(oracles):
     class Broken(Reference):
         name = "broken"
 
         def build(self, *args):
             raise RuntimeError("Error building extension 'ipa': nvcc fatal")
 
-    diagnosis = diagnose(Broken(), sizes=SIZES, cache=cache)
+    diagnosis = diagnose(Broken(), sizes=SIZES, cache=oracles)
     assert {r.status for r in diagnosis.results} == {"error"}
     assert "nvcc fatal" in diagnosis.results[0].message
     assert diagnosis.verdict.mismatch and not diagnosis.verdict.suspects
@@ -104,24 +100,24 @@ def test_a_variant_that_cannot_build_is_an_error_in_every_probe(cache):
         "extension 'ipa': nvcc fatal"]
 
 
-def test_unsupported_probes_are_shown_not_judged(cache):
+def test_unsupported_probes_are_shown_not_judged(oracles):
     class NoSingleHead(Reference):
         name = "no-single-head"
         limits = {"heads": (2, 64)}
 
-    diagnosis = diagnose(NoSingleHead(), sizes=SIZES, cache=cache)
+    diagnosis = diagnose(NoSingleHead(), sizes=SIZES, cache=oracles)
     by_name = {r.probe.name: r for r in diagnosis.results}
     assert by_name["heads-1"].status == "unsupported"
     assert "heads=1 outside" in by_name["heads-1"].message
     assert not diagnosis.verdict.mismatch
 
 
-def test_a_variant_that_cannot_run_here_is_not_a_clean_bill(cache):
+def test_a_variant_that_cannot_run_here_is_not_a_clean_bill(oracles):
     class CudaOnly(Reference):
         name = "cuda-only"
         devices = ("cuda",)
 
-    diagnosis = diagnose(CudaOnly(), sizes=SIZES, cache=cache)
+    diagnosis = diagnose(CudaOnly(), sizes=SIZES, cache=oracles)
     assert {r.status for r in diagnosis.results} == {"unsupported"}
     found = diagnosis.verdict
     assert not found.mismatch and not found.ran and found.exit_status == 1

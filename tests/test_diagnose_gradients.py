@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.cli import main as cli_main
-from harness.diagnose import OracleCache, diagnose
+from harness.diagnose import diagnose
 from harness.probes import (
     GRADIENT_RULES,
     GRADIENT_TERMS,
@@ -51,17 +51,14 @@ VALUE = {"v_proj.weight", "v_pts.weight", "out_proj.weight", "out_proj.bias"}
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def cache():
-    return OracleCache()
 
 
-def _diagnose(variant, cache):
-    return diagnose(variant, SMALL, sizes=SIZES, cache=cache, pass_name=TRAIN)
+def _diagnose(variant, oracles):
+    return diagnose(variant, SMALL, sizes=SIZES, cache=oracles, pass_name=TRAIN)
 
 
-def test_the_reference_is_clean_with_every_gradient_judged(cache):
-    diagnosis = _diagnose(Reference(), cache)
+def test_the_reference_is_clean_with_every_gradient_judged(oracles):
+    diagnosis = _diagnose(Reference(), oracles)
     assert [r.status for r in diagnosis.results] == ["pass"] * len(PROBES)
     assert all(set(r.gradients) == TENSORS for r in diagnosis.results)
     found = diagnosis.verdict
@@ -86,9 +83,9 @@ BACKWARD_BUGS = {
 
 
 @pytest.mark.parametrize("variant_cls", list(BACKWARD_BUGS), ids=lambda c: c.name)
-def test_planted_backward_bug_is_named_with_its_tensor_and_term(variant_cls, cache):
+def test_planted_backward_bug_is_named_with_its_tensor_and_term(variant_cls, oracles):
     tensors, term, rule = BACKWARD_BUGS[variant_cls]
-    diagnosis = _diagnose(variant_cls(), cache)
+    diagnosis = _diagnose(variant_cls(), oracles)
     assert all(r.output_passed for r in diagnosis.results)  # the forward is exact
     found = diagnosis.verdict
     assert found.mismatch and found.exit_status == 1
@@ -102,15 +99,15 @@ def test_planted_backward_bug_is_named_with_its_tensor_and_term(variant_cls, cac
         assert f"{name} ({gradient_term(name)}; " in found.lines[1]
 
 
-def test_a_wrong_pair_weight_gradient_is_right_where_pair_repr_is_zero(cache):
+def test_a_wrong_pair_weight_gradient_is_right_where_pair_repr_is_zero(oracles):
     """The issue's example: wrong everywhere but pair-off implicates the bias path."""
-    (wrong,) = _diagnose(WrongPairWeightGradient(), cache).verdict.wrong_gradients
+    (wrong,) = _diagnose(WrongPairWeightGradient(), oracles).verdict.wrong_gradients
     assert wrong.name == "pair_bias.weight" and "pair-off" not in wrong.probes
     assert "baseline" in wrong.probes
 
 
-def test_a_missing_gradient_says_so_in_the_probe_row(cache):
-    baseline = _diagnose(DetachedPairGradient(), cache).results[0]
+def test_a_missing_gradient_says_so_in_the_probe_row(oracles):
+    baseline = _diagnose(DetachedPairGradient(), oracles).results[0]
     assert baseline.status == "FAIL" and baseline.failing_gradients == ["pair_repr"]
     assert "no gradient for pair_repr" in baseline.message
 
@@ -120,8 +117,8 @@ class PairTransposedTrainable(_ModuleBackwardBug):
     module_cls = PairBiasTransposed
 
 
-def test_a_forward_bug_is_named_first_and_its_gradients_follow(cache):
-    found = _diagnose(PairTransposedTrainable(), cache).verdict
+def test_a_forward_bug_is_named_first_and_its_gradients_follow(oracles):
+    found = _diagnose(PairTransposedTrainable(), oracles).verdict
     assert found.suspects[0].name == "pair-bias"
     assert found.lines[0].startswith("suspect: error vanishes with pair_repr = 0")
     assert "the output is wrong too: fix the forward first, the gradients follow it" \
@@ -129,8 +126,8 @@ def test_a_forward_bug_is_named_first_and_its_gradients_follow(cache):
     assert found.wrong_gradients
 
 
-def test_a_forward_only_variant_is_unsupported_in_every_probe(cache):
-    diagnosis = _diagnose(HookedExact(), cache)  # a module without supports_backward
+def test_a_forward_only_variant_is_unsupported_in_every_probe(oracles):
+    diagnosis = _diagnose(HookedExact(), oracles)  # a module without supports_backward
     assert {r.status for r in diagnosis.results} == {"unsupported"}
     assert {r.message for r in diagnosis.results} == {"forward only: the variant has no backward"}
     found = diagnosis.verdict
@@ -163,8 +160,8 @@ class RaisingBackward(Reference):
         return forward
 
 
-def test_a_backward_that_raises_is_an_error_row(cache):
-    diagnosis = _diagnose(RaisingBackward(), cache)
+def test_a_backward_that_raises_is_an_error_row(oracles):
+    diagnosis = _diagnose(RaisingBackward(), oracles)
     baseline = diagnosis.results[0]
     assert baseline.status == "error"
     assert baseline.message.startswith("training step: RuntimeError: backward kernel")

@@ -15,7 +15,7 @@ import torch
 
 from harness.cli import main as cli_main
 from harness.correctness import ROUNDING_ONLY_MARGIN, GradientFigures, judge_gradients
-from harness.diagnose import OracleCache, diagnose
+from harness.diagnose import diagnose
 from harness.probes import (
     GradientRule,
     Probe,
@@ -56,17 +56,13 @@ F64 = torch.float64
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def cache():
-    """Oracles shared by every diagnosis in this module (they do not depend on the variant)."""
-    return OracleCache()
 
 
 # ---- end to end on planted bugs ---------------------------------------------------------------
 
 @pytest.mark.parametrize("variant_cls", [Reference, HookedOpenFoldExact], ids=lambda c: c.name)
-def test_correct_implementations_get_a_clean_bill(variant_cls, cache):
-    diagnosis = diagnose(variant_cls(), CFG, sizes=SIZES, cache=cache)
+def test_correct_implementations_get_a_clean_bill(variant_cls, oracles):
+    diagnosis = diagnose(variant_cls(), CFG, sizes=SIZES, cache=oracles)
     assert [r.probe.name for r in diagnosis.results] == list(PROBES.names)
     assert [r.status for r in diagnosis.results] == ["pass"] * len(PROBES.probes)
     assert not diagnosis.verdict.mismatch
@@ -87,8 +83,8 @@ def test_hooked_openfold_is_the_reference_bit_for_bit():
 
 
 @pytest.mark.parametrize("variant_cls", list(PLANTED_OPENFOLD_BUGS), ids=lambda c: c.name)
-def test_planted_bug_is_named(variant_cls, cache):
-    diagnosis = diagnose(variant_cls(), CFG, sizes=SIZES, cache=cache)
+def test_planted_bug_is_named(variant_cls, oracles):
+    diagnosis = diagnose(variant_cls(), CFG, sizes=SIZES, cache=oracles)
     found = diagnosis.verdict
     assert found.mismatch
     assert found.suspects, found.lines
@@ -310,15 +306,15 @@ TRAIN = "forward+backward"
 TENSORS = set(INPUT_NAMES[:4]) | set(init_state_dict(CFG))  # s, z, frames; the mask is data
 
 
-def _train(variant, cache, probes=None):
-    return diagnose(variant, CFG, sizes=SIZES, cache=cache, pass_name=TRAIN, probes=probes)
+def _train(variant, oracles, probes=None):
+    return diagnose(variant, CFG, sizes=SIZES, cache=oracles, pass_name=TRAIN, probes=probes)
 
 
 @pytest.mark.parametrize("variant_cls", [Reference, HookedOpenFoldTrainable],
                          ids=lambda c: c.name)
 def test_correct_implementations_get_a_clean_bill_with_every_gradient_judged(variant_cls,
-                                                                             cache):
-    diagnosis = _train(variant_cls(), cache)
+                                                                             oracles):
+    diagnosis = _train(variant_cls(), oracles)
     assert [r.status for r in diagnosis.results] == ["pass"] * len(PROBES.probes)
     assert all(set(r.gradients) == TENSORS for r in diagnosis.results)
     # linear_b.bias is zero in exact arithmetic: judged, never a row's worst while it passes
@@ -329,20 +325,20 @@ def test_correct_implementations_get_a_clean_bill_with_every_gradient_judged(var
                            "tolerance (the output and every gradient)"]
 
 
-def test_torch_compile_gets_a_clean_bill_with_the_backward(cache):
+def test_torch_compile_gets_a_clean_bill_with_the_backward(oracles):
     """Its own rounding: at heads-1 and points-1 its linear_b.bias (zero in exact arithmetic)
     is 1.2x the tolerance `check` holds it to; diagnose reads that as rounding (a subset of
     the probes: each compiles afresh, the whole table takes minutes on a CPU)."""
     subset = [p for p in PROBES.probes if p.name in ("baseline", "heads-1", "points-1")]
-    found = _train(Compiled(), cache, subset).verdict
+    found = _train(Compiled(), oracles, subset).verdict
     assert not found.mismatch, found.lines
 
 
 @pytest.mark.parametrize("variant_cls", list(PLANTED_OPENFOLD_BACKWARD_BUGS),
                          ids=lambda c: c.name)
-def test_planted_backward_bug_is_named_with_its_term(variant_cls, cache):
+def test_planted_backward_bug_is_named_with_its_term(variant_cls, oracles):
     tensors, term, rule = PLANTED_OPENFOLD_BACKWARD_BUGS[variant_cls]
-    diagnosis = _train(variant_cls(), cache)
+    diagnosis = _train(variant_cls(), oracles)
     assert all(r.output_passed for r in diagnosis.results)  # the forward is exact
     found = diagnosis.verdict
     assert found.mismatch and not found.suspects, found.lines
@@ -354,24 +350,24 @@ def test_planted_backward_bug_is_named_with_its_term(variant_cls, cache):
     assert found.lines[2].startswith(f"backward suspect: {term}: ")
 
 
-def test_a_detached_gradient_is_a_missing_one_in_the_probe_row(cache):
+def test_a_detached_gradient_is_a_missing_one_in_the_probe_row(oracles):
     (bug,) = [v for v in PLANTED_OPENFOLD_BACKWARD_BUGS if v.name.endswith("head-weights-"
                                                                           "detached")]
-    baseline = _train(bug(), cache).results[0]
+    baseline = _train(bug(), oracles).results[0]
     assert baseline.failing_gradients == ["head_weights"]
     assert "no gradient for head_weights" in baseline.message
 
 
-def test_a_forward_bug_is_named_first_and_its_gradients_follow(cache):
-    found = _train(PairValuesTransposedTrainable(), cache).verdict
+def test_a_forward_bug_is_named_first_and_its_gradients_follow(oracles):
+    found = _train(PairValuesTransposedTrainable(), oracles).verdict
     assert found.suspects[0].name == "pair-values", found.lines
     assert "the output is wrong too: fix the forward first, the gradients follow it" \
         in found.lines
     assert "z" in {w.name for w in found.wrong_gradients}
 
 
-def test_a_forward_only_variant_is_unsupported_in_every_probe(cache):
-    diagnosis = _train(HookedOpenFoldExact(), cache)
+def test_a_forward_only_variant_is_unsupported_in_every_probe(oracles):
+    diagnosis = _train(HookedOpenFoldExact(), oracles)
     assert {r.status for r in diagnosis.results} == {"unsupported"}
     assert not diagnosis.verdict.ran and diagnosis.verdict.exit_status == 1
 
