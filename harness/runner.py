@@ -207,6 +207,17 @@ def training_step(fn: IPAFunction, args: tuple, params: dict[str, torch.Tensor],
     return out, dict(zip(leaves, grads, strict=True))
 
 
+def _detached(out: object) -> object:
+    """`out` without its autograd graph. A kept training output whose graph is alive holds its
+    leaves' AccumulateGrad nodes, bound to the stream they ran on; a CUDA-graph capture on
+    another stream then syncs with that stream and is invalidated (PyTorch warns of this)."""
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_detached(o) for o in out)
+    return out
+
+
 def leaf_inputs(inputs: ForwardInputs,
                 grad_inputs: tuple[str, ...] | None = None) -> tuple[torch.Tensor, ...]:
     """The inputs as fresh leaves (a training step's arguments), those named in
@@ -317,8 +328,8 @@ class LocalRunner:
                 params, grad_out = self._trainable(fn), recipe.grad_output(values)
                 del values, presented
 
-                def call():
-                    holder[0] = training_step(fn, args, params, grad_out, names)[0]
+                def call():  # the output's values only: its autograd graph is let go
+                    holder[0] = _detached(training_step(fn, args, params, grad_out, names)[0])
 
             refill_at = dict(refills)
             timings, kept, callables, failures = {}, {}, {}, {}

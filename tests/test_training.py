@@ -111,6 +111,38 @@ def test_a_mode_that_cannot_be_captured_fails_alone(monkeypatch, pass_name):
         "graph": "RuntimeError: operation not permitted when stream is capturing"}
 
 
+def test_no_earlier_training_step_graph_is_alive_when_a_capture_starts(monkeypatch):
+    # A kept output whose autograd graph is alive pins its leaves' AccumulateGrad nodes to the
+    # eager mode's stream, and a CUDA-graph capture on another stream is then invalidated. The
+    # stand-in capture checks that every earlier step's graph is gone by then.
+    import gc
+    import weakref
+
+    from harness import runner as runner_module
+    from harness.measure import TimingPolicy
+
+    graphs = []
+    real_step = runner_module.training_step
+
+    def recording_step(*args, **kwargs):
+        out, grads = real_step(*args, **kwargs)
+        graphs.append(weakref.ref(out))  # the output holds its graph (grad_fn)
+        return out, grads
+
+    def capture(fn):
+        gc.collect()
+        assert graphs and not [g for g in graphs if g() is not None]
+        return fn
+
+    monkeypatch.setattr(runner_module, "training_step", recording_step)
+    monkeypatch.setattr(runner_module, "capture_cuda_graph", capture)
+    spec = runner_module.BuildSpec(("alive",), init_state_dict(SMALL), SMALL, "fp32")
+    recipe = runner_module.InputRecipe(SMALL, 1, 7, "fp32", "cpu", 0)
+    local = runner_module.LocalRunner(get_variant("reference"), "cpu")
+    timed = local.time(spec, recipe, ["eager", "graph"], TimingPolicy(budget_s=0.01), [], TRAIN)
+    assert set(timed.timings) == {"eager", "graph"} and not timed.failures
+
+
 def test_a_sweep_writes_training_rows_and_the_gradient_breakdown(tmp_path):
     grid = grid_from_dict({
         "base": {"node_dim": 24, "pair_dim": 8, "heads": 3, "query_points": 3,
