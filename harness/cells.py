@@ -79,6 +79,10 @@ BUILTIN_NAMES = frozenset(cls.name for cls in BUILTIN)
 WALL_BATCH_S = 0.05
 WALL_SLACK = 1.5
 WALL_ALLOWANCE_MS = 0.05
+# A slow batch is measured again before the row is called suspect: once, on the H200, a
+# host-bound honest cell's batch ran at 2x its sampled time (torch-compile, openfold bf16
+# N = 256), which hidden work would repeat and a host hiccup would not.
+WALL_BATCHES = 2
 
 
 def cell_key(variant: str, cell: Cell, mode: str, device: str) -> tuple[str, ...]:
@@ -397,14 +401,17 @@ class CellRunner:
                     f"{timing.median_ms:.4g} ms (limit {trailing_limit_ms:.4g} ms)"]
         calls = max(3, min(200, math.ceil(WALL_BATCH_S * 1e3 / timing.median_ms)))
         round_trip = min(_seconds(worker.ping) for _ in range(3))
-        per_call_ms = (_seconds(lambda: worker.wall(mode, calls)) - round_trip) / calls * 1e3
         limit_ms = WALL_SLACK * timing.median_ms + WALL_ALLOWANCE_MS
-        if per_call_ms > limit_ms:
-            return [f"work outside the timed stream: {calls} back-to-back calls took "
-                    f"{per_call_ms:.4g} ms each by the host clock around a device-wide "
-                    f"synchronize, the device events {timing.median_ms:.4g} ms (limit "
-                    f"{limit_ms:.4g} ms)"]
-        return []
+        per_call_ms = math.inf
+        for _ in range(WALL_BATCHES):
+            per_call_ms = min(per_call_ms, (_seconds(lambda: worker.wall(mode, calls))
+                                            - round_trip) / calls * 1e3)
+            if per_call_ms <= limit_ms:
+                return []
+        return [f"work outside the timed stream: {calls} back-to-back calls took "
+                f"{per_call_ms:.4g} ms each by the host clock around a device-wide "
+                f"synchronize (the faster of {WALL_BATCHES} batches), the device events "
+                f"{timing.median_ms:.4g} ms (limit {limit_ms:.4g} ms)"]
 
     def _untimed_row(self, cell, variant, mode, env, check: CheckResult, build_s,
                      why: str, notes: list[str], known: str) -> dict:

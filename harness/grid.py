@@ -218,11 +218,11 @@ PRESETS: dict[str, dict] = {
             {"length": [256, 1024], "value_points": [12]},
         ],
     },
-    # Training steps (forward+backward, eager) along N at the default config. CUDA-graph
-    # replay of a whole step (a grid's modes = ["eager", "graph"]) failed to capture on the
-    # H200 for every training variant (gpu_diagnostics/graph_capture_probe.py): eager only here.
+    # Training steps (forward+backward) along N at the default config, eager and, up to
+    # graph_max_length, the whole step replayed as one CUDA graph.
     "training": {
-        "base": {"modes": ["eager"], "seeds": 2, "budget_s": 0.5,
+        "base": {"modes": ["eager", "graph"], "graph_max_length": 1024, "seeds": 2,
+                 "budget_s": 0.5,
                  "passes": ["forward+backward"]},
         "slice": [{"length": [256, 1024, 2048, 4096]}],
     },
