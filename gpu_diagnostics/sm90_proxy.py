@@ -1,4 +1,5 @@
-"""sm_90 compile-time proxy of problem openfold's fused Triton kernel (no GPU needed).
+"""sm_90 compile-time proxy of problem openfold's fused Triton kernel (no GPU needed); also
+of `triton-pairdot`, the same kernel without pair values (`--problem simplified`).
 
 Compiles `variants/openfold/triton_kernel.py`'s `_openfold_kernel` for sm_90 on the CPU
 machine, specialised exactly as the real launch does: the variant's own host code
@@ -24,11 +25,14 @@ Setup, once, from the repository root (the GPU machine's triton; ptxas and cuobj
 Run, from the repository root:
 
     PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/sm90_proxy.py
-        [--config "fp32:8,16,8,2,2,1,0,1,0" ...] [--predict N] [--json FILE] [--dump DIR]
+        [--problem openfold|simplified] [--config "fp32:8,16,8,2,2,1,0,1,0" ...]
+        [--predict N] [--json FILE] [--dump DIR]
 
-Without --config: every config of `_FP32` and `_16BIT`. A --config is DTYPE (fp32 or bf16)
-and the lists' tuple BLOCK_M, BLOCK_N, warps, stages, ZCH, SPLIT, LAZY, TC, BT. --json writes
-the rows, --dump the SASS and TTGIR of each config. Compiles go through triton's cache.
+Without --config: every config of `_FP32` and `_16BIT` (`--problem simplified`: of
+`_BIAS_FP32` and `_BIAS_16BIT`, compiled for `triton-pairdot`'s launch). A --config is DTYPE
+(fp32 or bf16) and the lists' tuple BLOCK_M, BLOCK_N, warps, stages, ZCH, SPLIT, LAZY, TC,
+BT. --json writes the rows, --dump the SASS and TTGIR of each config. Compiles go through
+triton's cache.
 
 --predict N specialises the launch at N (default 2048; N matters only where an int argument
 outgrows int32: from N = 4096 z's batch stride is i64) and adds ms, a time predicted from
@@ -89,21 +93,41 @@ class Recorder:
         return record
 
 
-def launch_args(dtype: str, n: int) -> tuple[tuple, dict]:
-    """The arguments `launch` passes to the autotuned kernel (B = 1, default layer)."""
-    cfg = OpenFoldConfig()
+def _forward(problem: str, dtype: str):
+    """The variant's forward on the CPU and its inputs' maker (B = 1, default layer):
+    openfold's `triton`, or simplified's `triton-pairdot` (the kernel without pair values)."""
+    if problem == "openfold":
+        cfg = OpenFoldConfig()
+        mod = make_module(init_state_dict(cfg), cfg, "cpu", DTYPES[dtype])
+        fwd = FusedForward(mod, torch.device("cpu"), DTYPES[dtype],
+                           get_precision(dtype).math_mode)
+        return fwd, lambda n: make_inputs(cfg, 1, n, dtype=DTYPES[dtype], device="cpu", seed=4)
+    from variants import problem as simplified
+    from variants.reference import init_state_dict as simplified_state_dict
+    from variants.triton.variants import TritonPairDot
+
+    cfg = simplified.IPAConfig()
+    fwd = TritonPairDot()._forward(simplified_state_dict(cfg), cfg, "cpu", get_precision(dtype))
+    return fwd, lambda n: simplified.make_inputs(cfg, 1, n, dtype=DTYPES[dtype], device="cpu",
+                                                 seed=4)
+
+
+def launch_args(problem: str, dtype: str, n: int) -> tuple[tuple, dict]:
+    """The arguments the variant's `launch` passes to the autotuned kernel."""
     rec = Recorder()
-    saved = tk._kernel_fp32, tk._kernel_16bit, common.check_runnable
-    tk._kernel_fp32 = tk._kernel_16bit = rec
+    names = ("_kernel_fp32", "_kernel_16bit", "_bias_kernel_fp32", "_bias_kernel_16bit")
+    saved = [getattr(tk, name) for name in names], common.check_runnable
+    for name in names:
+        setattr(tk, name, rec)
     common.check_runnable = lambda *a: None
     try:
         with torch.no_grad(), math_mode(dtype):
-            mod = make_module(init_state_dict(cfg), cfg, "cpu", DTYPES[dtype])
-            fwd = FusedForward(mod, torch.device("cpu"), DTYPES[dtype],
-                               get_precision(dtype).math_mode)
-            fwd(*make_inputs(cfg, 1, n, dtype=DTYPES[dtype], device="cpu", seed=4).as_tuple())
+            fwd, inputs = _forward(problem, dtype)
+            fwd(*inputs(n).as_tuple())
     finally:
-        tk._kernel_fp32, tk._kernel_16bit, common.check_runnable = saved
+        for name, kernel in zip(names, saved[0], strict=True):
+            setattr(tk, name, kernel)
+        common.check_runnable = saved[1]
     return rec.args, rec.kwargs
 
 
@@ -211,10 +235,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", action="append", type=parse_config, default=[],
                         help="DTYPE:BM,BN,warps,stages,ZCH,SPLIT,LAZY,TC,BT (repeatable)")
     parser.add_argument("--predict", type=int, metavar="N", help="add a predicted ms at N")
+    parser.add_argument("--problem", choices=("openfold", "simplified"), default="openfold",
+                        help="simplified: triton-pairdot's launch (no pair values, no mask)")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--dump", metavar="DIR", help="keep each config's SASS and TTGIR")
     opts = parser.parse_args(argv)
-    configs = opts.config or ([("fp32", t) for t in tk._FP32] + [("bf16", t) for t in tk._16BIT])
+    tables = ((tk._FP32, tk._16BIT) if opts.problem == "openfold"
+              else (tk._BIAS_FP32, tk._BIAS_16BIT))
+    configs = opts.config or ([("fp32", t) for t in tables[0]] + [("bf16", t) for t in tables[1]])
     n = opts.predict or 2048
     warn_version()
     print(f"# triton {triton.__version__}, ptxas {triton.knobs.nvidia.ptxas.path}, sm_90, "
@@ -224,7 +252,7 @@ def main(argv: list[str]) -> int:
     launches, rows = {}, []
     for dtype, t in configs:
         if dtype not in launches:
-            launches[dtype] = launch_args(dtype, n)
+            launches[dtype] = launch_args(opts.problem, dtype, n)
         k = compile_config(*launches[dtype], tk._configs([t])[0])
         regs, stack, sass = sass_stats(k.asm["cubin"])
         loop = key_loop(sass)

@@ -48,10 +48,11 @@ METRICS = {
 FLOOR_LABEL = "memory floor (min bytes / copy bandwidth)"
 MODE_LINES = {"eager": "-", "graph": "--"}
 
-# Registry variants (built-ins in display order) take these in turn: tab10 without its red.
+# Registry variants (built-ins in display order) take these in turn: tab10 without its red,
+# then tab20's light shades of its blue, orange, green and purple.
 _FIXED_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#e377c2",
-                 "#bcbd22", "#7f7f7f"]
-_FIXED_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">"]
+                 "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5"]
+_FIXED_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p", "d"]
 # Any other name (a plugin, `model-new:FILE`): a hash of the name into a palette of its own.
 _OTHER_COLORS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
                  "#666666"]

@@ -37,7 +37,13 @@ from variants.openfold.triton_fused import OpenFoldTriton
 from variants.problem import IPAInputError
 from variants.reference import Reference
 from variants.sdpa_decomposition import SdpaDecomposition
-from variants.triton.variants import Triton, TritonFullFuse, TritonFullFuseTrain, TritonTrain
+from variants.triton.variants import (
+    Triton,
+    TritonFullFuse,
+    TritonFullFuseTrain,
+    TritonPairDot,
+    TritonTrain,
+)
 
 ENTRY_POINT_GROUP = "ipa_bench.variants"
 
@@ -57,6 +63,7 @@ BUILTIN: list[type[Variant]] = [
     OpenFoldReference,
     OpenFoldCompiled,
     OpenFoldTriton,
+    TritonPairDot,
 ]
 
 

@@ -103,6 +103,10 @@ kernel 1.10 ms in bf16 and 9.64 ms in fp32 (the first version: 6.8 and 28 ms), t
 Under the interpreter (`TRITON_INTERPRET=1`, read when the kernel module is first imported)
 every dot runs in numpy fp32 and one block-size config is used.
 
+`FusedCore` holds the kernel's weights and prepares its operands (point layouts, TF32
+splits); problem simplified's `triton-pairdot` runs the same core with the pair values and the
+mask switched off (`variants/triton/pipeline.py`).
+
 This module imports no Triton: `build` imports the kernel module, and a missing Triton is a
 reason (`requires`), not an ImportError.
 """
@@ -180,19 +184,74 @@ def tf32_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, x - hi
 
 
+class FusedCore:
+    """The fused kernel with its weights split once: the O(N^2) core that problem `openfold`'s
+    `triton` (pair bias, pair values, mask) and problem `simplified`'s `triton-pairdot` (pair
+    bias alone) share. Its logits, base 2: q.k * q_scale + bias_scale * z.W_b + b_b
+    + point_weight * |q_pts - k_pts|^2 (+ the mask's -inf terms)."""
+
+    def __init__(self, w_b: torch.Tensor, b_b: torch.Tensor, point_weight: torch.Tensor, *,
+                 dtype: torch.dtype, math_mode: str, q_scale: float, bias_scale: float,
+                 inf: float, pair_values: bool):
+        """w_b (H, c_z) in `dtype`; b_b and point_weight (H,) fp32, base-2 units (b_b with
+        bias_scale applied, point_weight = -w_h / 2 * log2(e)); q_scale in base-2 units,
+        bias_scale natural."""
+        self.precisions = kernel_precisions(dtype, math_mode)
+        self.dtype, self.points_dot = dtype, dtype != torch.float32
+        self.w_b, self.w_b_lo = w_b.detach().contiguous(), None
+        if self.precisions[1] == "tf32x3":
+            self.w_b, self.w_b_lo = tf32_split(self.w_b)
+        self.b_b, self.point_weight = b_b.contiguous(), point_weight.contiguous()
+        self.q_scale, self.bias_scale, self.inf = q_scale, bias_scale, inf
+        self.pair_values = pair_values
+
+    def __call__(self, q, k, v, q_pts, k_pts, v_pts, z, mask, out, o_pt) -> None:
+        """q, k, v (B, N, H, C) views (innermost stride 1); q_pts, k_pts (B, N, H, 3 Pq) and
+        v_pts (B, N, H, 3 Pv): global points, fp32, centred per batch element; z
+        (B, N, N, c_z) any strides; mask (B, N) fp32 or None. Writes o into out[..., :H C]
+        (and o_pair into its last H c_z columns with pair values) and sum_j a_ij v_pts_j
+        into o_pt (B, N, H, 3 Pv) fp32."""
+        from variants.openfold.triton_kernel import KEY_PAD, launch
+        from variants.triton.common import pow2
+
+        N, Pv3 = q.shape[1], v_pts.shape[3]
+        # (B, H, VP3_PAD, NP): coordinates x keys, both zero-padded (the kernel's key blocks
+        # read v_pts unclamped)
+        v_pts = F.pad(v_pts.permute(0, 2, 3, 1), (0, -N % KEY_PAD, 0, pow2(Pv3) - Pv3))
+        v_pts = v_pts.contiguous()
+        if self.points_dot:
+            q_pts, k_pts = point_rows(q_pts, k_pts, self.point_weight)
+        else:
+            q_pts = q_pts.permute(0, 2, 3, 1).contiguous()
+            k_pts = k_pts.permute(0, 2, 3, 1).contiguous()
+        # TF32 splits of the key side, once here (the query side in the kernel): the
+        # operands of tf32x3 dots, and for fp32 IEEE dots those of the TC configs
+        kp_lo = vp_lo = v_lo = None
+        if self.precisions[2] == "tf32x3":
+            v_pts, vp_lo = tf32_split(v_pts)
+            if self.points_dot:
+                k_pts, kp_lo = tf32_split(k_pts)
+        if self.dtype == torch.float32 and self.precisions[0] == "ieee":
+            # the kernel reads VL with V's strides: v alone, contiguous (splitting all of qkv
+            # cost 7 MiB more peak at N = 1536)
+            v = v.contiguous()
+            v_lo = tf32_split(v)[1]
+            if vp_lo is None:
+                vp_lo = tf32_split(v_pts)[1]
+        launch(q, k, v, q_pts, k_pts, v_pts, mask, z, self.w_b, self.b_b, self.point_weight,
+               out, o_pt, lows=(kp_lo, vp_lo, self.w_b_lo, v_lo), q_scale=self.q_scale,
+               inf=self.inf, precisions=self.precisions, points_dot=self.points_dot,
+               pair_values=self.pair_values, bias_scale=self.bias_scale)
+
+
 class FusedForward:
     """The callable a build returns: the reference module's projections in PyTorch (O(N),
     two GEMMs), the fused kernel (O(N^2)), then the reference's inverse frame and linear_out."""
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
                  math_mode: str):
-        from variants.triton.common import pow2
-
         cfg = module.config
         self.module, self.config, self.device, self.dtype = module, cfg, device, dtype
-        self.precisions = kernel_precisions(dtype, math_mode)
-        self.points_dot = dtype != torch.float32
-        self.vp3_pad = pow2(3 * cfg.no_v_points)
         with torch.no_grad():
             # The four input projections as two GEMMs (concatenated weights: the same dot
             # products, two fewer cuBLAS calls on the host): q | kv in the input dtype, and the
@@ -207,17 +266,15 @@ class FusedForward:
             # Logit factors in base-2 units (the kernel's softmax runs on exp2), from float64.
             pq = cfg.no_qk_points
             w = F.softplus(module.head_weights.double()) * math.sqrt(1.0 / (3 * (pq * 9.0 / 2)))
-            self.point_weight = (-0.5 * w * LOG2E).float().contiguous()
-            self.b_b = (module.linear_b.bias.double() * math.sqrt(1.0 / 3) * LOG2E).float()
-        self.w_b = module.linear_b.weight.detach().contiguous()
-        self.w_b_lo = None
-        if self.precisions[1] == "tf32x3":
-            self.w_b, self.w_b_lo = tf32_split(self.w_b)
-        self.q_scale = math.sqrt(1.0 / (3 * cfg.c_hidden)) * LOG2E
+            point_weight = (-0.5 * w * LOG2E).float()
+            b_b = (module.linear_b.bias.double() * math.sqrt(1.0 / 3) * LOG2E).float()
+            self.core = FusedCore(
+                module.linear_b.weight, b_b, point_weight, dtype=dtype, math_mode=math_mode,
+                q_scale=math.sqrt(1.0 / (3 * cfg.c_hidden)) * LOG2E,
+                bias_scale=math.sqrt(1.0 / 3), inf=cfg.inf, pair_values=True)
 
     @torch.no_grad()
     def __call__(self, s, z, translations, rotations, mask):
-        from variants.openfold.triton_kernel import KEY_PAD, launch
         from variants.triton.common import check_runnable
 
         cfg, mod = self.config, self.module
@@ -246,38 +303,12 @@ class FusedForward:
         pts = torch.einsum("bnxy,bnhpy->bnhpx", rot, local) + trans[:, :, None, None, :]
         q_pts = pts[..., :Pq, :].reshape(B, N, H, 3 * Pq)
         k_pts = pts[..., Pq:2 * Pq, :].reshape(B, N, H, 3 * Pq)
-        # (B, H, VP3_PAD, NP): coordinates x keys, both zero-padded (the kernel's key blocks
-        # read v_pts unclamped)
-        v_pts = pts[..., 2 * Pq:, :].reshape(B, N, H, 3 * Pv).permute(0, 2, 3, 1)
-        v_pts = F.pad(v_pts, (0, -N % KEY_PAD, 0, self.vp3_pad - 3 * Pv)).contiguous()
-        if self.points_dot:
-            q_pts, k_pts = point_rows(q_pts, k_pts, self.point_weight)
-        else:
-            q_pts = q_pts.permute(0, 2, 3, 1).contiguous()
-            k_pts = k_pts.permute(0, 2, 3, 1).contiguous()
-        # TF32 splits of the key side, once here (the query side in the kernel): the
-        # operands of tf32x3 dots, and for fp32 IEEE dots those of the TC configs
-        kp_lo = vp_lo = v_lo = None
-        if self.precisions[2] == "tf32x3":
-            v_pts, vp_lo = tf32_split(v_pts)
-            if self.points_dot:
-                k_pts, kp_lo = tf32_split(k_pts)
-        if self.dtype == torch.float32 and self.precisions[0] == "ieee":
-            # the kernel reads VL with V's strides: v alone, contiguous (splitting all of qkv
-            # cost 7 MiB more peak at N = 1536)
-            v = v.contiguous()
-            v_lo = tf32_split(v)[1]
-            if vp_lo is None:
-                vp_lo = tf32_split(v_pts)[1]
-
+        v_pts = pts[..., 2 * Pq:, :].reshape(B, N, H, 3 * Pv)
         # linear_out's input, fp32: [o | X | Y | Z | o_pt_norm | o_pair] (SPEC step 12).
         hc, hp = H * C, H * Pv
         cat = torch.empty(B, N, cfg.out_in_features, dtype=torch.float32, device=s.device)
         o_pt = torch.empty(B, N, H, 3 * Pv, dtype=torch.float32, device=s.device)
-        launch(q, k, v, q_pts, k_pts, v_pts, mask.float().contiguous(), z, self.w_b, self.b_b,
-               self.point_weight, cat, o_pt, lows=(kp_lo, vp_lo, self.w_b_lo, v_lo),
-               q_scale=self.q_scale, inf=cfg.inf,
-               precisions=self.precisions, points_dot=self.points_dot)
+        self.core(q, k, v, q_pts, k_pts, v_pts, z, mask.float().contiguous(), cat, o_pt)
 
         # Epilogue, O(N): back to each residue's frame (the module's own), norms, linear_out.
         local = mod.to_local(o_pt.view(B, N, H, Pv, 3), rot, trans).reshape(B, N, hp, 3)

@@ -164,6 +164,9 @@ def _openfold_kernel(
     SPLIT: tl.constexpr,  # tf32x3 dots as three TF32 dots of operands split by _tf32_hi (key
     # side and W_b split by the host), else Triton's tf32x3 (which splits both operands of
     # every dot in the loop); the same products either way
+    PAIR_VALUES: tl.constexpr,  # o_pair accumulated and stored (problem openfold); else the
+    # z tile serves the pair bias alone (problem simplified: `variants/triton/pairdot.py`)
+    HAS_MASK: tl.constexpr,  # MASK read (openfold); else every residue present
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -222,10 +225,12 @@ def _openfold_kernel(
         wb1, wb1_lo = _w_tiles(WB, WBL, offs_h, h_ok, offs_z1, offs_z1 < CZ, CZ, BLOCK_M,
                                Z_PRECISION, SPLIT, CAST_F32, BT)
     bb = tl.load(BB + offs_h, mask=h_ok, other=0.0)
-    mask_i = tl.load(MASK + b * N + offs_m, mask=m_ok, other=0.0)
-    # m_i * inf * (m_j - 1) (log2 units): the SPEC's inf * (m_i m_j - 1) less inf on every key
-    # of a masked query row, a shift the softmax cancels (triton_fused.py, "Deviations").
-    row_inf = mask_i * mask_inf
+    if HAS_MASK:
+        mask_i = tl.load(MASK + b * N + offs_m, mask=m_ok, other=0.0)
+        # m_i * inf * (m_j - 1) (log2 units): the SPEC's inf * (m_i m_j - 1) less inf on
+        # every key of a masked query row, a shift the softmax cancels (triton_fused.py,
+        # "Deviations").
+        row_inf = mask_i * mask_inf
     z_rows = Z + b * stride_zb + tl.minimum(offs_m, N - 1)[:, None, None].to(tl.int64) * stride_zi
 
     kp_rows = KP + b * (H * P3) * N  # this batch element's (H, N, P3) block (POINTS_DOT)
@@ -235,8 +240,9 @@ def _openfold_kernel(
 
     m_run = tl.full([BLOCK_M, H_PAD], float("-inf"), dtype=tl.float32)
     l_run = tl.zeros([BLOCK_M, H_PAD], dtype=tl.float32)
-    acc_z = tl.zeros([BLOCK_M, H_PAD, CZH], dtype=tl.float32)
-    acc_z1 = tl.zeros([BLOCK_M, H_PAD, CZH], dtype=tl.float32)  # ZCH = 2: channels CZH..
+    if PAIR_VALUES:
+        acc_z = tl.zeros([BLOCK_M, H_PAD, CZH], dtype=tl.float32)
+        acc_z1 = tl.zeros([BLOCK_M, H_PAD, CZH], dtype=tl.float32)  # ZCH = 2: channels CZH..
     acc_v = tl.zeros([H_PAD, C_PAD, BLOCK_M], dtype=tl.float32)
     acc_p = tl.zeros([H_PAD, VP3_PAD, BLOCK_M], dtype=tl.float32)
     for j0 in range(0, N, BLOCK_N):
@@ -288,11 +294,12 @@ def _openfold_kernel(
                 zt1 = zt1.to(tl.float32)
             bias1, z1_hi, z1_lo = _z_bias(zt1, wb1, wb1_lo, Z_PRECISION, SPLIT, BT)
             bias += bias1
-        mask_j = tl.load(MASK + b * N + n_in)
         if not BT:
             bias = tl.permute(bias, (0, 2, 1))
-        s = (tl.permute(s_head, (2, 0, 1)) + bias * bias_scale
-             + bb[None, :, None] + (row_inf[:, None] * (mask_j[None, :] - 1.0))[:, None, :])
+        s = tl.permute(s_head, (2, 0, 1)) + bias * bias_scale + bb[None, :, None]
+        if HAS_MASK:
+            mask_j = tl.load(MASK + b * N + n_in)
+            s += (row_inf[:, None] * (mask_j[None, :] - 1.0))[:, None, :]
         s = tl.where(n_ok[None, None, :], s, float("-inf"))
         # -- online softmax over keys (axis 2), fp32, base 2; the accumulators rescaled here
         m_new = tl.maximum(m_run, tl.max(s, 2))
@@ -305,24 +312,26 @@ def _openfold_kernel(
         if rescale:
             alpha = tl.exp2(m_run - m_new)
             l_run = l_run * alpha
-            acc_z = acc_z * alpha[:, :, None]
-            if ZCH == 2:
-                acc_z1 = acc_z1 * alpha[:, :, None]
+            if PAIR_VALUES:
+                acc_z = acc_z * alpha[:, :, None]
+                if ZCH == 2:
+                    acc_z1 = acc_z1 * alpha[:, :, None]
             alpha_head = tl.permute(alpha, (1, 0))[:, None, :]
             acc_v = acc_v * alpha_head
             acc_p = acc_p * alpha_head
             m_run = m_new
         p = tl.exp2(s - m_run[:, :, None])
         l_run = l_run + tl.sum(p, 2)
-        # -- o_pair: a_i (H_PAD, BN) @ z_i (BN, c_z), batched over rows i (the same tile)
-        p_hi = p
-        p_lo = p
-        if Z_PRECISION == "tf32x3" and SPLIT:
-            p_hi = _tf32_hi(p)
-            p_lo = p - p_hi
-        acc_z = _z_pair(acc_z, p, p_hi, p_lo, zt, z_hi, z_lo, Z_PRECISION, SPLIT)
-        if ZCH == 2:
-            acc_z1 = _z_pair(acc_z1, p, p_hi, p_lo, zt1, z1_hi, z1_lo, Z_PRECISION, SPLIT)
+        if PAIR_VALUES:
+            # -- o_pair: a_i (H_PAD, BN) @ z_i (BN, c_z), batched over rows i (the same tile)
+            p_hi = p
+            p_lo = p
+            if Z_PRECISION == "tf32x3" and SPLIT:
+                p_hi = _tf32_hi(p)
+                p_lo = p - p_hi
+            acc_z = _z_pair(acc_z, p, p_hi, p_lo, zt, z_hi, z_lo, Z_PRECISION, SPLIT)
+            if ZCH == 2:
+                acc_z1 = _z_pair(acc_z1, p, p_hi, p_lo, zt1, z1_hi, z1_lo, Z_PRECISION, SPLIT)
         # -- scalar and point values, head-major: v^T (C, BN) @ a^T (BN, BM) per head
         p_head = tl.permute(p, (1, 2, 0))  # (H_PAD, BN, BM)
         ph_hi = p_head
@@ -360,15 +369,17 @@ def _openfold_kernel(
 
     # -- epilogue: normalise and store (rows i >= N, padded heads and channels are not stored)
     out_rows = OUT + b * stride_ob + offs_m.to(tl.int64) * stride_on
-    acc_z = acc_z / l_run[:, :, None]
-    tl.store(out_rows[:, None, None] + PAIR_COL + offs_h[None, :, None] * CZ
-             + offs_z0[None, None, :], acc_z,
-             mask=m_ok[:, None, None] & h_ok[None, :, None] & (offs_z0 < CZ)[None, None, :])
-    if ZCH == 2:
-        acc_z1 = acc_z1 / l_run[:, :, None]
+    if PAIR_VALUES:
+        acc_z = acc_z / l_run[:, :, None]
         tl.store(out_rows[:, None, None] + PAIR_COL + offs_h[None, :, None] * CZ
-                 + offs_z1[None, None, :], acc_z1,
-                 mask=m_ok[:, None, None] & h_ok[None, :, None] & (offs_z1 < CZ)[None, None, :])
+                 + offs_z0[None, None, :], acc_z,
+                 mask=m_ok[:, None, None] & h_ok[None, :, None] & (offs_z0 < CZ)[None, None, :])
+        if ZCH == 2:
+            acc_z1 = acc_z1 / l_run[:, :, None]
+            tl.store(out_rows[:, None, None] + PAIR_COL + offs_h[None, :, None] * CZ
+                     + offs_z1[None, None, :], acc_z1,
+                     mask=(m_ok[:, None, None] & h_ok[None, :, None]
+                           & (offs_z1 < CZ)[None, None, :]))
     l_head = tl.permute(l_run, (1, 0))[:, None, :]
     acc_v = acc_v / l_head
     tl.store(out_rows[None, None, :] + hh * C + offs_c[None, :, None], acc_v,
@@ -401,6 +412,18 @@ _16BIT = [(8, 16, 8, 2, 2, True, False, 0, True), (8, 16, 8, 2, 2, True, True, 0
           (4, 16, 8, 2, 1, False, False, 0, False)]
 
 
+# The pair bias alone (PAIR_VALUES off: the simplified problem's `triton-pairdot`, head_dim 32
+# by default). Chosen on the sm_90 proxy (triton 3.6, `sm90_proxy.py --problem simplified`):
+# at two stages only BLOCK_M 8 x BLOCK_N 16 fits in 227 KiB of shared memory (the 2-stage
+# BLOCK_M 16 configs need 280-725 KiB); one stage brings BLOCK_M 16 to 98 KiB (fp32) and
+# 115 KiB (bf16). Predicted at N = 2048, outside the fits' range: bf16 ~1.2 ms, fp32 3.4-4.3
+# ms (255 registers, 120-320 spills). Not yet timed on the GPU.
+_BIAS_FP32 = [(8, 16, 8, 2, 2, True, False, 0, False), (16, 16, 8, 1, 2, True, False, 1, False),
+              (8, 16, 8, 1, 2, True, False, 1, False)]
+_BIAS_16BIT = [(8, 16, 8, 2, 2, True, False, 0, True), (16, 16, 8, 1, 2, True, False, 0, True),
+               (16, 32, 8, 1, 2, True, False, 0, True), (8, 16, 4, 2, 2, True, False, 0, True)]
+
+
 def _configs(table):
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "ZCH": zch, "SPLIT": split,
                            "LAZY": lazy, "TC": tc, "BT": bt}, num_warps=w, num_stages=s)
@@ -411,11 +434,17 @@ _kernel_fp32 = autotuned("openfold_fused_fp32", _openfold_kernel, configs=_confi
                          key=_KEY, interpreted=_INTERPRETED)
 _kernel_16bit = autotuned("openfold_fused_16bit", _openfold_kernel, configs=_configs(_16BIT),
                           key=_KEY, interpreted=_INTERPRETED)
+_bias_kernel_fp32 = autotuned("pairdot_fp32", _openfold_kernel, configs=_configs(_BIAS_FP32),
+                              key=_KEY, interpreted=_INTERPRETED)
+_bias_kernel_16bit = autotuned("pairdot_16bit", _openfold_kernel,
+                               configs=_configs(_BIAS_16BIT), key=_KEY,
+                               interpreted=_INTERPRETED)
 
 
 def launch(q, k, v, q_pts, k_pts, v_pts, mask, z, w_b, b_b, point_weight, out, o_pt, *,
            lows: tuple, q_scale: float, inf: float, precisions: tuple[str, str, str],
-           points_dot: bool) -> None:
+           points_dot: bool, pair_values: bool = True,
+           bias_scale: float = math.sqrt(1.0 / 3.0)) -> None:
     """The kernel, unchecked (`triton_fused.FusedForward` builds every operand):
 
     q, k, v        (B, N, H, C) views, innermost stride 1, input dtype
@@ -424,36 +453,41 @@ def launch(q, k, v, q_pts, k_pts, v_pts, mask, z, w_b, b_b, point_weight, out, o
                    (B, H, N, P)
     v_pts          (B, H, VP3_PAD, NP) fp32 contiguous, zero beyond 3*Pv and beyond key N;
                    NP a multiple of 64 (`KEY_PAD`)
-    mask           (B, N) fp32 contiguous
+    mask           (B, N) fp32 contiguous, or None: every residue present
     z              (B, N, N, c_z) input dtype, any strides
     w_b            (H, c_z) input dtype, contiguous (natural units)
     b_b            (H,) fp32: linear_b.bias * sqrt(1/3) * log2(e)
     point_weight   (H,) fp32: -w_h / 2 * log2(e)
     out            (B, N, W) fp32, innermost stride 1: receives o (B, N, H*C) at column 0
-                   and o_pair (B, N, H*c_z) at column W - H*c_z
+                   and, with `pair_values`, o_pair (B, N, H*c_z) at column W - H*c_z
     o_pt           (B, N, H, 3*Pv) fp32 contiguous: receives sum_j a_ij v_pts_j
     lows           (k_pts, v_pts, w_b, v)'s low parts (`triton_fused.tf32_split`, shaped
                    and strided as those), None where not used: k_pts's with `points_dot`,
                    v_pts's and w_b's where their dots are tf32x3 (k_pts, v_pts and w_b then
                    hold the TF32 high parts), and for fp32 IEEE dots (the TC configs) those of
                    v and v_pts (which hold the values themselves)
+    pair_values    accumulate and store o_pair (openfold), else z serves the pair bias alone
+    bias_scale     the pair bias's factor in the logits (openfold: sqrt(1/3); simplified: 1)
     """
     b, n, h, c = q.shape
     cz = z.shape[3]
     p3, vp3 = q_pts.shape[2], o_pt.shape[3]
-    kernel = _kernel_fp32 if q.dtype == torch.float32 else _kernel_16bit
+    if pair_values:
+        kernel = _kernel_fp32 if q.dtype == torch.float32 else _kernel_16bit
+    else:
+        kernel = _bias_kernel_fp32 if q.dtype == torch.float32 else _bias_kernel_16bit
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b)  # noqa: E731
     kp_lo, vp_lo, wb_lo, v_lo = (lo if lo is not None else hi for lo, hi in
                                  zip(lows, (k_pts, v_pts, w_b, v), strict=True))
     kernel[grid](
-        q, k, v, v_lo, q_pts, k_pts, kp_lo, v_pts, vp_lo, mask, z, w_b, wb_lo, b_b,
-        point_weight, out, o_pt,
-        n, v_pts.shape[3], q_scale, math.sqrt(1.0 / 3.0) * base2.LOG2E, inf * base2.LOG2E,
+        q, k, v, v_lo, q_pts, k_pts, kp_lo, v_pts, vp_lo, q_pts if mask is None else mask, z,
+        w_b, wb_lo, b_b, point_weight, out, o_pt,
+        n, v_pts.shape[3], q_scale, bias_scale * base2.LOG2E, inf * base2.LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *z.stride(), out.stride(0), out.stride(1),
         pow2(n, 64), H=h, H_PAD=pow2(h), C=c, C_PAD=pow2(c), CZ=cz, CZ_PAD=pow2(cz), P3=p3,
-        VP3=vp3, VP3_PAD=v_pts.shape[2], PAIR_COL=out.shape[2] - h * cz,
+        VP3=vp3, VP3_PAD=v_pts.shape[2], PAIR_COL=out.shape[2] - h * cz if pair_values else 0,
         DOT_PRECISION=precisions[0], Z_PRECISION=precisions[1], PTS_PRECISION=precisions[2],
         POINTS_DOT=points_dot,
-        CAST_F32=cast_f32(q.dtype),
+        CAST_F32=cast_f32(q.dtype), PAIR_VALUES=pair_values, HAS_MASK=mask is not None,
     )

@@ -1,6 +1,7 @@
 """The Triton IPA forwards, each a checked public function: `triton_ipa` (the bias GEMM, then the
-streamed attention kernel), `triton_fullfuse_ipa` (the fully fused kernel) and
-`triton_train_ipa` (either of them as a custom op with a backward, `core_op.py`).
+streamed attention kernel), `triton_fullfuse_ipa` (the fully fused kernel),
+`triton_pairdot_ipa` (the openfold problem's fused kernel with its pair bias alone) and
+`triton_train_ipa` (either of the first two as a custom op with a backward, `core_op.py`).
 
 All share the O(N) work around their kernels, done in PyTorch: LayerNorm, one GEMM for all six
 projections, the frame transforms in fp32 (translations centred on their per-batch mean first:
@@ -228,6 +229,48 @@ def triton_fullfuse_ipa(
         return launch_fullfuse(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
                                ops.centred_t, ops.point_weight, ops.out_s, pair_repr,
                                weights.w_pair, modes, split)
+
+    return _around_kernels(weights, node_repr, translations, rotations, kernels)
+
+
+def pairdot_core(weights: TritonIPAWeights, math_mode: str):
+    """`triton_pairdot_ipa`'s kernel with its weights split once (`openfold.FusedCore`): the
+    simplified problem's logits in the openfold kernel's terms, base 2: q.k log2(e)/sqrt(d)
+    + log2(e) z.W_b + point_weight |q_pts - k_pts|^2; no bias term, no mask, no pair values."""
+    from variants.openfold.triton_fused import FusedCore
+
+    h = weights.config.heads
+    return FusedCore(weights.w_pair, torch.zeros(h, device=weights.w_pair.device),
+                     weights.point_weight, dtype=weights.w_pair.dtype, math_mode=math_mode,
+                     q_scale=LOG2E / weights.config.head_dim ** 0.5, bias_scale=1.0, inf=0.0,
+                     pair_values=False)
+
+
+def triton_pairdot_ipa(
+    weights: TritonIPAWeights,
+    core,
+    node_repr: torch.Tensor,
+    pair_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+) -> torch.Tensor:
+    """IPA forward (SPEC.md), `triton-pairdot` variant: problem openfold's fused kernel
+    (`variants/openfold/triton_kernel.py`) without its pair values and mask, `core` from
+    `pairdot_core`. pair_repr read once; per key block its tile times W_b^T for every head is
+    a tensor-core dot (3xTF32 in fp32); nothing N x N is written.
+
+    Arguments and result as `triton_ipa` (the math mode is `core`'s).
+    """
+    _check(weights, node_repr, pair_repr, translations, rotations)
+
+    def kernels(ops: Operands) -> torch.Tensor:
+        bsz, n, h, _ = ops.q.shape
+        out_p = torch.empty(bsz, n, h, ops.v_pts.shape[3], dtype=torch.float32,
+                            device=ops.q.device)
+        # (the prologue's point layouts, viewed as (B, N, H, 3P): FusedCore's)
+        core(ops.q, ops.k, ops.v, ops.q_pts.permute(0, 3, 1, 2), ops.k_pts.permute(0, 3, 1, 2),
+             ops.v_pts.transpose(1, 2), pair_repr, None, ops.out_s.flatten(2), out_p)
+        return out_p
 
     return _around_kernels(weights, node_repr, translations, rotations, kernels)
 

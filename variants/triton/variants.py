@@ -7,7 +7,7 @@ the style of FlashAttention-2 (Dao 2023; the Triton fused-attention tutorial): a
 block of queries, loops over key blocks, keeps a running max and sum in fp32 (online softmax,
 base-2 exponentials) and never writes the (B, H, N, N) logits or attention.
 
-Four registered variants; the first two differ in where the pair bias z . W_b comes from:
+Five registered variants; the first two differ in where the pair bias z . W_b comes from:
 
 * `triton`: one GEMM reads `pair_repr` once and writes the bias as a (B, H, N, N) tensor
   (input dtype; `pair_bias.py`: Triton for bf16/fp16, cuBLAS for fp32/tf32), then the
@@ -19,6 +19,10 @@ Four registered variants; the first two differ in where the pair bias z . W_b co
   MiB at N = 4096); a program owns a query block for all heads. Triton compiles its 3-D tiles
   with heavy register spills, so it is 2.5x (bf16) to 1.8x (fp32) slower than `triton` at
   N = 4096: kept for its memory and as the measured record (docs/perf-notes.md).
+* `triton-pairdot`: problem openfold's fused kernel (`variants/openfold/triton_kernel.py`)
+  with its pair values and mask switched off: per key block the z tile times W_b^T for every
+  head as a tensor-core dot (3xTF32 in fp32, judged by the fp32 tolerance), pair_repr read
+  once, O(N) memory. Unmeasured on the GPU when added (2026-12-03).
 * Two training variants, each the forward of one of the above as a torch custom op
   (`core_op.py`) with an exact FlashAttention-2-style backward; the O(N) work around it is
   PyTorch, differentiated by autograd, from live parameters (the callable's `parameters()` are
@@ -147,6 +151,35 @@ class TritonFullFuse(Triton):
         from variants.triton.pipeline import triton_fullfuse_ipa
 
         return triton_fullfuse_ipa
+
+
+class TritonPairDot(Triton):
+    """Problem openfold's fused kernel (`variants/openfold/triton_kernel.py`) run without its
+    pair values and mask: per key block the z tile times W_b^T, every head at once, on tensor
+    cores (issue #17, deliverable 2)."""
+
+    name = "triton-pairdot"
+    description = ("the openfold kernel without pair values: z tile x W_b^T on tensor cores "
+                   "(3xTF32 in fp32), z read once, O(N) memory")
+    precisions = ("fp32", "bf16", "fp16")
+    limits = {**Triton.limits, "pair_dim": (1, 128)}
+
+    def code_paths(self):
+        here = Path(__file__).resolve().parent
+        return [here, here.parent / "openfold" / "triton_kernel.py",
+                here.parent / "openfold" / "triton_fused.py", here.parent / "base2.py"]
+
+    def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
+        from variants.triton.pipeline import TritonIPAWeights, pairdot_core, triton_pairdot_ipa
+
+        weights = TritonIPAWeights.from_state_dict(state_dict, config, device, precision.dtype)
+        core = pairdot_core(weights, precision.math_mode)
+
+        def forward(node_repr, pair_repr, translations, rotations):
+            return triton_pairdot_ipa(weights, core, node_repr, pair_repr, translations,
+                                      rotations)
+
+        return forward
 
 
 def _training_forward(state_dict, config, device, precision: Precision, fused: bool):
