@@ -255,7 +255,7 @@ class CellRunner:
             "run_id": self.spec.run_id, "started_at": self.spec.started_at,
             "problem": problem_of(c).name, "variant": variant.name,
             "is_baseline": variant.is_baseline, "batch": cell.batch, "length": cell.length,
-            **c.columns(), "dtype": precision.name, "math_mode": precision.math_mode, "mode": mode,
+            **c.columns(), "dtype": precision.name, "math_mode": variant.math_mode_label(precision), "mode": mode,
             "pass": cell.pass_name, "device": self.device.type, "device_name": env.device_name,
             "code_digest": self.spec.digests[variant.name],
             "node": env.node, "gpu": env.gpu,

@@ -129,6 +129,12 @@ class Variant:
                 reasons.append(f"{key}={sizes[key]} outside the supported range [{low}, {high}]")
         return reasons
 
+    def math_mode_label(self, precision: str | Precision) -> str:
+        """The row's `math_mode`: the precision's (ieee, tf32), or the scheme a variant runs
+        instead, named (`fp32-3xtf32`: fp32 inputs whose dots run as three TF32 products of
+        split operands). The tolerance is the precision's either way."""
+        return get_precision(precision).math_mode
+
     def backward_reasons(self, device: str) -> list[str]:
         """Why this variant cannot run a training step (forward+backward) on `device`; empty
         when it can. Default: `supports_backward`."""

@@ -153,6 +153,13 @@ def kernel_precisions(dtype: torch.dtype, math_mode: str) -> tuple[str, str, str
     return modes.dot, modes.dot, "tf32x3"
 
 
+def z_math_mode_label(precision: Precision) -> str:
+    """`math_mode` of the fused kernel's rows: fp32 IEEE runs its z dots as 3xTF32."""
+    if precision.name == "fp32" and precision.math_mode == "ieee":
+        return "fp32-3xtf32"
+    return precision.math_mode
+
+
 def point_rows(q_pts: torch.Tensor, k_pts: torch.Tensor, point_weight: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The distance term as one dot (16-bit inputs): q_pts, k_pts (B, N, H, P) fp32, centred
@@ -329,6 +336,9 @@ class OpenFoldTriton(Variant):
     def code_paths(self):
         here = Path(__file__).resolve().parent  # the kernel, and the module it reuses
         return [here, here.parent / "triton" / "common.py", here.parent / "base2.py"]
+
+    def math_mode_label(self, precision):
+        return z_math_mode_label(get_precision(precision))
 
     def not_supported_reasons(self, config: OpenFoldConfig, device, precision):
         reasons = (super().not_supported_reasons(config, device, precision)

@@ -169,6 +169,11 @@ class TritonPairDot(Triton):
         return [here, here.parent / "openfold" / "triton_kernel.py",
                 here.parent / "openfold" / "triton_fused.py", here.parent / "base2.py"]
 
+    def math_mode_label(self, precision):
+        from variants.openfold.triton_fused import z_math_mode_label
+
+        return z_math_mode_label(get_precision(precision))
+
     def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
         from variants.triton.pipeline import TritonIPAWeights, pairdot_core, triton_pairdot_ipa
 
