@@ -95,30 +95,3 @@ def test_matches_oracle_gpu(name, case, precision, request):
     expect_known_issues(request, name, case, "cuda", precision)
     run_check(name, case, "cuda", precision, seeds=3)
 
-
-def test_rows_name_a_split_precision_scheme_in_math_mode(tmp_path):
-    # The fused kernels' fp32 rows run their z dots as 3xTF32: the row says so, and the fp32
-    # tolerance still judges it (issue #17). The reference's rows keep the precision's mode.
-    import csv
-
-    from harness.grid import grid_from_dict
-    from harness.sweep import Sweep
-    from variants.registry import get_variant
-
-    pairdot = get_variant("triton-pairdot")
-    small = dict(node_dim=24, pair_dim=8, heads=3, query_points=3, value_points=5)
-    reasons = pairdot.not_supported_reasons(IPAConfig(**small), "cpu", "fp32")
-    if reasons:
-        pytest.skip("; ".join(reasons))
-    grid = grid_from_dict({"base": {**small, "dtypes": ["fp32"], "modes": ["eager"],
-                                    "seeds": 1, "budget_s": 0.02},
-                           "slice": [{"length": [9]}]})
-    path = Sweep([get_variant("reference"), pairdot], grid, "cpu", tmp_path,
-                 show_progress=False).run()
-    with path.open(newline="") as f:
-        rows = {r["variant"]: r for r in csv.DictReader(f)}
-    assert rows["reference"]["math_mode"] == "ieee"
-    assert rows["triton-pairdot"]["math_mode"] == "fp32-3xtf32"
-    # (under the interpreter: checked, not timed)
-    assert rows["triton-pairdot"]["status"] == "interpreted", rows["triton-pairdot"]["reason"]
-    assert float(rows["triton-pairdot"]["tol"]) == float(rows["reference"]["tol"])
