@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One device call for `triton-pairdot` (issue #17, deliverable 2): its GPU tests, every autotune
-# config's kernel time and the forward at N = 1024 / 2048 / 4096 in fp32 and bf16 (the
-# autotuner's best recorded), then a sweep of triton-pairdot against triton and cuda-fused
+# One device call for `triton-pairdot` (issue #17, deliverable 2): its GPU tests and those of
+# the openfold triton kernel it shares, every autotune config's kernel time and the forward at
+# N = 1024 / 2048 / 4096 in fp32 and bf16 (the autotuner's best recorded), then a sweep of triton-pairdot against triton and cuda-fused
 # along N (256..4096, eager, and CUDA-graph replay to N = 512) and its report. Each stage
 # runs under its own limit (LIM_TEST, LIM_BENCH, LIM_SWEEP seconds; 100 + 150 + 240 s): the
 # sweep is resumable and fsyncs each cell, so a cut one still reports what finished.
@@ -22,7 +22,8 @@ if [ -n "${PD_DRY:-}" ]; then
     export TRITON_INTERPRET=1 PD_DEVICE=cpu PD_LENGTHS=${PD_LENGTHS:-40}
 else
     timeout -s INT "${LIM_TEST:-100}" python3 -m pytest -q -m gpu tests/test_variants.py \
-        -k pairdot -p no:cacheprovider -rfE --tb=short 2>&1 | tail -30 > "$OUT/gpu-tests.log"
+        tests/test_openfold_triton.py -k "pairdot or openfold" -p no:cacheprovider -rfE \
+        --tb=short 2>&1 | tail -30 > "$OUT/gpu-tests.log"
 fi
 timeout -s INT "${LIM_BENCH:-150}" python3 - <<'PY' 2>&1 | grep -v Warn > "$OUT/bench.log"
 """triton-pairdot at the default config, B = 1: per N and dtype each autotune config's kernel

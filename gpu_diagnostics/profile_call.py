@@ -5,6 +5,14 @@ the operators by self CPU time (launch and dispatch overhead).
 
     PYTHONPATH=. python3 gpu_diagnostics/profile_call.py [N] [fp32|bf16] [variant]
         [--problem simplified|openfold] [--pass forward|forward+backward] [--device cuda|cpu]
+        [--nvtx]
+
+With `--nvtx` the measured call runs inside an NVTX range named `ipa` instead of under
+torch.profiler, for Nsight Compute to profile that call's kernels alone (the warm-ups and
+the autotuner's launches fall outside it):
+
+    ncu --nvtx --nvtx-include "ipa/" --section SpeedOfLight --section WarpStateStats \
+        python3 gpu_diagnostics/profile_call.py 4096 bf16 triton-pairdot --pass forward --nvtx
 
 Defaults: N = 4096, fp32, `triton-train`, problem simplified, pass forward+backward, cuda
 (`--device cpu` with TRITON_INTERPRET=1 and a small N: a dry run of this script).
@@ -39,6 +47,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pass", dest="pass_name", default="forward+backward",
                         choices=("forward", "forward+backward"))
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--nvtx", action="store_true",
+                        help="run the measured call in an NVTX range `ipa` (for ncu)")
     args = parser.parse_args(argv)
     problem = PROBLEMS[args.problem]
     config = problem.config_class()
@@ -66,6 +76,11 @@ def main(argv: list[str]) -> int:
         for _ in range(2):
             call()
         sync()
+        if args.nvtx:
+            with torch.cuda.nvtx.range("ipa"):
+                call()
+                sync()
+            return 0
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
         with profile(activities=activities) as prof:
             call()
