@@ -26,13 +26,13 @@ Run, from the repository root:
 
     PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/sm90_proxy.py
         [--problem openfold|simplified] [--config "fp32:8,16,8,2,2,1,0,1,0" ...]
-        [--predict N] [--json FILE] [--dump DIR]
+        [--predict N] [--layer heads=4,value_points=12] [--json FILE] [--dump DIR]
 
 Without --config: every config of `_FP32` and `_16BIT` (`--problem simplified`: of
 `_BIAS_FP32` and `_BIAS_16BIT`, compiled for `triton-pairdot`'s launch). A --config is DTYPE
 (fp32 or bf16) and the lists' tuple BLOCK_M, BLOCK_N, warps, stages, ZCH, SPLIT, LAZY, TC,
-BT. --json writes the rows, --dump the SASS and TTGIR of each config. Compiles go through
-triton's cache.
+BT. --layer changes fields of the default layer (the config class's names). --json writes the
+rows, --dump the SASS and TTGIR of each config. Compiles go through triton's cache.
 
 --predict N specialises the launch at N (default 2048; N matters only where an int argument
 outgrows int32: from N = 4096 z's batch stride is i64) and adds ms, a time predicted from
@@ -93,11 +93,12 @@ class Recorder:
         return record
 
 
-def _forward(problem: str, dtype: str):
-    """The variant's forward on the CPU and its inputs' maker (B = 1, default layer):
-    openfold's `triton`, or simplified's `triton-pairdot` (the kernel without pair values)."""
+def _forward(problem: str, dtype: str, layer: dict):
+    """The variant's forward on the CPU and its inputs' maker (B = 1, the default layer with
+    `layer`'s fields changed): openfold's `triton`, or simplified's `triton-pairdot` (the
+    kernel without pair values)."""
     if problem == "openfold":
-        cfg = OpenFoldConfig()
+        cfg = OpenFoldConfig(**layer)
         mod = make_module(init_state_dict(cfg), cfg, "cpu", DTYPES[dtype])
         fwd = FusedForward(mod, torch.device("cpu"), DTYPES[dtype],
                            get_precision(dtype).math_mode)
@@ -106,13 +107,13 @@ def _forward(problem: str, dtype: str):
     from variants.reference import init_state_dict as simplified_state_dict
     from variants.triton.variants import TritonPairDot
 
-    cfg = simplified.IPAConfig()
+    cfg = simplified.IPAConfig(**layer)
     fwd = TritonPairDot()._forward(simplified_state_dict(cfg), cfg, "cpu", get_precision(dtype))
     return fwd, lambda n: simplified.make_inputs(cfg, 1, n, dtype=DTYPES[dtype], device="cpu",
                                                  seed=4)
 
 
-def launch_args(problem: str, dtype: str, n: int) -> tuple[tuple, dict]:
+def launch_args(problem: str, dtype: str, n: int, layer: dict) -> tuple[tuple, dict]:
     """The arguments the variant's `launch` passes to the autotuned kernel."""
     rec = Recorder()
     names = ("_kernel_fp32", "_kernel_16bit", "_bias_kernel_fp32", "_bias_kernel_16bit")
@@ -122,7 +123,7 @@ def launch_args(problem: str, dtype: str, n: int) -> tuple[tuple, dict]:
     common.check_runnable = lambda *a: None
     try:
         with torch.no_grad(), math_mode(dtype):
-            fwd, inputs = _forward(problem, dtype)
+            fwd, inputs = _forward(problem, dtype, layer)
             fwd(*inputs(n).as_tuple())
     finally:
         for name, kernel in zip(names, saved[0], strict=True):
@@ -212,6 +213,15 @@ def parse_config(text: str) -> tuple[str, tuple]:
     return dtype, (m, bn, w, s, zch, bool(split), bool(lazy), tc, bool(bt))
 
 
+def parse_layer(text: str) -> dict[str, int]:
+    """`heads=4,value_points=12` -> {"heads": 4, "value_points": 12}."""
+    try:
+        return {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected FIELD=INT[,FIELD=INT...], got {text!r}") from None
+
+
 def predict(row: dict, n: int) -> str:
     """Sets row["ms"] from the H200 fits; `*` outside the configs they were fitted on."""
     a, b, c, fitted = FITS[row["dtype"]]
@@ -237,6 +247,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--predict", type=int, metavar="N", help="add a predicted ms at N")
     parser.add_argument("--problem", choices=("openfold", "simplified"), default="openfold",
                         help="simplified: triton-pairdot's launch (no pair values, no mask)")
+    parser.add_argument("--layer", type=parse_layer, default={}, metavar="FIELD=INT,...",
+                        help="the layer's config fields to change, e.g. heads=4,value_points=12")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--dump", metavar="DIR", help="keep each config's SASS and TTGIR")
     opts = parser.parse_args(argv)
@@ -252,7 +264,7 @@ def main(argv: list[str]) -> int:
     launches, rows = {}, []
     for dtype, t in configs:
         if dtype not in launches:
-            launches[dtype] = launch_args(opts.problem, dtype, n)
+            launches[dtype] = launch_args(opts.problem, dtype, n, opts.layer)
         k = compile_config(*launches[dtype], tk._configs([t])[0])
         regs, stack, sass = sass_stats(k.asm["cubin"])
         loop = key_loop(sass)

@@ -417,11 +417,16 @@ _16BIT = [(8, 16, 8, 2, 2, True, False, 0, True), (8, 16, 8, 2, 2, True, True, 0
 # at two stages only BLOCK_M 8 x BLOCK_N 16 fits in 227 KiB of shared memory (the 2-stage
 # BLOCK_M 16 configs need 280-725 KiB); one stage brings BLOCK_M 16 to 98 KiB (fp32) and
 # 115 KiB (bf16). Predicted at N = 2048, outside the fits' range: bf16 ~1.2 ms, fp32 3.4-4.3
-# ms (255 registers, 120-320 spills). Not yet timed on the GPU.
+# ms (255 registers, 120-320 spills); measured on the H200 (seventh session): bf16 at N = 2048
+# 1.16-1.40 ms, N = 4096 4.65-5.57 ms; fp32 4.2-7.2 and 16.7-28.6 ms (perf-notes). The last
+# 16-bit config (one stage, BLOCK_M 8: 74 KiB at the default layer) is there for layers with
+# many points: at H = 4, Qp = 8, Vp = 12 every other 16-bit config needs 232-372 KiB of shared
+# memory and fails to launch, this one 148 KiB (the fp32 list's last fits at 208 KiB).
 _BIAS_FP32 = [(8, 16, 8, 2, 2, True, False, 0, False), (16, 16, 8, 1, 2, True, False, 1, False),
               (8, 16, 8, 1, 2, True, False, 1, False)]
 _BIAS_16BIT = [(8, 16, 8, 2, 2, True, False, 0, True), (16, 16, 8, 1, 2, True, False, 0, True),
-               (16, 32, 8, 1, 2, True, False, 0, True), (8, 16, 4, 2, 2, True, False, 0, True)]
+               (16, 32, 8, 1, 2, True, False, 0, True), (8, 16, 4, 2, 2, True, False, 0, True),
+               (8, 16, 8, 1, 2, True, False, 0, True)]
 
 
 def _configs(table):
