@@ -212,39 +212,48 @@ class FusedCore:
         self.q_scale, self.bias_scale, self.inf = q_scale, bias_scale, inf
         self.pair_values = pair_values
 
-    def __call__(self, q, k, v, q_pts, k_pts, v_pts, z, mask, out, o_pt) -> None:
+    def __call__(self, q, k, v, q_pts, k_pts, v_pts, z, mask, out, o_pt, *,
+                 lows: tuple | None = None) -> None:
         """q, k, v (B, N, H, C) views (innermost stride 1); q_pts, k_pts (B, N, H, 3 Pq) and
         v_pts (B, N, H, 3 Pv): global points, fp32, centred per batch element; z
         (B, N, N, c_z) any strides; mask (B, N) fp32 or None. Writes o into out[..., :H C]
         (and o_pair into its last H c_z columns with pair values) and sum_j a_ij v_pts_j
-        into o_pt (B, N, H, 3 Pv) fp32."""
+        into o_pt (B, N, H, 3 Pv) fp32.
+
+        `lows`: None, or the points (and v) already in `launch`'s layouts, split into TF32
+        parts where this core's dots need it, and this tuple their low parts (k_pts, v_pts,
+        v), None where unused: passed on as they are (problem simplified's `triton-pairdot`,
+        whose fused prologue writes them, `variants/triton/frames.py`)."""
         from variants.openfold.triton_kernel import KEY_PAD, launch
         from variants.triton.common import pow2
 
-        N, Pv3 = q.shape[1], v_pts.shape[3]
-        # (B, H, VP3_PAD, NP): coordinates x keys, both zero-padded (the kernel's key blocks
-        # read v_pts unclamped)
-        v_pts = F.pad(v_pts.permute(0, 2, 3, 1), (0, -N % KEY_PAD, 0, pow2(Pv3) - Pv3))
-        v_pts = v_pts.contiguous()
-        if self.points_dot:
-            q_pts, k_pts = point_rows(q_pts, k_pts, self.point_weight)
+        if lows is not None:
+            kp_lo, vp_lo, v_lo = lows
         else:
-            q_pts = q_pts.permute(0, 2, 3, 1).contiguous()
-            k_pts = k_pts.permute(0, 2, 3, 1).contiguous()
-        # TF32 splits of the key side, once here (the query side in the kernel): the
-        # operands of tf32x3 dots, and for fp32 IEEE dots those of the TC configs
-        kp_lo = vp_lo = v_lo = None
-        if self.precisions[2] == "tf32x3":
-            v_pts, vp_lo = tf32_split(v_pts)
+            kp_lo, vp_lo, v_lo = None, None, None
+            N, Pv3 = q.shape[1], v_pts.shape[3]
+            # (B, H, VP3_PAD, NP): coordinates x keys, both zero-padded (the kernel's key
+            # blocks read v_pts unclamped)
+            v_pts = F.pad(v_pts.permute(0, 2, 3, 1), (0, -N % KEY_PAD, 0, pow2(Pv3) - Pv3))
+            v_pts = v_pts.contiguous()
             if self.points_dot:
-                k_pts, kp_lo = tf32_split(k_pts)
-        if self.dtype == torch.float32 and self.precisions[0] == "ieee":
-            # the kernel reads VL with V's strides: v alone, contiguous (splitting all of qkv
-            # cost 7 MiB more peak at N = 1536)
-            v = v.contiguous()
-            v_lo = tf32_split(v)[1]
-            if vp_lo is None:
-                vp_lo = tf32_split(v_pts)[1]
+                q_pts, k_pts = point_rows(q_pts, k_pts, self.point_weight)
+            else:
+                q_pts = q_pts.permute(0, 2, 3, 1).contiguous()
+                k_pts = k_pts.permute(0, 2, 3, 1).contiguous()
+            # TF32 splits of the key side, once here (the query side in the kernel): the
+            # operands of tf32x3 dots, and for fp32 IEEE dots those of the TC configs
+            if self.precisions[2] == "tf32x3":
+                v_pts, vp_lo = tf32_split(v_pts)
+                if self.points_dot:
+                    k_pts, kp_lo = tf32_split(k_pts)
+            if self.dtype == torch.float32 and self.precisions[0] == "ieee":
+                # the kernel reads VL with V's strides: v alone, contiguous (splitting all of
+                # qkv cost 7 MiB more peak at N = 1536)
+                v = v.contiguous()
+                v_lo = tf32_split(v)[1]
+                if vp_lo is None:
+                    vp_lo = tf32_split(v_pts)[1]
         launch(q, k, v, q_pts, k_pts, v_pts, mask, z, self.w_b, self.b_b, self.point_weight,
                out, o_pt, lows=(kp_lo, vp_lo, self.w_b_lo, v_lo), q_scale=self.q_scale,
                inf=self.inf, precisions=self.precisions, points_dot=self.points_dot,

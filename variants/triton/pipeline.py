@@ -3,25 +3,39 @@ streamed attention kernel), `triton_fullfuse_ipa` (the fully fused kernel),
 `triton_pairdot_ipa` (the openfold problem's fused kernel with its pair bias alone) and
 `triton_train_ipa` (either of the first two as a custom op with a backward, `core_op.py`).
 
-All share the O(N) work around their kernels, done in PyTorch: LayerNorm, one GEMM for all six
-projections, the frame transforms in fp32 (translations centred on their per-batch mean first:
-the output is invariant to that shift, and the kernels' points stay small), and after the
-kernels the inverse frame transform of the value points and `out_proj`. The forward-only
-variants rearrange the weights once, at build time (`TritonIPAWeights.from_state_dict`); the
-training forward rearranges live parameters on every call, differentiably
+All share the O(N) work around their kernels: LayerNorm, one GEMM for all six projections, the
+frame transforms in fp32 (translations centred on their per-batch mean first: the output is
+invariant to that shift, and the kernels' points stay small), and after the kernels the
+inverse frame transform of the value points and `out_proj`. The forward-only variants
+rearrange the weights once, at build time (`TritonIPAWeights.from_state_dict`); the training
+forward rearranges live parameters on every call, differentiably
 (`TritonIPAWeights.from_parameters`), so that autograd carries their gradients.
+
+The frame transforms have two forms that compute the same fp32 elementwise arithmetic.
+Where nothing needs autograd (grad mode off, or no input and no weight requires grad: every
+forward-only call, and the training variants' too then), they are two Triton kernels
+(`frames.py`): one launch writes every point operand in the layouts the attention kernels read
+(for `triton-pairdot` those of the openfold kernel, distance rows, padding and TF32 splits
+included), one writes the local value points into out_proj's input. Spelled in PyTorch they
+were ~15-40 small kernels per forward, 0.4-0.9 ms of host launches on the H200 at N = 1024-4096
+for microseconds of bytes: the forward is now LayerNorm, the GEMM, the mean, the prologue, the
+attention kernels, the epilogue and out_proj. Where autograd is needed (training), the
+PyTorch form (`_frames`, `_inverse_frames`), which autograd differentiates, and which defines
+what the kernels compute (tests/test_frames.py holds them to it). Under `torch.compile` the
+PyTorch form too (Inductor fuses it itself).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 
 from variants.base2 import LOG2E, base2_units
 from variants.problem import IPAConfig, validate_inputs
+from variants.triton import frames
 from variants.triton.attention import launch_attention
 from variants.triton.common import (
     HEADS_PAD,
@@ -101,7 +115,7 @@ def training_parameters(state_dict, config: IPAConfig, device, dtype) -> dict[st
 @dataclass
 class Operands:
     """What the attention kernels read and write, built by the prologue (shapes as
-    `attention.ipa_attention`)."""
+    `attention.ipa_attention`; with `lows`, those of `triton_kernel.launch`)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -112,6 +126,9 @@ class Operands:
     centred_t: torch.Tensor
     point_weight: torch.Tensor
     out_s: torch.Tensor
+    # The TF32 low parts (k_pts, v_pts, v) when the fused prologue wrote the points in a
+    # `frames.Layout` other than the default (`FusedCore`'s), else None.
+    lows: tuple | None = None
 
 
 def _frames(pts, rotations, centred_t):
@@ -131,44 +148,75 @@ def _check(weights: TritonIPAWeights, node_repr, pair_repr, translations, rotati
     )
 
 
+def _needs_autograd(weights: TritonIPAWeights, *inputs: torch.Tensor) -> bool:
+    """Whether the frame transforms must be the differentiable PyTorch form: grad mode on
+    and some input or weight requiring grad (or tracing by torch.compile)."""
+    if torch.compiler.is_compiling():
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    tensors = (*inputs, *(getattr(weights, f.name) for f in fields(weights)))
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def _around_kernels(
     weights: TritonIPAWeights,
     node_repr: torch.Tensor,
+    pair_repr: torch.Tensor,
     translations: torch.Tensor,
     rotations: torch.Tensor,
     kernels: Callable[[Operands], torch.Tensor],
+    layout: frames.Layout = frames.OPERANDS,
 ) -> torch.Tensor:
     """The forward with `kernels(operands) -> out_p` (B, N, H, 3*Vp) fp32 as its attention
-    core. Arguments are checked by the caller."""
+    core. Arguments are checked by the caller. Without autograd the frame transforms are
+    `frames.py`'s two kernels, the points in `layout` (the default: `Operands`'); with it,
+    PyTorch, the points in the default layout whatever `layout` says."""
     check_runnable("node_repr", node_repr)
     cfg = weights.config
     bsz, n, _ = node_repr.shape
     h, d, qp, vp = cfg.heads, cfg.head_dim, cfg.query_points, cfg.value_points
     hd = h * d
+    fused = not _needs_autograd(weights, node_repr, pair_repr, translations, rotations)
 
     # Prologue: LayerNorm, one GEMM for all six projections, frames in fp32.
     x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
     proj = F.linear(x, weights.w_in)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
     q, k, v = (proj[..., i * hd:(i + 1) * hd].view(bsz, n, h, d) for i in range(3))
-    rot = rotations.float()
-    trans = translations.float()
-    centred_t = (trans - trans.mean(dim=1, keepdim=True)).contiguous()
-    pts = _frames(proj[..., 3 * hd:].float().reshape(bsz, n, -1, 3), rot, centred_t)
-    q_pts = pts[:, :, : h * qp].reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1).contiguous()
-    k_pts = pts[:, :, h * qp: 2 * h * qp].reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1)
-    k_pts = k_pts.contiguous()
-    v_pts = pts[:, :, 2 * h * qp:].reshape(bsz, n, h, 3 * vp).transpose(1, 2).contiguous()
+    # The frames' origin, each batch element's mean translation (B, 3), by one op in both forms
+    mean = translations.mean(dim=1, dtype=torch.float32)
+    if fused:
+        # One launch: the global points in the kernels' layouts, and the centred translations.
+        pts = frames.prologue(proj, rotations, translations, mean, heads=h, head_dim=d,
+                              query_points=qp, value_points=vp, layout=layout,
+                              point_weight=weights.point_weight)
+        q_pts, k_pts, v_pts, centred_t = pts.q_pts, pts.k_pts, pts.v_pts, pts.centred_t
+        lows = pts.lows if layout != frames.OPERANDS else None
+        if pts.v is not None:
+            v = pts.v
+    else:
+        rot = rotations.float()
+        centred_t = (translations.float() - mean.unsqueeze(1)).contiguous()
+        pts = _frames(proj[..., 3 * hd:].float().reshape(bsz, n, -1, 3), rot, centred_t)
+        q_pts = pts[:, :, : h * qp].reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1).contiguous()
+        k_pts = pts[:, :, h * qp: 2 * h * qp].reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1)
+        k_pts = k_pts.contiguous()
+        v_pts = pts[:, :, 2 * h * qp:].reshape(bsz, n, h, 3 * vp).transpose(1, 2).contiguous()
+        lows = None
     cat = torch.empty(bsz, n, hd + 3 * h * vp, dtype=node_repr.dtype, device=node_repr.device)
     out_s = cat[..., :hd].view(bsz, n, h, d)
 
-    # (x and pts stay alive through the kernels, as in the version whose peak memory was
-    # published; freeing them first would lower the peak by their size.)
+    # (x, and in the PyTorch form pts, stay alive through the kernels, as in the version whose
+    # peak memory was published; freeing them first would lower the peak by their size.)
     out_p = kernels(Operands(q, k, v, q_pts, k_pts, v_pts, centred_t, weights.point_weight,
-                             out_s))
+                             out_s, lows))
 
     # Epilogue: value points back to each query's frame, out_proj of [o_s | o_p local].
-    local = _inverse_frames(out_p.view(bsz, n, h * vp, 3), rot, centred_t)
-    cat[..., hd:] = local.reshape(bsz, n, 3 * h * vp)
+    if fused:
+        frames.epilogue(out_p, rotations, centred_t, cat, hd)  # one launch
+    else:
+        local = _inverse_frames(out_p.view(bsz, n, h * vp, 3), rot, centred_t)
+        cat[..., hd:] = local.reshape(bsz, n, 3 * h * vp)
     return F.linear(cat, weights.w_out, weights.b_out)
 
 
@@ -201,7 +249,7 @@ def triton_ipa(
         return launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
                                 ops.centred_t, ops.point_weight, ops.out_s, bias, modes)
 
-    return _around_kernels(weights, node_repr, translations, rotations, kernels)
+    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 
 
 def triton_fullfuse_ipa(
@@ -230,7 +278,7 @@ def triton_fullfuse_ipa(
                                ops.centred_t, ops.point_weight, ops.out_s, pair_repr,
                                weights.w_pair, modes, split)
 
-    return _around_kernels(weights, node_repr, translations, rotations, kernels)
+    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 
 
 def pairdot_core(weights: TritonIPAWeights, math_mode: str):
@@ -244,6 +292,20 @@ def pairdot_core(weights: TritonIPAWeights, math_mode: str):
                      weights.point_weight, dtype=weights.w_pair.dtype, math_mode=math_mode,
                      q_scale=LOG2E / weights.config.head_dim ** 0.5, bias_scale=1.0, inf=0.0,
                      pair_values=False)
+
+
+def pairdot_layout(core) -> frames.Layout:
+    """The operand layouts `core.__call__` (`FusedCore`) builds from (B, N, H, 3P) points, for
+    the fused prologue to write instead (`triton_kernel.launch` documents them): distance rows
+    for 16-bit inputs (k's split into TF32 parts), v_pts coordinates x keys zero-padded, split
+    where the point dots are 3xTF32, and for fp32 IEEE dots (the TC configs) the low parts of
+    v_pts and of a contiguous copy of v. Mirrors `FusedCore.__call__`'s choices;
+    tests/test_frames.py holds the two to the same result."""
+    pts_split = core.precisions[2] == "tf32x3"
+    tc = core.dtype == torch.float32 and core.precisions[0] == "ieee"
+    v_split = frames.V_HI_LO if pts_split else (frames.V_VALUE_LO if tc else frames.V_WHOLE)
+    return frames.Layout(point_rows=core.points_dot, split_k=pts_split and core.points_dot,
+                         v_padded=True, v_split=v_split, v_low=tc)
 
 
 def triton_pairdot_ipa(
@@ -262,17 +324,23 @@ def triton_pairdot_ipa(
     Arguments and result as `triton_ipa` (the math mode is `core`'s).
     """
     _check(weights, node_repr, pair_repr, translations, rotations)
+    vp3 = 3 * weights.config.value_points
 
     def kernels(ops: Operands) -> torch.Tensor:
         bsz, n, h, _ = ops.q.shape
-        out_p = torch.empty(bsz, n, h, ops.v_pts.shape[3], dtype=torch.float32,
-                            device=ops.q.device)
-        # (the prologue's point layouts, viewed as (B, N, H, 3P): FusedCore's)
+        out_p = torch.empty(bsz, n, h, vp3, dtype=torch.float32, device=ops.q.device)
+        if ops.lows is not None:
+            # the fused prologue wrote the points (and v) as the kernel reads them
+            core(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, pair_repr, None,
+                 ops.out_s.flatten(2), out_p, lows=ops.lows)
+            return out_p
+        # (the PyTorch prologue's point layouts, viewed as (B, N, H, 3P): FusedCore's)
         core(ops.q, ops.k, ops.v, ops.q_pts.permute(0, 3, 1, 2), ops.k_pts.permute(0, 3, 1, 2),
              ops.v_pts.transpose(1, 2), pair_repr, None, ops.out_s.flatten(2), out_p)
         return out_p
 
-    return _around_kernels(weights, node_repr, translations, rotations, kernels)
+    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
+                           pairdot_layout(core))
 
 
 def triton_train_ipa(
@@ -308,4 +376,4 @@ def triton_train_ipa(
         ops.out_s.copy_(out_s)
         return out_p
 
-    return _around_kernels(weights, node_repr, translations, rotations, kernels)
+    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)

@@ -1,0 +1,288 @@
+"""The fused frame kernels around the Triton IPA kernels (`variants/triton/frames.py`) against
+the PyTorch form they replace where no autograd is needed (`pipeline._around_kernels`).
+
+CPU, under the Triton interpreter (`TRITON_INTERPRET=1`, as `make test` sets it without a GPU),
+at awkward sizes (B = 2, N = 37, H = 3, Qp = 2, Vp = 5: nothing a power of two, one partial
+row block) and the default layer at a small N, fp32 and bf16 projections: the prologue's point
+operands and centred translations equal the PyTorch form's (through strided frames too); the
+layouts it writes for `triton-pairdot` equal those `FusedCore` builds (every argument of the
+openfold kernel's launch); the epilogue equals `_inverse_frames` cast into out_proj's input
+and writes nothing else; the whole forward of `triton`, `triton-fullfuse`, `triton-pairdot`
+and the training forward without autograd (the kernels) equals it with autograd (PyTorch);
+with autograd the kernels are not used. The training variants' gradients, translations and
+rotations included, through the PyTorch form: tests/test_triton_backward.py (every gradient
+against the float64 oracle) and tests/test_training.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_triton import HAS_TRITON, needs_interpreter
+from variants.problem import IPAConfig, make_inputs
+from variants.reference import init_state_dict
+
+if HAS_TRITON:
+    from variants.openfold import triton_kernel
+    from variants.triton import frames, pipeline
+    from variants.triton.pipeline import (
+        TritonIPAWeights,
+        pairdot_core,
+        pairdot_layout,
+        training_parameters,
+        triton_fullfuse_ipa,
+        triton_ipa,
+        triton_pairdot_ipa,
+        triton_train_ipa,
+    )
+
+pytestmark = [needs_interpreter, pytest.mark.usefixtures("one_thread")]
+
+AWKWARD = IPAConfig(node_dim=24, pair_dim=8, heads=3, query_points=2, value_points=5)
+CASES = {"awkward": (2, 37, AWKWARD), "default": (1, 12, IPAConfig())}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TIGHT = dict(rtol=1e-6, atol=1e-6)
+
+
+def setup(case: str, precision: str, seed: int = 0):
+    """(config, weights, inputs (node_repr, pair_repr, translations, rotations))."""
+    b, n, cfg = CASES[case]
+    dtype = DTYPES[precision]
+    weights = TritonIPAWeights.from_state_dict(init_state_dict(cfg, seed=seed), cfg, "cpu",
+                                               dtype)
+    x = make_inputs(cfg, b, n, dtype=dtype, seed=seed)
+    return cfg, weights, (x.node_repr, x.pair_repr, x.translations, x.rotations)
+
+
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values with the batch and residue axes' storage swapped (B > 1: not contiguous)."""
+    return t.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+def around(weights, inputs, *, autograd: bool, layout=None, out_p=None):
+    """`_around_kernels` with a stand-in core that records its operands and returns `out_p`
+    (zeros by default): (operands, output). `autograd`: translations require grad (the
+    PyTorch form), else grad mode is off (the kernels)."""
+    node, pair, trans, rot = inputs
+    seen = {}
+
+    def kernels(ops):
+        seen["ops"] = ops
+        ops.out_s.copy_(ops.q)  # (the other output; anything defined)
+        b, n, h, _ = ops.q.shape
+        vp3 = 3 * weights.config.value_points
+        return torch.zeros(b, n, h, vp3) if out_p is None else out_p
+
+    layout = frames.OPERANDS if layout is None else layout
+    with torch.set_grad_enabled(autograd):
+        trans = trans.detach().clone().requires_grad_(autograd)
+        out = pipeline._around_kernels(weights, node, pair, trans, rot, kernels, layout)
+    assert out.requires_grad == autograd
+    return seen["ops"], out.detach()
+
+
+# ---- the prologue ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", list(DTYPES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_prologue_equals_the_pytorch_form(case, precision):
+    _, weights, inputs = setup(case, precision)
+    fused, _ = around(weights, inputs, autograd=False)
+    torch_form, _ = around(weights, inputs, autograd=True)
+    assert fused.lows is None and torch_form.lows is None
+    for name in ("q_pts", "k_pts", "v_pts", "centred_t"):
+        got, want = getattr(fused, name), getattr(torch_form, name).detach()
+        assert got.dtype == torch.float32 and got.is_contiguous(), name
+        torch.testing.assert_close(got, want, **TIGHT, msg=name)
+    for name in ("q", "k", "v", "out_s"):  # views of the GEMM's output and of cat, as before
+        got, want = getattr(fused, name), getattr(torch_form, name)
+        assert got.shape == want.shape and got.stride() == want.stride(), name
+
+
+@pytest.mark.parametrize("precision", list(DTYPES))
+def test_prologue_reads_frames_through_their_strides(precision):
+    _, weights, (node, pair, trans, rot) = setup("awkward", precision)
+    s_trans, s_rot = strided(trans), strided(rot.transpose(2, 3)).transpose(2, 3)
+    assert not s_trans.is_contiguous() and not s_rot.is_contiguous()
+    fused, _ = around(weights, (node, pair, s_trans, s_rot), autograd=False)
+    want, _ = around(weights, (node, pair, s_trans, s_rot), autograd=True)
+    contiguous, _ = around(weights, (node, pair, trans, rot), autograd=False)
+    for name in ("q_pts", "k_pts", "v_pts", "centred_t"):
+        torch.testing.assert_close(getattr(fused, name), getattr(want, name).detach(), **TIGHT,
+                                   msg=name)
+        # (the mean of strided translations may be summed in another order: an ulp of 100 A)
+        torch.testing.assert_close(getattr(fused, name), getattr(contiguous, name),
+                                   rtol=1e-6, atol=1e-5, msg=name)
+
+
+class LaunchRecorder:
+    """Stands in for the openfold kernel's `launch`: records its arguments, runs nothing."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+
+
+# launch's positional arguments, by name
+LAUNCH_ARGS = ("q", "k", "v", "q_pts", "k_pts", "v_pts", "mask", "z", "w_b", "b_b",
+               "point_weight", "out", "o_pt")
+
+
+@pytest.mark.parametrize("precision,math_mode",
+                         [("fp32", "ieee"), ("fp32", "tf32"), ("bf16", "ieee")])
+@pytest.mark.parametrize("case", list(CASES))
+def test_pairdot_layouts_equal_what_fused_core_builds(case, precision, math_mode, monkeypatch):
+    # Every operand of the openfold kernel's launch: from the fused prologue, and as
+    # FusedCore builds them from the PyTorch form's points (distance rows, padding, splits).
+    _, weights, (node, pair, trans, rot) = setup(case, precision)
+    core = pairdot_core(weights, math_mode)
+    recorder = LaunchRecorder()
+    monkeypatch.setattr(triton_kernel, "launch", recorder)
+    with torch.no_grad():
+        triton_pairdot_ipa(weights, core, node, pair, trans, rot)
+    with torch.enable_grad():
+        triton_pairdot_ipa(weights, core, node, pair, trans.clone().requires_grad_(True), rot)
+    (fused_args, fused_kw), (torch_args, torch_kw) = recorder.calls
+    layout = pairdot_layout(core)
+    assert layout.point_rows == (precision != "fp32")
+    assert (layout.v_split != frames.V_WHOLE) == (math_mode == "ieee")
+    named = lambda args, kw: {**dict(zip(LAUNCH_ARGS, args, strict=True)),
+                              **{f"low of {n}": t for n, t in
+                                 zip(("k_pts", "v_pts", "w_b", "v"), kw["lows"], strict=True)}}
+    fused, want = named(fused_args, fused_kw), named(torch_args, torch_kw)
+    for name, t in want.items():
+        got = fused[name]
+        if not isinstance(t, torch.Tensor):
+            assert got is t, name
+            continue
+        assert got.shape == t.shape and got.stride() == t.stride(), name
+        if name in ("out", "o_pt"):  # outputs: only where they are
+            continue
+        if name.startswith("low of "):
+            # (a low part of a value that differs by an ulp differs by an ulp of that value)
+            bound = 2.0 ** -10 * want[name[len("low of "):]].detach().abs().max().item()
+            torch.testing.assert_close(got, t.detach(), rtol=0, atol=bound, msg=name)
+        elif (name, True) in (("k_pts", layout.split_k),
+                              ("v_pts", layout.v_split == frames.V_HI_LO)):
+            # TF32 high parts: the sums |k|^2 of the distance rows may differ by an ulp (summed
+            # in another order), which can move a TF32 rounding; the parts still add up
+            low, want_low = fused[f"low of {name}"], want[f"low of {name}"].detach()
+            assert (got.view(torch.int32) & 0x1FFF == 0).all(), name
+            torch.testing.assert_close(got + low, t.detach() + want_low, **TIGHT, msg=name)
+            torch.testing.assert_close(got, t.detach(), rtol=2.0 ** -10, atol=1e-6, msg=name)
+        else:
+            torch.testing.assert_close(got, t.detach(), **TIGHT, msg=name)
+    assert {k: v for k, v in fused_kw.items() if k != "lows"} == {
+        k: v for k, v in torch_kw.items() if k != "lows"}
+
+
+# ---- the epilogue ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_epilogue_equals_inverse_frames(case, dtype):
+    # Written into out_proj's input (cast to its dtype, rounded to nearest even as torch
+    # rounds) at its columns, nothing else touched.
+    b, n, cfg = CASES[case]
+    h, vp, hd = cfg.heads, cfg.value_points, cfg.node_dim
+    x = make_inputs(cfg, b, n, dtype=dtype, seed=3)
+    rot = strided(x.rotations)
+    g = torch.Generator().manual_seed(3)
+    centred_t = torch.randn(b, n, 3, generator=g) * 30
+    out_p = centred_t.repeat(1, 1, h * vp).view(b, n, h, 3 * vp)
+    out_p = out_p + torch.randn(b, n, h, 3 * vp, generator=g) * 5
+    cat = torch.full((b, n, hd + 3 * h * vp + 5), 7.0, dtype=dtype)
+    frames.epilogue(out_p, rot, centred_t, cat, hd)
+    local = pipeline._inverse_frames(out_p.view(b, n, h * vp, 3), rot.float(), centred_t)
+    want = local.reshape(b, n, 3 * h * vp).to(dtype)
+    torch.testing.assert_close(cat[..., hd:hd + 3 * h * vp], want, rtol=0, atol=0)
+    assert (cat[..., :hd] == 7).all() and (cat[..., hd + 3 * h * vp:] == 7).all()
+
+
+@pytest.mark.parametrize("precision", list(DTYPES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_epilogue_path_equals_the_pytorch_form(case, precision):
+    _, weights, inputs = setup(case, precision)
+    b, n, cfg = CASES[case]
+    vp3 = 3 * cfg.value_points
+    g = torch.Generator().manual_seed(5)
+    out_p = torch.randn(b, n, cfg.heads, vp3, generator=g) * 20
+    _, fused = around(weights, inputs, autograd=False, out_p=out_p)
+    _, want = around(weights, inputs, autograd=True, out_p=out_p)
+    torch.testing.assert_close(fused, want, rtol=0, atol=0)
+
+
+# ---- whole forwards -------------------------------------------------------------------------
+
+
+def _forwards(weights, cfg, precision):
+    params = training_parameters(init_state_dict(cfg, seed=0), cfg, "cpu", DTYPES[precision])
+    core = pairdot_core(weights, "ieee")
+    return {
+        "triton": lambda *x: triton_ipa(weights, *x),
+        "triton-fullfuse": lambda *x: triton_fullfuse_ipa(weights, *x),
+        "triton-fullfuse-split": lambda *x: triton_fullfuse_ipa(weights, *x, split=2),
+        "triton-pairdot": lambda *x: triton_pairdot_ipa(weights, core, *x),
+        "triton-train": lambda *x: triton_train_ipa(params, cfg, *x),
+        "triton-fullfuse-train": lambda *x: triton_train_ipa(params, cfg, *x, fused=True),
+    }
+
+
+FORWARDS = ["triton", "triton-fullfuse", "triton-fullfuse-split", "triton-pairdot",
+            "triton-train", "triton-fullfuse-train"]
+
+
+@pytest.mark.parametrize("precision", list(DTYPES))
+@pytest.mark.parametrize("name", FORWARDS)
+def test_forward_without_autograd_equals_it_with_autograd(name, precision):
+    # The kernels (grad mode off) against the PyTorch form (translations require grad); the
+    # attention kernels are the same in both. Under the interpreter the two forms agree to the
+    # bit but for sums of squares in another order (triton-pairdot's distance rows in bf16).
+    cfg, weights, (node, pair, trans, rot) = setup("awkward", precision)
+    forward = _forwards(weights, cfg, precision)[name]
+    with torch.no_grad():
+        fused = forward(node, pair, trans, rot)
+    with torch.enable_grad():
+        want = forward(node, pair, trans.clone().requires_grad_(True), rot)
+    assert want.requires_grad and not fused.requires_grad
+    exact = not (name == "triton-pairdot" and precision == "bf16")
+    tol = dict(rtol=0, atol=0) if exact else dict(rtol=2.0 ** -7, atol=2.0 ** -7)  # a bf16 ulp
+    torch.testing.assert_close(fused, want.detach(), **tol)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["triton-train", "triton-fullfuse-train"])
+def test_training_with_autograd_uses_the_pytorch_form(fused, monkeypatch):
+    # With autograd, no frame kernel runs and the frames get gradients (whose values
+    # tests/test_triton_backward.py checks); without it, both kernels run once.
+    cfg, _, (node, pair, trans, rot) = setup("awkward", "fp32")
+    params = training_parameters(init_state_dict(cfg), cfg, "cpu", torch.float32)
+    calls = []
+
+    def spy(name):
+        real = getattr(frames, name)
+
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return call
+
+    for name in ("prologue", "epilogue"):
+        monkeypatch.setattr(frames, name, spy(name))
+    trans, rot = trans.clone().requires_grad_(True), rot.clone().requires_grad_(True)
+    triton_train_ipa(params, cfg, node, pair, trans, rot, fused=fused).sum().backward()
+    assert calls == []
+    assert trans.grad is not None and rot.grad is not None
+    assert trans.grad.abs().sum() > 0 and rot.grad.abs().sum() > 0
+    with torch.no_grad():
+        triton_train_ipa(params, cfg, node, pair, trans, rot, fused=fused)
+    assert calls == ["prologue", "epilogue"]
+    # grad mode on, but nothing requires grad: the kernels too
+    calls.clear()
+    triton_train_ipa(params, cfg, node, pair, trans.detach(), rot.detach(), fused=fused)
+    assert calls == ["prologue", "epilogue"]

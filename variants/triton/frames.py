@@ -1,0 +1,332 @@
+"""The frame transforms around the Triton IPA kernels as two Triton kernels, for forwards that
+need no autograd (`pipeline._around_kernels`; the differentiable PyTorch form stays there and
+is the definition: these compute the same elementwise fp32 arithmetic, in the same order).
+
+Why. Spelled in PyTorch, the work around the attention kernels of one forward was 15 ops
+(`triton`, `triton-fullfuse` in fp32; 18 in bf16: the casts) and 23 (fp32) to 42 (bf16) for
+`triton-pairdot` (`FusedCore`'s padding, distance rows and TF32 splits on top), each one or
+more kernels: on the H200 that was 0.4-0.9 ms of host launches per forward at N = 1024-4096
+for a few microseconds of bytes. Now it is LayerNorm, the input GEMM, the mean translation,
+the prologue, (the attention kernels,) the epilogue and out_proj: 6 launches.
+
+* `prologue`: the points part of the one input GEMM's output (`proj`), rotations,
+  translations and the per-batch mean translation -> the global points g = p @ R + (t - mean)
+  in the layouts the kernels read, and the centred translations. `OPERANDS` is `Operands`'
+  (q_pts, k_pts (B, H, 3Qp, N), v_pts (B, H, N, 3Vp)); `pipeline.pairdot_layout` the ones
+  problem openfold's fused kernel reads (`triton_kernel.launch`), distance rows and TF32
+  splits included, so that `FusedCore` prepares nothing.
+* `epilogue`: the kernels' value points (B, N, H, 3Vp) fp32 -> (g - ct) @ R^T, cast to the
+  output dtype, written into the out_proj input's columns.
+
+One program per (block of BLOCK_ROWS rows, head, batch element); its tiles are a head's points
+of those rows (coordinates padded to a power of two), so that every output layout is a plain
+strided store. The bytes are tiny (the default layer, B = 1, N = 4096: 9 MiB written), the point
+is the launch count. Math: fp32 elementwise (no dots, so no TF32), products summed in
+`_frames`' and `_inverse_frames`' order; on the GPU the compiler contracts a product and a sum
+into one FMA, so the two forms can differ by an ulp or two. Under the interpreter (numpy, no
+FMA) they agree to the bit, but for the distance rows' |q|^2 and |k|^2 (summed in another
+order than `point_rows`' torch sum: an ulp). The epilogue rounds to bf16 by integer ops (to
+nearest, ties to even, as torch), because the interpreter's own conversion truncates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from variants.openfold.triton_kernel import KEY_PAD, _tf32_hi
+from variants.triton.common import pow2
+
+BLOCK_ROWS = 32  # rows (residues) per program: N = 1024, 12 heads -> 384 programs
+NUM_WARPS = 4
+
+# How `Layout.v_split` splits the value points into TF32 parts (`triton_fused.tf32_split`).
+V_WHOLE, V_HI_LO, V_VALUE_LO = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What `prologue` writes. The default: `Operands`' layouts (attention, fullfuse)."""
+
+    point_rows: bool = False  # q, k as `triton_fused.point_rows`' distance rows
+    split_k: bool = False  # the k rows as TF32 high part + low part
+    v_padded: bool = False  # v_pts (B, H, VP3_PAD, NP), coordinates x keys, zero-padded
+    v_split: int = V_WHOLE  # V_HI_LO: v_pts the high part + low part; V_VALUE_LO: values + low
+    v_low: bool = False  # the scalar values v too: a contiguous (B, N, H, d) copy + low part
+
+
+OPERANDS = Layout()  # `pipeline.Operands`' layouts
+
+
+@dataclass
+class Points:
+    """`prologue`'s outputs; `lows` the low parts (k_pts, v_pts, v), None where not written."""
+
+    q_pts: torch.Tensor
+    k_pts: torch.Tensor
+    v_pts: torch.Tensor
+    centred_t: torch.Tensor
+    v: torch.Tensor | None
+    lows: tuple
+
+
+@triton.jit
+def _to_global(p_rows, col, x, r_rows, ct, stride_rr, stride_rc, ok):
+    """Global coordinates x of the points at proj columns `col` (= 3 * point + x) of the
+    (BLOCK, W) tile: sum_r p_r R[r, x] + ct_x, as `pipeline._frames` (products summed over r
+    in order, then the translation)."""
+    base = col - x
+    r_x = r_rows + x * stride_rc
+    g = (tl.load(p_rows + base, mask=ok, other=0.0).to(tl.float32)
+         * tl.load(r_x, mask=ok, other=0.0).to(tl.float32))
+    g += (tl.load(p_rows + base + 1, mask=ok, other=0.0).to(tl.float32)
+          * tl.load(r_x + stride_rr, mask=ok, other=0.0).to(tl.float32))
+    g += (tl.load(p_rows + base + 2, mask=ok, other=0.0).to(tl.float32)
+          * tl.load(r_x + 2 * stride_rr, mask=ok, other=0.0).to(tl.float32))
+    return g + ct
+
+
+@triton.jit
+def _centred(t_rows, MEAN, b, x, ok, x_ok, stride_tx):
+    """t_x - mean_x in fp32 for the tile's coordinates x."""
+    return (tl.load(t_rows + x * stride_tx, mask=ok, other=0.0).to(tl.float32)
+            - tl.load(MEAN + b * 3 + x, mask=x_ok, other=0.0))
+
+
+@triton.jit
+def _to_bf16(x):
+    """fp32 -> bf16 rounded to nearest, ties to even (torch's rounding, and the GPU's
+    cvt.rn.bf16.f32) by integer ops, so that the interpreter, whose own conversion truncates,
+    computes it too; NaN stays NaN."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    rounded = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.where(x == x, rounded, x.to(tl.bfloat16))
+
+
+@triton.jit
+def _prologue_kernel(
+    PROJ,  # (B, N, ncols) input dtype, innermost stride 1: the one input GEMM's output
+    ROT,  # (B, N, 3, 3) input dtype, any strides
+    TRANS,  # (B, N, 3) input dtype, any strides
+    MEAN,  # (B, 3) fp32 contiguous: each batch element's mean translation
+    PW,  # (H,) fp32 point weight (POINT_ROWS)
+    QP, KP, KPL,  # q, k points; KPL k rows' low parts (SPLIT_K)
+    VP, VPL,  # value points; VPL their low parts (V_SPLIT)
+    V, VL,  # (B, N, H, D) contiguous copy of the scalar values and its low part (V_LOW)
+    CT,  # (B, N, 3) fp32 contiguous: the centred translations
+    N,
+    NP,  # VP's key axis with V_PADDED (rows N..NP are zeros; the grid covers them), else N
+    pts_col,  # proj's first point column (3 H d)
+    v_col,  # proj's first scalar-value column (2 H d)
+    stride_pb, stride_pn,
+    stride_rb, stride_rn, stride_rr, stride_rc,
+    stride_tb, stride_tn, stride_tx,
+    H: tl.constexpr,
+    P3: tl.constexpr,  # 3 Qp
+    QK_W: tl.constexpr,  # the q/k tile's width: pow2(P3), or with POINT_ROWS the rows' P_PAD
+    VP3: tl.constexpr,  # 3 Vp
+    VP3_PAD: tl.constexpr,  # the v tile's width, and VP's coordinate axis with V_PADDED
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    POINT_ROWS: tl.constexpr,  # q (B, H, QK_W, N) rows [-2 pw q | pw | pw |q|^2 | 0],
+    # k (B, H, N, QK_W) rows [k | |k|^2 | 1 | 0]; else q, k (B, H, P3, N) coordinates
+    SPLIT_K: tl.constexpr,
+    V_PADDED: tl.constexpr,  # VP (B, H, VP3_PAD, NP) zero-padded; else (B, H, N, VP3)
+    V_SPLIT: tl.constexpr,  # V_WHOLE, V_HI_LO or V_VALUE_LO (module constants)
+    V_LOW: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    rows = (pid_n * BLOCK + tl.arange(0, BLOCK))[:, None]  # (BLOCK, 1)
+    row_ok = rows < N
+    p_rows = PROJ + b * stride_pb + rows * stride_pn
+    r_rows = ROT + b * stride_rb + rows * stride_rn
+    t_rows = TRANS + b * stride_tb + rows * stride_tn
+    bh = b * H + h
+
+    # The centred translations, once per row (head 0's programs).
+    if h == 0:
+        x3 = tl.arange(0, 4)[None, :]
+        ok3 = row_ok & (x3 < 3)
+        tl.store(CT + (b * N + rows) * 3 + x3,
+                 _centred(t_rows, MEAN, b, x3, ok3, x3 < 3, stride_tx), mask=ok3)
+
+    # Query and key points of head h: coordinates e = 3 p + x, p < Qp.
+    e = tl.arange(0, QK_W)[None, :]
+    e_ok = e < P3
+    ok = row_ok & e_ok
+    x = e % 3
+    ct = _centred(t_rows, MEAN, b, x, ok, e_ok, stride_tx)
+    q = _to_global(p_rows, pts_col + h * P3 + e, x, r_rows, ct, stride_rr, stride_rc, ok)
+    k = _to_global(p_rows, pts_col + (H + h) * P3 + e, x, r_rows, ct, stride_rr, stride_rc,
+                   ok)
+    if POINT_ROWS:
+        # `triton_fused.point_rows`: their dot over the row is pw |q - k|^2
+        pw = tl.load(PW + h)
+        q = tl.where(e_ok, q, 0.0)
+        k = tl.where(e_ok, k, 0.0)
+        q_sq = tl.sum(q * q, axis=1)[:, None]
+        k_sq = tl.sum(k * k, axis=1)[:, None]
+        q = tl.where(e_ok, -2.0 * pw * q,
+                     tl.where(e == P3, pw, tl.where(e == P3 + 1, pw * q_sq, 0.0)))
+        k = tl.where(e_ok, k, tl.where(e == P3, k_sq, tl.where(e == P3 + 1, 1.0, 0.0)))
+        tl.store(QP + (bh * QK_W + e) * N + rows, q, mask=row_ok)
+        k_offs = (bh * N + rows) * QK_W + e
+        if SPLIT_K:
+            k_hi = _tf32_hi(k)
+            tl.store(KP + k_offs, k_hi, mask=row_ok)
+            tl.store(KPL + k_offs, k - k_hi, mask=row_ok)
+        else:
+            tl.store(KP + k_offs, k, mask=row_ok)
+    else:
+        qk_offs = (bh * P3 + e) * N + rows
+        tl.store(QP + qk_offs, q, mask=ok)
+        tl.store(KP + qk_offs, k, mask=ok)
+
+    # Value points of head h: coordinates e = 3 p + x, p < Vp.
+    e = tl.arange(0, VP3_PAD)[None, :]
+    e_ok = e < VP3
+    ok = row_ok & e_ok
+    x = e % 3
+    ct = _centred(t_rows, MEAN, b, x, ok, e_ok, stride_tx)
+    v = _to_global(p_rows, pts_col + 2 * H * P3 + h * VP3 + e, x, r_rows, ct, stride_rr,
+                   stride_rc, ok)
+    if V_PADDED:
+        # coordinates x keys, zeros beyond VP3 and beyond key N (up to NP)
+        v = tl.where(ok, v, 0.0)
+        v_offs = (bh * VP3_PAD + e) * NP + rows
+        v_ok = rows < NP
+        if V_SPLIT == 1:
+            v_hi = _tf32_hi(v)
+            tl.store(VP + v_offs, v_hi, mask=v_ok)
+            tl.store(VPL + v_offs, v - v_hi, mask=v_ok)
+        else:
+            tl.store(VP + v_offs, v, mask=v_ok)
+            if V_SPLIT == 2:
+                tl.store(VPL + v_offs, v - _tf32_hi(v), mask=v_ok)
+    else:
+        tl.store(VP + (bh * N + rows) * VP3 + e, v, mask=ok)
+
+    if V_LOW:
+        # the scalar values of head h, contiguous, and their TF32 low parts (fp32 only)
+        c = tl.arange(0, D_PAD)[None, :]
+        ok = row_ok & (c < D)
+        val = tl.load(p_rows + v_col + h * D + c, mask=ok, other=0.0)
+        offs = ((b * N + rows) * H + h) * D + c
+        tl.store(V + offs, val, mask=ok)
+        tl.store(VL + offs, val - _tf32_hi(val), mask=ok)
+
+
+@triton.jit
+def _epilogue_kernel(
+    OUT_P,  # (B, N, H, VP3) fp32, innermost stride 1: the kernels' global value points
+    ROT,  # (B, N, 3, 3) input dtype, any strides
+    CT,  # (B, N, 3) fp32 contiguous
+    CAT,  # (B, N, W) output dtype, innermost stride 1: out_proj's input
+    N,
+    col,  # CAT's first value-point column (H d)
+    stride_ob, stride_on, stride_oh,
+    stride_rb, stride_rn, stride_rr, stride_rc,
+    stride_cb, stride_cn,
+    VP3: tl.constexpr,
+    VP3_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    rows = (pid_n * BLOCK + tl.arange(0, BLOCK))[:, None]
+    e = tl.arange(0, VP3_PAD)[None, :]  # output coordinate r = e % 3 of point e // 3
+    ok = (rows < N) & (e < VP3)
+    r = e % 3
+    g_rows = OUT_P + b * stride_ob + rows * stride_on + h * stride_oh + (e - r)
+    ct_rows = CT + (b * N + rows) * 3
+    r_rows = ROT + b * stride_rb + rows * stride_rn + r * stride_rr
+    # sum_c (g_c - ct_c) R[r, c], as `pipeline._inverse_frames`
+    local = ((tl.load(g_rows, mask=ok, other=0.0) - tl.load(ct_rows, mask=ok, other=0.0))
+             * tl.load(r_rows, mask=ok, other=0.0).to(tl.float32))
+    local += ((tl.load(g_rows + 1, mask=ok, other=0.0)
+               - tl.load(ct_rows + 1, mask=ok, other=0.0))
+              * tl.load(r_rows + stride_rc, mask=ok, other=0.0).to(tl.float32))
+    local += ((tl.load(g_rows + 2, mask=ok, other=0.0)
+               - tl.load(ct_rows + 2, mask=ok, other=0.0))
+              * tl.load(r_rows + 2 * stride_rc, mask=ok, other=0.0).to(tl.float32))
+    if CAT.dtype.element_ty == tl.bfloat16:
+        local = _to_bf16(local)
+    tl.store(CAT + b * stride_cb + rows * stride_cn + col + h * VP3 + e,
+             local.to(CAT.dtype.element_ty), mask=ok)
+
+
+def _row_grid(rows: int, heads: int, batch: int) -> tuple[int, int, int]:
+    return triton.cdiv(rows, BLOCK_ROWS), heads, batch
+
+
+def prologue(proj: torch.Tensor, rotations: torch.Tensor, translations: torch.Tensor,
+             mean: torch.Tensor, *, heads: int, head_dim: int, query_points: int,
+             value_points: int, layout: Layout = OPERANDS,
+             point_weight: torch.Tensor | None = None) -> Points:
+    """Global points and centred translations in one launch, unchecked (the pipeline builds
+    every argument).
+
+    proj          (B, N, 3 H d + 3 H (2 Qp + Vp)), innermost stride 1: [q | k | v | points],
+                  the points xyz triples, H Qp query, H Qp key, H Vp value points, each
+                  head-major
+    rotations     (B, N, 3, 3), translations (B, N, 3): any strides, any float dtype
+    mean          (B, 3) fp32 contiguous: the mean translation of each batch element
+    layout        what to write (`Layout`); `point_weight` (H,) fp32 with `point_rows`
+    returns       fp32 contiguous tensors: by default q_pts, k_pts (B, H, 3 Qp, N), v_pts
+                  (B, H, N, 3 Vp) and centred_t (B, N, 3) (`pipeline.Operands`); with
+                  `layout`'s options those of `triton_kernel.launch`
+    """
+    bsz, n, _ = proj.shape
+    h, d, p3, vp3 = heads, head_dim, 3 * query_points, 3 * value_points
+    dev, f32 = proj.device, torch.float32
+    qk_w = pow2(p3 + 2) if layout.point_rows else pow2(p3, 1)
+    vp3_pad = pow2(vp3) if layout.v_padded else pow2(vp3, 1)
+    np_ = n + (-n % KEY_PAD) if layout.v_padded else n
+    new = lambda *shape: torch.empty(*shape, dtype=f32, device=dev)
+    if layout.point_rows:
+        q_pts, k_pts = new(bsz, h, qk_w, n), new(bsz, h, n, qk_w)
+    else:
+        q_pts, k_pts = new(bsz, h, p3, n), new(bsz, h, p3, n)
+    v_pts = new(bsz, h, vp3_pad, np_) if layout.v_padded else new(bsz, h, n, vp3)
+    centred_t = new(bsz, n, 3)
+    kp_lo = torch.empty_like(k_pts) if layout.split_k else None
+    vp_lo = torch.empty_like(v_pts) if layout.v_split != V_WHOLE else None
+    v = v_lo = None
+    if layout.v_low:
+        v = torch.empty(bsz, n, h, d, dtype=proj.dtype, device=dev)
+        v_lo = torch.empty_like(v)
+    some = lambda t: q_pts if t is None else t  # a pointer for an argument the kernel skips
+    _prologue_kernel[_row_grid(np_, h, bsz)](
+        proj, rotations, translations, mean, some(point_weight),
+        q_pts, k_pts, some(kp_lo), v_pts, some(vp_lo), some(v), some(v_lo), centred_t,
+        n, np_, 3 * h * d, 2 * h * d, proj.stride(0), proj.stride(1), *rotations.stride(),
+        *translations.stride(),
+        H=h, P3=p3, QK_W=qk_w, VP3=vp3, VP3_PAD=vp3_pad, D=d, D_PAD=pow2(d, 1),
+        POINT_ROWS=layout.point_rows, SPLIT_K=layout.split_k, V_PADDED=layout.v_padded,
+        V_SPLIT=layout.v_split, V_LOW=layout.v_low, BLOCK=BLOCK_ROWS, num_warps=NUM_WARPS,
+    )
+    return Points(q_pts, k_pts, v_pts, centred_t, v, (kp_lo, vp_lo, v_lo))
+
+
+def epilogue(out_p: torch.Tensor, rotations: torch.Tensor, centred_t: torch.Tensor,
+             cat: torch.Tensor, col: int) -> None:
+    """Value points back to each query's frame, into out_proj's input, in one launch,
+    unchecked: out_p (B, N, H, 3 Vp) fp32 (innermost stride 1), rotations (B, N, 3, 3) any
+    strides, centred_t (B, N, 3) fp32 contiguous; writes (g - ct) @ R^T, cast to cat's dtype,
+    into cat[..., col:col + 3 H Vp] (cat (B, N, W), innermost stride 1)."""
+    bsz, n, h, vp3 = out_p.shape
+    if out_p.stride(3) != 1:
+        out_p = out_p.contiguous()
+    _epilogue_kernel[_row_grid(n, h, bsz)](
+        out_p, rotations, centred_t, cat, n, col, out_p.stride(0), out_p.stride(1),
+        out_p.stride(2), *rotations.stride(), cat.stride(0), cat.stride(1),
+        VP3=vp3, VP3_PAD=pow2(vp3, 1), BLOCK=BLOCK_ROWS, num_warps=NUM_WARPS,
+    )
