@@ -1,9 +1,12 @@
-"""The Triton variants, `triton`, `triton-fullfuse` and the training variants `triton-train` and
-`triton-fullfuse-train` (design and caveats: `variants.py`).
+"""The Triton variants, `triton`, `triton-fullfuse`, `triton-pairdot` and the training variants
+`triton-train` and `triton-fullfuse-train` (design and caveats: `variants.py`).
 
 variants.py       the four `Variant` classes; imports no Triton (kernels are imported by `build`)
-pipeline.py       the checked public forwards `triton_ipa`, `triton_fullfuse_ipa` and
-                  `triton_train_ipa`, their weights and the O(N) PyTorch work around the kernels
+pipeline.py       the checked public forwards `triton_ipa`, `triton_fullfuse_ipa`,
+                  `triton_pairdot_ipa` and `triton_train_ipa`, their weights and the O(N) work
+                  around the kernels
+frames.py         that work's frame transforms as two kernels (prologue, epilogue), used where
+                  no autograd is needed
 pair_bias.py      the (B, H, N, N) pair-bias GEMM: Triton kernel, cuBLAS form, `pair_bias`
 attention.py      the streamed per-head flash kernel over that bias: `ipa_attention`
 bias_backward.py  its backward: per-head key and query kernels (dS written over the saved

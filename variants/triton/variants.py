@@ -1,11 +1,12 @@
 """Triton IPA: a flash-attention-style kernel for the IPA attention core (issue #4).
 
-What it is. LayerNorm, the six projections (one fused GEMM), the frame transforms and
-`out_proj` stay in PyTorch: they are O(N) work (`pipeline.py`). The O(N^2) part, logits +
-softmax + aggregation of the scalar values and of the global-frame value points, is Triton in
-the style of FlashAttention-2 (Dao 2023; the Triton fused-attention tutorial): a program owns a
-block of queries, loops over key blocks, keeps a running max and sum in fp32 (online softmax,
-base-2 exponentials) and never writes the (B, H, N, N) logits or attention.
+What it is. LayerNorm, the six projections (one fused GEMM) and `out_proj` stay in PyTorch:
+they are O(N) work (`pipeline.py`); the frame transforms around the kernels are two small
+Triton kernels where no autograd is needed (`frames.py`), PyTorch where it is. The O(N^2) part,
+logits + softmax + aggregation of the scalar values and of the global-frame value points, is
+Triton in the style of FlashAttention-2 (Dao 2023; the Triton fused-attention tutorial): a
+program owns a block of queries, loops over key blocks, keeps a running max and sum in fp32
+(online softmax, base-2 exponentials) and never writes the (B, H, N, N) logits or attention.
 
 Five registered variants; the first two differ in where the pair bias z . W_b comes from:
 
@@ -22,11 +23,13 @@ Five registered variants; the first two differ in where the pair bias z . W_b co
 * `triton-pairdot`: problem openfold's fused kernel (`variants/openfold/triton_kernel.py`)
   with its pair values and mask switched off: per key block the z tile times W_b^T for every
   head as a tensor-core dot (3xTF32 in fp32, judged by the fp32 tolerance), pair_repr read
-  once, O(N) memory. Unmeasured on the GPU when added (2026-12-03).
+  once, O(N) memory. On the H200 slower than `triton` at every N (latency-bound: one 8-warp
+  program per SM; docs/perf-notes.md, seventh session).
 * Two training variants, each the forward of one of the above as a torch custom op
   (`core_op.py`) with an exact FlashAttention-2-style backward; the O(N) work around it is
-  PyTorch, differentiated by autograd, from live parameters (the callable's `parameters()` are
-  the trainable tensors by state_dict name); both work under `torch.compile(fullgraph=True)`:
+  PyTorch when gradients are wanted, differentiated by autograd, from live parameters (the
+  callable's `parameters()` are the trainable tensors by state_dict name); both work under
+  `torch.compile(fullgraph=True)`:
   - `triton-train`: `triton`'s forward, saving each row's softmax statistics and the
     (B, H, N, N) bias; the backward (`bias_backward.py`) recomputes P per (batch, head) from
     them, writes dS over the bias (no second N x N x H tensor), reads dS back for dq, and
