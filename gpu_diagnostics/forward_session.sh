@@ -11,12 +11,7 @@
 # train-profile.log, masked-softmax.log in $OUT: 8 files, the device's limit.
 #
 #   OUT=DIR bash gpu_diagnostics/forward_session.sh
-set -uo pipefail
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-export IPA_BENCH_CACHE=${IPA_BENCH_CACHE:-/tmp/ipa-cache}
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+source gpu_diagnostics/session_env.sh
 timeout -s INT "${LIM_TEST:-150}" python3 -m pytest -q -m gpu tests/test_variants.py \
     -k "triton and not train" -p no:cacheprovider -rfE --tb=short 2>&1 | tail -30 \
     > "$OUT/gpu-tests.log"

@@ -13,12 +13,7 @@
 # The timing stage is gpu_diagnostics/kernel_bench.py. CPU dry run of it (the kernel under
 # the interpreter, tiny N, no autotuning):
 #   OF_DRY=1 OUT=/tmp/of bash gpu_diagnostics/openfold_session.sh
-set -uo pipefail
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-export IPA_BENCH_CACHE=${IPA_BENCH_CACHE:-/tmp/ipa-cache}
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+source gpu_diagnostics/session_env.sh
 if [ -n "${OF_DRY:-}" ]; then
     export TRITON_INTERPRET=1 OF_DEVICE=cpu OF_LENGTHS=${OF_LENGTHS:-40}
 fi

@@ -14,12 +14,7 @@
 # The timing stage is gpu_diagnostics/kernel_bench.py. CPU dry run of it (the kernel under
 # the interpreter, tiny N, no autotuning):
 #   PD_DRY=1 OUT=/tmp/pd bash gpu_diagnostics/pairdot_session.sh
-set -uo pipefail
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-export IPA_BENCH_CACHE=${IPA_BENCH_CACHE:-/tmp/ipa-cache}
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+source gpu_diagnostics/session_env.sh
 if [ -n "${PD_DRY:-}" ]; then
     export TRITON_INTERPRET=1 PD_DEVICE=cpu PD_LENGTHS=${PD_LENGTHS:-40}
 else

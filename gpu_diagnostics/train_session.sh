@@ -6,11 +6,7 @@
 # metadata.json, gradients.jsonl) in $OUT/training: 7 files, under the device's 8.
 #
 #   OUT=DIR bash gpu_diagnostics/train_session.sh
-set -uo pipefail
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-export IPA_BENCH_CACHE=${IPA_BENCH_CACHE:-/tmp/ipa-cache} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+source gpu_diagnostics/session_env.sh
 timeout -s INT "${LIM_TEST:-200}" python3 -m pytest -q -m gpu tests/test_triton_backward.py \
     -p no:cacheprovider -rfE --tb=short 2>&1 | tail -40 > "$OUT/gpu-tests.log"
 timeout -s INT "${LIM_BENCH:-150}" python3 tests/test_triton_backward.py \
