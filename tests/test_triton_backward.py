@@ -389,9 +389,11 @@ def test_inductor_compiles_without_a_graph_break_gpu(variant):
     out, grads = train(fn, inputs)
     torch._dynamo.reset()
     out2, grads2 = train(torch.compile(fn, fullgraph=True), inputs, trainable_parameters(fn))
-    assert rel_l2(out2, out) < 1e-5
-    for name, grad in grads.items():
-        assert rel_l2(grads2[name], grad) < 1e-5, name
+    # Every difference in the message: a GPU log keeps only the failure's summary line.
+    errors = {"output": rel_l2(out2, out),
+              **{name: rel_l2(grads2[name], grad) for name, grad in grads.items()}}
+    worst = {name: f"{e:.2e}" for name, e in errors.items() if e >= 1e-5}
+    assert not worst, f"compiled vs eager rel_l2 >= 1e-5: {worst}"
 
 
 @pytest.mark.gpu
