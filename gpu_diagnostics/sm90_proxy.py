@@ -115,20 +115,26 @@ def _forward(problem: str, dtype: str, layer: dict):
 
 def launch_args(problem: str, dtype: str, n: int, layer: dict) -> tuple[tuple, dict]:
     """The arguments the variant's `launch` passes to the autotuned kernel."""
+    from variants.triton import frames
+
     rec = Recorder()
-    names = ("_kernel_fp32", "_kernel_16bit", "_bias_kernel_fp32", "_bias_kernel_16bit")
-    saved = [getattr(tk, name) for name in names], common.check_runnable
-    for name in names:
-        setattr(tk, name, rec)
-    common.check_runnable = lambda *a: None
+    # The fused kernel records its launch; the frame kernels around it (no driver here) only
+    # stand still: the kernel is specialised on its operands' shapes and strides, not values.
+    stand_ins = [(tk, name, rec) for name in ("_kernel_fp32", "_kernel_16bit",
+                                               "_bias_kernel_fp32", "_bias_kernel_16bit")]
+    stand_ins += [(frames, name, Recorder()) for name in ("_prologue_kernel",
+                                                          "_epilogue_kernel")]
+    stand_ins.append((common, "check_runnable", lambda *a: None))
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in stand_ins]
+    for mod, name, stand_in in stand_ins:
+        setattr(mod, name, stand_in)
     try:
         with torch.no_grad(), math_mode(dtype):
             fwd, inputs = _forward(problem, dtype, layer)
             fwd(*inputs(n).as_tuple())
     finally:
-        for name, kernel in zip(names, saved[0], strict=True):
-            setattr(tk, name, kernel)
-        common.check_runnable = saved[1]
+        for mod, name, original in saved:
+            setattr(mod, name, original)
     return rec.args, rec.kwargs
 
 

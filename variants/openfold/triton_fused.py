@@ -2,13 +2,22 @@
 steps 3-8 and 11) as one fused Triton kernel that reads z exactly once and writes nothing
 N x N (issue #18, deliverable 3). The kernel is `variants/openfold/triton_kernel.py`.
 
-What it is. The O(N) work stays PyTorch with the reference module's weights (`make_module`):
-its projections (SPEC steps 1-2) as two GEMMs of concatenated weights (q | kv, and the point
-projections in fp32), its inverse frame `to_local` and linear_out (steps 8, 12); the norms and
-the concatenation are spelled here. The
-kernel is FlashAttention-2's loop (online softmax in fp32, base 2: `variants/base2.py`) with
-the pair terms pulled in, as `triton-fullfuse` does for the simplified problem, plus the pair
-values o_pair that the simplified problem lacks.
+What it is. The O(N) work uses the reference module's weights (`make_module`): its projections
+(SPEC steps 1-2) as two GEMMs of concatenated weights (q | kv, and the point projections in
+fp32) and its linear_out (step 12) in PyTorch; the frames around the kernel are the two
+kernels of `variants/triton/frames.py` (convention `frames.OPENFOLD`: PointProjection's
+[X | Y | Z] columns, R p + t), as for the simplified problem's Triton forwards. The prologue
+reads the point GEMM's output and writes every point operand as the fused kernel reads it
+(`pipeline.pairdot_layout`: distance rows, padding, TF32 splits), the epilogue the module's
+`to_local` (step 8) and the norms (steps 9-10) into linear_out's input. A forward is GEMM q|kv,
+GEMM points, the mean translation, the prologue, the kernel, the epilogue and linear_out (bf16:
+three casts more: s and the mask to fp32, linear_out's input to bf16): 7 launches in fp32, 10 in
+bf16, where the PyTorch form of the frames, the [X | Y | Z] permute, the norms and
+`FusedCore`'s preparation made them 30 and 49 (counted on the CPU; tests/test_openfold_frames.py
+holds the two to the same result, to an ulp). The kernel is FlashAttention-2's loop (online
+softmax in fp32, base 2: `variants/base2.py`) with the pair terms pulled in, as
+`triton-fullfuse` does for the simplified problem, plus the pair values o_pair that the
+simplified problem lacks.
 
 Design. One program per (query block of BLOCK_M rows, batch element), all heads; it loops over
 key blocks of BLOCK_N keys. Per key block it loads the z tile (BLOCK_M, BLOCK_N, c_z) once (the
@@ -99,13 +108,15 @@ Deviations from the reference (none changes the function):
 Caveats. Forward only. Heads 1..16, c_z, c_hidden <= 128, points <= 16 (`MAX_SIZES`). Speed
 on the H200 (N = 2048, B = 1, default layer; results/h200-2026-12-03-openfold-triton/): the
 kernel 1.10 ms in bf16 and 9.64 ms in fp32 (the first version: 6.8 and 28 ms), the forward
-2.20 and 10.7 ms; docs/perf-notes.md says what bounds each.
+2.20 and 10.7 ms with the frames still in PyTorch; docs/perf-notes.md says what bounds each.
 Under the interpreter (`TRITON_INTERPRET=1`, read when the kernel module is first imported)
 every dot runs in numpy fp32 and one block-size config is used.
 
-`FusedCore` holds the kernel's weights and prepares its operands (point layouts, TF32
-splits); problem simplified's `triton-pairdot` runs the same core with the pair values and the
-mask switched off (`variants/triton/pipeline.py`).
+`FusedCore` holds the kernel's weights and, given (B, N, H, 3P) points, prepares its operands
+(point layouts, TF32 splits); both forwards that use it (this one, and problem simplified's
+`triton-pairdot`, the same core with the pair values and the mask switched off:
+`variants/triton/pipeline.py`) have `frames.prologue` write them instead where no autograd is
+needed, which for this forward is always.
 
 This module imports no Triton: `build` imports the kernel module, and a missing Triton is a
 reason (`requires`), not an ImportError.
@@ -122,7 +133,7 @@ import torch.nn.functional as F
 from variants.base import IPAFunction, Variant
 from variants.base2 import LOG2E
 from variants.openfold.problem import OpenFoldConfig, not_supported_reasons, validate_inputs
-from variants.openfold.reference import OpenFoldIPA, local_points, make_module
+from variants.openfold.reference import OpenFoldIPA, make_module
 from variants.problem import IPAInputError, Precision, get_precision
 from variants.triton import interpreter_mismatch
 
@@ -261,8 +272,9 @@ class FusedCore:
 
 
 class FusedForward:
-    """The callable a build returns: the reference module's projections in PyTorch (O(N),
-    two GEMMs), the fused kernel (O(N^2)), then the reference's inverse frame and linear_out."""
+    """The callable a build returns: the reference module's projections (O(N), two GEMMs), the
+    frames by `frames.prologue`, the fused kernel (O(N^2)), the inverse frame and the norms by
+    `frames.epilogue`, then the reference's linear_out."""
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
                  math_mode: str):
@@ -288,12 +300,18 @@ class FusedForward:
                 module.linear_b.weight, b_b, point_weight, dtype=dtype, math_mode=math_mode,
                 q_scale=math.sqrt(1.0 / (3 * cfg.c_hidden)) * LOG2E,
                 bias_scale=math.sqrt(1.0 / 3), inf=cfg.inf, pair_values=True)
+        # What the frame prologue writes: every point operand as the kernel reads it
+        # (`FusedCore.__call__`'s preparation, which it then skips)
+        from variants.triton.pipeline import pairdot_layout
+
+        self.layout = pairdot_layout(self.core)
 
     @torch.no_grad()
     def __call__(self, s, z, translations, rotations, mask):
+        from variants.triton import frames
         from variants.triton.common import check_runnable
 
-        cfg, mod = self.config, self.module
+        cfg = self.config
         validate_inputs(cfg, s, z, translations, rotations, mask, dtypes=(self.dtype,),
                         device=self.device, check_values=False)
         check_runnable("s", s)
@@ -307,30 +325,27 @@ class FusedForward:
         q = qkv[..., :H * C].view(B, N, H, C)
         kv = qkv[..., H * C:].view(B, N, H, 2 * C)
         k, v = kv[..., :C], kv[..., C:]
-        rot = rotations.float()
-        trans = translations.float()
-        trans = trans - trans.mean(dim=1, keepdim=True)
         s_pts = s if self.dtype == torch.float32 else s.float()
-        # Each projection's output is [X | Y | Z] blocks of H * P (PointProjection's layout);
-        # both go through one rotation: global points (B, N, H, Pq | Pq + Pv, 3)
+        # Each projection's output is [X | Y | Z] blocks of H * P (PointProjection's layout)
         y = F.linear(s_pts, self.w_points, self.b_points)
-        local = torch.cat([local_points(part, H) for part in
-                           (y[..., :3 * H * Pq], y[..., 3 * H * Pq:])], dim=3)
-        pts = torch.einsum("bnxy,bnhpy->bnhpx", rot, local) + trans[:, :, None, None, :]
-        q_pts = pts[..., :Pq, :].reshape(B, N, H, 3 * Pq)
-        k_pts = pts[..., Pq:2 * Pq, :].reshape(B, N, H, 3 * Pq)
-        v_pts = pts[..., 2 * Pq:, :].reshape(B, N, H, 3 * Pv)
+        mean = translations.mean(dim=1, dtype=torch.float32)  # (B, 3)
+        # One launch: R p + (t - mean) of every point, in the kernel's layouts (distance rows,
+        # padding, TF32 splits: `self.layout`), and the centred translations.
+        pts = frames.prologue(y, rotations, translations, mean, heads=H, head_dim=C,
+                              query_points=Pq, value_points=Pv, layout=self.layout,
+                              point_weight=self.core.point_weight, convention=frames.OPENFOLD,
+                              values=v)
         # linear_out's input, fp32: [o | X | Y | Z | o_pt_norm | o_pair] (SPEC step 12).
-        hc, hp = H * C, H * Pv
         cat = torch.empty(B, N, cfg.out_in_features, dtype=torch.float32, device=s.device)
         o_pt = torch.empty(B, N, H, 3 * Pv, dtype=torch.float32, device=s.device)
-        self.core(q, k, v, q_pts, k_pts, v_pts, z, mask.float().contiguous(), cat, o_pt)
+        self.core(q, k, v if pts.v is None else pts.v, pts.q_pts, pts.k_pts, pts.v_pts, z,
+                  mask.float().contiguous(), cat, o_pt, lows=pts.lows)
 
-        # Epilogue, O(N): back to each residue's frame (the module's own), norms, linear_out.
-        local = mod.to_local(o_pt.view(B, N, H, Pv, 3), rot, trans).reshape(B, N, hp, 3)
-        cat[..., hc:hc + 3 * hp] = local.permute(0, 1, 3, 2).reshape(B, N, 3 * hp)
-        cat[..., hc + 3 * hp:hc + 4 * hp] = torch.sqrt((local ** 2).sum(dim=-1) + cfg.eps)
-        return mod.linear_out(cat.to(self.dtype))
+        # Epilogue, O(N), one launch: back to each residue's frame (as the module's to_local),
+        # X | Y | Z and the norms into cat; then linear_out.
+        frames.epilogue(o_pt, rotations, pts.centred_t, cat, H * C, convention=frames.OPENFOLD,
+                        eps=cfg.eps)
+        return self.module.linear_out(cat.to(self.dtype))
 
 
 class OpenFoldTriton(Variant):
@@ -343,8 +358,10 @@ class OpenFoldTriton(Variant):
     requires = ("triton",)
 
     def code_paths(self):
-        here = Path(__file__).resolve().parent  # the kernel, and the module it reuses
-        return [here, here.parent / "triton" / "common.py", here.parent / "base2.py"]
+        here = Path(__file__).resolve().parent  # the kernel, and the modules it reuses
+        triton_dir = here.parent / "triton"
+        return [here, *(triton_dir / f for f in ("common.py", "frames.py", "pipeline.py")),
+                here.parent / "base2.py"]
 
     def math_mode_label(self, precision):
         return z_math_mode_label(get_precision(precision))

@@ -1,32 +1,49 @@
 """The frame transforms around the Triton IPA kernels as two Triton kernels, for forwards that
-need no autograd (`pipeline._around_kernels`; the differentiable PyTorch form stays there and
-is the definition: these compute the same elementwise fp32 arithmetic, in the same order).
+need no autograd: the simplified problem's (`pipeline._around_kernels`; the differentiable
+PyTorch form stays there and is the definition: these compute the same elementwise fp32
+arithmetic, in the same order) and problem openfold's `triton` (`triton_fused.FusedForward`,
+always no-grad; its previous PyTorch form, the definition, is kept in
+tests/test_openfold_frames.py).
 
 Why. Spelled in PyTorch, the work around the attention kernels of one forward was 15 ops
 (`triton`, `triton-fullfuse` in fp32; 18 in bf16: the casts) and 23 (fp32) to 42 (bf16) for
 `triton-pairdot` (`FusedCore`'s padding, distance rows and TF32 splits on top), each one or
 more kernels: on the H200 that was 0.4-0.9 ms of host launches per forward at N = 1024-4096
 for a few microseconds of bytes. Now it is LayerNorm, the input GEMM, the mean translation,
-the prologue, (the attention kernels,) the epilogue and out_proj: 6 launches.
+the prologue, (the attention kernels,) the epilogue and out_proj: 6 launches. Problem
+openfold's forward had 29 (fp32) and 48 (bf16) ops around its kernel (0.73-1.99 ms per forward
+on the H200): now the two GEMMs, the mean, the prologue, the epilogue and linear_out (bf16:
+three casts more), 6 and 9.
 
-* `prologue`: the points part of the one input GEMM's output (`proj`), rotations,
-  translations and the per-batch mean translation -> the global points g = p @ R + (t - mean)
-  in the layouts the kernels read, and the centred translations. `OPERANDS` is `Operands`'
-  (q_pts, k_pts (B, H, 3Qp, N), v_pts (B, H, N, 3Vp)); `pipeline.pairdot_layout` the ones
-  problem openfold's fused kernel reads (`triton_kernel.launch`), distance rows and TF32
-  splits included, so that `FusedCore` prepares nothing.
-* `epilogue`: the kernels' value points (B, N, H, 3Vp) fp32 -> (g - ct) @ R^T, cast to the
-  output dtype, written into the out_proj input's columns.
+The two problems differ in `Convention`: the simplified problem's points are xyz triples and
+its frames map p to p @ R + t (`SIMPLIFIED`); OpenFold's point projections write [X | Y | Z]
+blocks, its frames map p to R p + t, and its out_proj input holds the local value points as
+[X | Y | Z] blocks followed by their norms (`OPENFOLD`). The kernels take the column layout as
+a constexpr and the column convention as R's strides swapped (R p = p @ R^T).
+
+* `prologue`: the local points (the last columns of `proj`: the simplified problem's one input
+  GEMM's output, or openfold's point GEMM's), rotations, translations and the per-batch mean
+  translation -> the global points g = p @ R + (t - mean) (or R p + (t - mean)) in the layouts
+  the kernels read, and the centred translations. `OPERANDS` is `Operands`' (q_pts, k_pts
+  (B, H, 3Qp, N), v_pts (B, H, N, 3Vp)); `pipeline.pairdot_layout` the ones problem openfold's
+  fused kernel reads (`triton_kernel.launch`), distance rows and TF32 splits included, so that
+  `FusedCore` prepares nothing.
+* `epilogue`: the kernels' value points (B, N, H, 3Vp) fp32 -> (g - ct) @ R^T (or
+  R^T (g - ct)), cast to the output dtype, written into the out_proj input's columns; for
+  openfold as [X | Y | Z] blocks, then the norms sqrt(x^2 + y^2 + z^2 + eps).
 
 One program per (block of BLOCK_ROWS rows, head, batch element); its tiles are a head's points
-of those rows (coordinates padded to a power of two), so that every output layout is a plain
-strided store. The bytes are tiny (the default layer, B = 1, N = 4096: 9 MiB written), the point
-is the launch count. Math: fp32 elementwise (no dots, so no TF32), products summed in
-`_frames`' and `_inverse_frames`' order; on the GPU the compiler contracts a product and a sum
-into one FMA, so the two forms can differ by an ulp or two. Under the interpreter (numpy, no
-FMA) they agree to the bit, but for the distance rows' |q|^2 and |k|^2 (summed in another
-order than `point_rows`' torch sum: an ulp). The epilogue rounds to bf16 by integer ops (to
-nearest, ties to even, as torch), because the interpreter's own conversion truncates.
+of those rows (the prologue's: coordinates padded to a power of two, so that every output
+layout is a plain strided store; the epilogue's: points, one tile per coordinate). The bytes
+are tiny (the default layer, B = 1, N = 4096: 9 MiB written), the point is the launch count.
+Math: fp32 elementwise (no dots, so no TF32), products summed in `_frames`' and
+`_inverse_frames`' order (the module's einsums': the same); on the GPU the compiler contracts a
+product and a sum into one FMA, so the two forms can differ by an ulp or two. Under the
+interpreter (numpy, no FMA) they agree to the bit, but for the distance rows' |q|^2 and |k|^2
+(summed in another order than `point_rows`' torch sum: an ulp) and openfold's norms (a
+correctly rounded root, sqrt.rn on the GPU as torch's CUDA sqrt, where torch's CPU sqrt is an
+ulp off for some values). The epilogue rounds to bf16 by integer ops (to nearest, ties to even,
+as torch), because the interpreter's own conversion truncates.
 """
 
 from __future__ import annotations
@@ -61,6 +78,21 @@ class Layout:
 OPERANDS = Layout()  # `pipeline.Operands`' layouts
 
 
+@dataclass(frozen=True)
+class Convention:
+    """How a problem holds its points: where `prologue` finds them, how a frame maps them, what
+    `epilogue` writes. The default: problem simplified's."""
+
+    xyz_blocks: bool = False  # OpenFold's column layouts: the local points as PointProjection's
+    # [X | Y | Z] blocks, and out_proj's input [X | Y | Z | norms] blocks (SPEC-openfold.md
+    # steps 2, 9, 10); else xyz triples, and no norms
+    column: bool = False  # frames map local p to R p + t (OpenFold), else p @ R + t
+
+
+SIMPLIFIED = Convention()
+OPENFOLD = Convention(xyz_blocks=True, column=True)
+
+
 @dataclass
 class Points:
     """`prologue`'s outputs; `lows` the low parts (k_pts, v_pts, v), None where not written."""
@@ -74,19 +106,29 @@ class Points:
 
 
 @triton.jit
-def _to_global(p_rows, col, x, r_rows, ct, stride_rr, stride_rc, ok):
-    """Global coordinates x of the points at proj columns `col` (= 3 * point + x) of the
-    (BLOCK, W) tile: sum_r p_r R[r, x] + ct_x, as `pipeline._frames` (products summed over r
-    in order, then the translation)."""
-    base = col - x
+def _to_global(p_rows, base, cs, x, r_rows, ct, stride_rr, stride_rc, ok):
+    """Global coordinates x of the (BLOCK, W) tile's points, whose coordinates 0, 1, 2 are at
+    proj columns base, base + cs, base + 2 cs: sum_r p_r R[r, x] + ct_x, as `pipeline._frames`
+    (products summed over r in order, then the translation). The column convention's R p is
+    this with R's strides swapped (`prologue`)."""
     r_x = r_rows + x * stride_rc
     g = (tl.load(p_rows + base, mask=ok, other=0.0).to(tl.float32)
          * tl.load(r_x, mask=ok, other=0.0).to(tl.float32))
-    g += (tl.load(p_rows + base + 1, mask=ok, other=0.0).to(tl.float32)
+    g += (tl.load(p_rows + base + cs, mask=ok, other=0.0).to(tl.float32)
           * tl.load(r_x + stride_rr, mask=ok, other=0.0).to(tl.float32))
-    g += (tl.load(p_rows + base + 2, mask=ok, other=0.0).to(tl.float32)
+    g += (tl.load(p_rows + base + 2 * cs, mask=ok, other=0.0).to(tl.float32)
           * tl.load(r_x + 2 * stride_rr, mask=ok, other=0.0).to(tl.float32))
     return g + ct
+
+
+@triton.jit
+def _point(e, XYZ_BLOCKS: tl.constexpr):
+    """The column offset of point e // 3 (of a tile's coordinates e = 3 p + x) from point 0's
+    coordinate 0: p in [X | Y | Z] blocks, 3 p in triples."""
+    if XYZ_BLOCKS:
+        return e // 3
+    else:
+        return e - e % 3
 
 
 @triton.jit
@@ -109,8 +151,9 @@ def _to_bf16(x):
 
 @triton.jit
 def _prologue_kernel(
-    PROJ,  # (B, N, ncols) input dtype, innermost stride 1: the one input GEMM's output
-    ROT,  # (B, N, 3, 3) input dtype, any strides
+    PROJ,  # (B, N, ncols) innermost stride 1: the (point) projections' output
+    VALS,  # (B, N, H, D) innermost stride 1: the scalar values (V_LOW)
+    ROT,  # (B, N, 3, 3) input dtype, any strides (the column convention's: R transposed)
     TRANS,  # (B, N, 3) input dtype, any strides
     MEAN,  # (B, 3) fp32 contiguous: each batch element's mean translation
     PW,  # (H,) fp32 point weight (POINT_ROWS)
@@ -120,9 +163,9 @@ def _prologue_kernel(
     CT,  # (B, N, 3) fp32 contiguous: the centred translations
     N,
     NP,  # VP's key axis with V_PADDED (rows N..NP are zeros; the grid covers them), else N
-    pts_col,  # proj's first point column (3 H d)
-    v_col,  # proj's first scalar-value column (2 H d)
+    pts_col,  # proj's first point column (simplified: 3 H d; openfold: 0)
     stride_pb, stride_pn,
+    stride_vb, stride_vn, stride_vh,
     stride_rb, stride_rn, stride_rr, stride_rc,
     stride_tb, stride_tn, stride_tx,
     H: tl.constexpr,
@@ -138,6 +181,7 @@ def _prologue_kernel(
     V_PADDED: tl.constexpr,  # VP (B, H, VP3_PAD, NP) zero-padded; else (B, H, N, VP3)
     V_SPLIT: tl.constexpr,  # V_WHOLE, V_HI_LO or V_VALUE_LO (module constants)
     V_LOW: tl.constexpr,
+    XYZ_BLOCKS: tl.constexpr,  # PROJ's points as `Convention.xyz_blocks` says, else triples
     BLOCK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -149,6 +193,25 @@ def _prologue_kernel(
     r_rows = ROT + b * stride_rb + rows * stride_rn
     t_rows = TRANS + b * stride_tb + rows * stride_tn
     bh = b * H + h
+
+    # The column of coordinate 0 of head h's point 0, per kind (q, k, v), and the columns
+    # between a point's coordinates (Q_CS, KV_CS); `_point` adds point e // 3's offset.
+    if XYZ_BLOCKS:
+        # OpenFold: q's projection, then kv's, each [X | Y | Z] blocks of H P columns
+        # h P + p; a head's kv points are its Qp key then its Vp value points
+        KV = (P3 + VP3) // 3
+        Q_CS = H * (P3 // 3)
+        KV_CS = H * KV
+        q_col = pts_col + h * (P3 // 3)
+        k_col = pts_col + H * P3 + h * KV
+        v_col = k_col + P3 // 3
+    else:
+        # simplified: xyz triples, H Qp query, H Qp key, H Vp value points, head-major
+        Q_CS = 1
+        KV_CS = 1
+        q_col = pts_col + h * P3
+        k_col = pts_col + (H + h) * P3
+        v_col = pts_col + 2 * H * P3 + h * VP3
 
     # The centred translations, once per row (head 0's programs).
     if h == 0:
@@ -163,9 +226,9 @@ def _prologue_kernel(
     ok = row_ok & e_ok
     x = e % 3
     ct = _centred(t_rows, MEAN, b, x, ok, e_ok, stride_tx)
-    q = _to_global(p_rows, pts_col + h * P3 + e, x, r_rows, ct, stride_rr, stride_rc, ok)
-    k = _to_global(p_rows, pts_col + (H + h) * P3 + e, x, r_rows, ct, stride_rr, stride_rc,
-                   ok)
+    pnt = _point(e, XYZ_BLOCKS)
+    q = _to_global(p_rows, q_col + pnt, Q_CS, x, r_rows, ct, stride_rr, stride_rc, ok)
+    k = _to_global(p_rows, k_col + pnt, KV_CS, x, r_rows, ct, stride_rr, stride_rc, ok)
     if POINT_ROWS:
         # `triton_fused.point_rows`: their dot over the row is pw |q - k|^2
         pw = tl.load(PW + h)
@@ -195,7 +258,7 @@ def _prologue_kernel(
     ok = row_ok & e_ok
     x = e % 3
     ct = _centred(t_rows, MEAN, b, x, ok, e_ok, stride_tx)
-    v = _to_global(p_rows, pts_col + 2 * H * P3 + h * VP3 + e, x, r_rows, ct, stride_rr,
+    v = _to_global(p_rows, v_col + _point(e, XYZ_BLOCKS), KV_CS, x, r_rows, ct, stride_rr,
                    stride_rc, ok)
     if V_PADDED:
         # coordinates x keys, zeros beyond VP3 and beyond key N (up to NP)
@@ -217,50 +280,83 @@ def _prologue_kernel(
         # the scalar values of head h, contiguous, and their TF32 low parts (fp32 only)
         c = tl.arange(0, D_PAD)[None, :]
         ok = row_ok & (c < D)
-        val = tl.load(p_rows + v_col + h * D + c, mask=ok, other=0.0)
+        val = tl.load(VALS + b * stride_vb + rows * stride_vn + h * stride_vh + c, mask=ok,
+                      other=0.0)
         offs = ((b * N + rows) * H + h) * D + c
         tl.store(V + offs, val, mask=ok)
         tl.store(VL + offs, val - _tf32_hi(val), mask=ok)
 
 
 @triton.jit
+def _to_local(d0, d1, d2, r_row, stride_rc, row_ok):
+    """Local coordinate r of the (BLOCK, W) tile's points, d_c = g_c - ct_c:
+    sum_c d_c R[r, c] (r_row: the rows' R[r, 0]), as `pipeline._inverse_frames` (products
+    summed over c in order). The column convention's R^T (g - t) is this with R's strides
+    swapped (`epilogue`)."""
+    local = d0 * tl.load(r_row, mask=row_ok, other=0.0).to(tl.float32)
+    local += d1 * tl.load(r_row + stride_rc, mask=row_ok, other=0.0).to(tl.float32)
+    local += d2 * tl.load(r_row + 2 * stride_rc, mask=row_ok, other=0.0).to(tl.float32)
+    return local
+
+
+@triton.jit
+def _store(CAT, offs, x, ok):
+    """fp32 x into CAT at offs, cast to CAT's dtype (bf16 by `_to_bf16`)."""
+    if CAT.dtype.element_ty == tl.bfloat16:
+        x = _to_bf16(x)
+    tl.store(CAT + offs, x.to(CAT.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _epilogue_kernel(
-    OUT_P,  # (B, N, H, VP3) fp32, innermost stride 1: the kernels' global value points
-    ROT,  # (B, N, 3, 3) input dtype, any strides
+    OUT_P,  # (B, N, H, 3 VP) fp32, innermost stride 1: the kernels' global value points
+    ROT,  # (B, N, 3, 3) input dtype, any strides (the column convention's: R transposed)
     CT,  # (B, N, 3) fp32 contiguous
     CAT,  # (B, N, W) output dtype, innermost stride 1: out_proj's input
     N,
     col,  # CAT's first value-point column (H d)
+    eps,  # the norms' (XYZ_BLOCKS)
     stride_ob, stride_on, stride_oh,
     stride_rb, stride_rn, stride_rr, stride_rc,
     stride_cb, stride_cn,
-    VP3: tl.constexpr,
-    VP3_PAD: tl.constexpr,
+    H: tl.constexpr,
+    VP: tl.constexpr,  # value points per head
+    VP_PAD: tl.constexpr,
+    XYZ_BLOCKS: tl.constexpr,  # CAT's columns [X | Y | Z | norms] blocks of H VP (OpenFold),
+    # else xyz triples, head-major
     BLOCK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     rows = (pid_n * BLOCK + tl.arange(0, BLOCK))[:, None]
-    e = tl.arange(0, VP3_PAD)[None, :]  # output coordinate r = e % 3 of point e // 3
-    ok = (rows < N) & (e < VP3)
-    r = e % 3
-    g_rows = OUT_P + b * stride_ob + rows * stride_on + h * stride_oh + (e - r)
+    row_ok = rows < N
+    p = tl.arange(0, VP_PAD)[None, :]  # the head's value points
+    ok = row_ok & (p < VP)
+    g_pts = OUT_P + b * stride_ob + rows * stride_on + h * stride_oh + 3 * p
     ct_rows = CT + (b * N + rows) * 3
-    r_rows = ROT + b * stride_rb + rows * stride_rn + r * stride_rr
-    # sum_c (g_c - ct_c) R[r, c], as `pipeline._inverse_frames`
-    local = ((tl.load(g_rows, mask=ok, other=0.0) - tl.load(ct_rows, mask=ok, other=0.0))
-             * tl.load(r_rows, mask=ok, other=0.0).to(tl.float32))
-    local += ((tl.load(g_rows + 1, mask=ok, other=0.0)
-               - tl.load(ct_rows + 1, mask=ok, other=0.0))
-              * tl.load(r_rows + stride_rc, mask=ok, other=0.0).to(tl.float32))
-    local += ((tl.load(g_rows + 2, mask=ok, other=0.0)
-               - tl.load(ct_rows + 2, mask=ok, other=0.0))
-              * tl.load(r_rows + 2 * stride_rc, mask=ok, other=0.0).to(tl.float32))
-    if CAT.dtype.element_ty == tl.bfloat16:
-        local = _to_bf16(local)
-    tl.store(CAT + b * stride_cb + rows * stride_cn + col + h * VP3 + e,
-             local.to(CAT.dtype.element_ty), mask=ok)
+    d0 = tl.load(g_pts, mask=ok, other=0.0) - tl.load(ct_rows, mask=row_ok, other=0.0)
+    d1 = tl.load(g_pts + 1, mask=ok, other=0.0) - tl.load(ct_rows + 1, mask=row_ok, other=0.0)
+    d2 = tl.load(g_pts + 2, mask=ok, other=0.0) - tl.load(ct_rows + 2, mask=row_ok, other=0.0)
+    r_rows = ROT + b * stride_rb + rows * stride_rn
+    x = _to_local(d0, d1, d2, r_rows, stride_rc, row_ok)
+    y = _to_local(d0, d1, d2, r_rows + stride_rr, stride_rc, row_ok)
+    z = _to_local(d0, d1, d2, r_rows + 2 * stride_rr, stride_rc, row_ok)
+    cat_rows = b * stride_cb + rows * stride_cn + col
+    if XYZ_BLOCKS:
+        # SPEC-openfold.md steps 9-10: X, Y, Z, then the norms sqrt(x^2 + y^2 + z^2 + eps)
+        # (summed in that order as torch sums; the root correctly rounded, as torch's CUDA
+        # sqrt)
+        offs = cat_rows + h * VP + p
+        _store(CAT, offs, x, ok)
+        _store(CAT, offs + H * VP, y, ok)
+        _store(CAT, offs + 2 * H * VP, z, ok)
+        _store(CAT, offs + 3 * H * VP, tl.sqrt_rn(x * x + y * y + z * z + eps), ok)
+    else:
+        offs = cat_rows + h * 3 * VP + 3 * p
+        _store(CAT, offs, x, ok)
+        _store(CAT, offs + 1, y, ok)
+        _store(CAT, offs + 2, z, ok)
 
 
 def _row_grid(rows: int, heads: int, batch: int) -> tuple[int, int, int]:
@@ -270,23 +366,31 @@ def _row_grid(rows: int, heads: int, batch: int) -> tuple[int, int, int]:
 def prologue(proj: torch.Tensor, rotations: torch.Tensor, translations: torch.Tensor,
              mean: torch.Tensor, *, heads: int, head_dim: int, query_points: int,
              value_points: int, layout: Layout = OPERANDS,
-             point_weight: torch.Tensor | None = None) -> Points:
-    """Global points and centred translations in one launch, unchecked (the pipeline builds
+             point_weight: torch.Tensor | None = None, convention: Convention = SIMPLIFIED,
+             values: torch.Tensor | None = None) -> Points:
+    """Global points and centred translations in one launch, unchecked (the caller builds
     every argument).
 
-    proj          (B, N, 3 H d + 3 H (2 Qp + Vp)), innermost stride 1: [q | k | v | points],
-                  the points xyz triples, H Qp query, H Qp key, H Vp value points, each
-                  head-major
-    rotations     (B, N, 3, 3), translations (B, N, 3): any strides, any float dtype
+    proj          (B, N, ncols), innermost stride 1, the local points in its last
+                  3 H (2 Qp + Vp) columns. simplified: the one input GEMM's output
+                  [q | k | v | points], the points xyz triples, H Qp query, H Qp key, H Vp
+                  value points, each head-major; openfold (`Convention.xyz_blocks`): the two
+                  point projections' output, each [X | Y | Z] blocks (SPEC-openfold.md step 2)
+    rotations     (B, N, 3, 3), translations (B, N, 3): any strides, any float dtype; applied
+                  as `convention.column` says
     mean          (B, 3) fp32 contiguous: the mean translation of each batch element
     layout        what to write (`Layout`); `point_weight` (H,) fp32 with `point_rows`
+    values        with `layout.v_low`, the scalar values (B, N, H, d), innermost stride 1;
+                  None: proj's columns [2 H d, 3 H d) (simplified)
     returns       fp32 contiguous tensors: by default q_pts, k_pts (B, H, 3 Qp, N), v_pts
                   (B, H, N, 3 Vp) and centred_t (B, N, 3) (`pipeline.Operands`); with
                   `layout`'s options those of `triton_kernel.launch`
     """
-    bsz, n, _ = proj.shape
+    bsz, n, ncols = proj.shape
     h, d, p3, vp3 = heads, head_dim, 3 * query_points, 3 * value_points
     dev, f32 = proj.device, torch.float32
+    if convention.column:
+        rotations = rotations.transpose(2, 3)  # R p = p @ R^T
     qk_w = pow2(p3 + 2) if layout.point_rows else pow2(p3, 1)
     vp3_pad = pow2(vp3) if layout.v_padded else pow2(vp3, 1)
     np_ = n + (-n % KEY_PAD) if layout.v_padded else n
@@ -301,32 +405,43 @@ def prologue(proj: torch.Tensor, rotations: torch.Tensor, translations: torch.Te
     vp_lo = torch.empty_like(v_pts) if layout.v_split != V_WHOLE else None
     v = v_lo = None
     if layout.v_low:
-        v = torch.empty(bsz, n, h, d, dtype=proj.dtype, device=dev)
+        if values is None:
+            values = proj[..., 2 * h * d:3 * h * d].view(bsz, n, h, d)
+        v = torch.empty(bsz, n, h, d, dtype=values.dtype, device=dev)
         v_lo = torch.empty_like(v)
     some = lambda t: q_pts if t is None else t  # a pointer for an argument the kernel skips
     _prologue_kernel[_row_grid(np_, h, bsz)](
-        proj, rotations, translations, mean, some(point_weight),
+        proj, some(values), rotations, translations, mean, some(point_weight),
         q_pts, k_pts, some(kp_lo), v_pts, some(vp_lo), some(v), some(v_lo), centred_t,
-        n, np_, 3 * h * d, 2 * h * d, proj.stride(0), proj.stride(1), *rotations.stride(),
+        n, np_, ncols - h * (2 * p3 + vp3), proj.stride(0), proj.stride(1),
+        *(values.stride()[:3] if values is not None else (0, 0, 0)), *rotations.stride(),
         *translations.stride(),
         H=h, P3=p3, QK_W=qk_w, VP3=vp3, VP3_PAD=vp3_pad, D=d, D_PAD=pow2(d, 1),
         POINT_ROWS=layout.point_rows, SPLIT_K=layout.split_k, V_PADDED=layout.v_padded,
-        V_SPLIT=layout.v_split, V_LOW=layout.v_low, BLOCK=BLOCK_ROWS, num_warps=NUM_WARPS,
+        V_SPLIT=layout.v_split, V_LOW=layout.v_low, XYZ_BLOCKS=convention.xyz_blocks,
+        BLOCK=BLOCK_ROWS, num_warps=NUM_WARPS,
     )
     return Points(q_pts, k_pts, v_pts, centred_t, v, (kp_lo, vp_lo, v_lo))
 
 
 def epilogue(out_p: torch.Tensor, rotations: torch.Tensor, centred_t: torch.Tensor,
-             cat: torch.Tensor, col: int) -> None:
+             cat: torch.Tensor, col: int, *, convention: Convention = SIMPLIFIED,
+             eps: float = 0.0) -> None:
     """Value points back to each query's frame, into out_proj's input, in one launch,
     unchecked: out_p (B, N, H, 3 Vp) fp32 (innermost stride 1), rotations (B, N, 3, 3) any
-    strides, centred_t (B, N, 3) fp32 contiguous; writes (g - ct) @ R^T, cast to cat's dtype,
-    into cat[..., col:col + 3 H Vp] (cat (B, N, W), innermost stride 1)."""
+    strides, centred_t (B, N, 3) fp32 contiguous; writes the local points, cast to cat's
+    dtype, into cat (B, N, W) (innermost stride 1) from column col. simplified: (g - ct) @ R^T
+    as xyz triples, cat[..., col:col + 3 H Vp]; openfold (`Convention.xyz_blocks`, `column`):
+    R^T (g - ct) as [X | Y | Z] blocks of H Vp, then the norms sqrt(x^2 + y^2 + z^2 + eps),
+    cat[..., col:col + 4 H Vp] (SPEC-openfold.md steps 8-10)."""
     bsz, n, h, vp3 = out_p.shape
     if out_p.stride(3) != 1:
         out_p = out_p.contiguous()
+    if convention.column:
+        rotations = rotations.transpose(2, 3)  # R^T (g - t) = (g - t) @ R
     _epilogue_kernel[_row_grid(n, h, bsz)](
-        out_p, rotations, centred_t, cat, n, col, out_p.stride(0), out_p.stride(1),
+        out_p, rotations, centred_t, cat, n, col, eps, out_p.stride(0), out_p.stride(1),
         out_p.stride(2), *rotations.stride(), cat.stride(0), cat.stride(1),
-        VP3=vp3, VP3_PAD=pow2(vp3, 1), BLOCK=BLOCK_ROWS, num_warps=NUM_WARPS,
+        H=h, VP=vp3 // 3, VP_PAD=pow2(vp3 // 3, 1), XYZ_BLOCKS=convention.xyz_blocks,
+        BLOCK=BLOCK_ROWS, num_warps=NUM_WARPS,
     )
