@@ -125,11 +125,54 @@ class LaunchRecorder:
 
     def __call__(self, *args, **kwargs):
         self.calls.append((args, kwargs))
+        for out in args[LAUNCH_ARGS.index("out"):]:  # defined outputs for what reads them next
+            out.zero_()
 
 
 # launch's positional arguments, by name
 LAUNCH_ARGS = ("q", "k", "v", "q_pts", "k_pts", "v_pts", "mask", "z", "w_b", "b_b",
                "point_weight", "out", "o_pt")
+EXACT = dict(rtol=0, atol=0)
+
+
+def named_operands(call) -> dict:
+    """{name: argument} of one recorded launch; its TF32 low parts as `low of NAME`."""
+    args, kw = call
+    return {**dict(zip(LAUNCH_ARGS, args, strict=True)),
+            **{f"low of {n}": t for n, t in zip(("k_pts", "v_pts", "w_b", "v"), kw["lows"],
+                                                strict=True)}}
+
+
+def assert_same_operands(fused: dict, want: dict, layout) -> None:
+    """The fused prologue's launch operands (`named_operands`) against those FusedCore builds
+    from the PyTorch form's points: shapes, strides and dtypes of every one; without distance
+    rows every value to the bit; with them, the |k|^2 sums may differ by an ulp (summed in
+    another order), and TF32 splits of such values by the rounding that ulp moves."""
+    for name, t in want.items():
+        got = fused[name]
+        if not isinstance(t, torch.Tensor):
+            assert got is t, name
+            continue
+        t = t.detach()
+        assert got.shape == t.shape and got.stride() == t.stride(), name
+        assert got.dtype == t.dtype, name
+        if name in ("out", "o_pt"):  # outputs: only where they are
+            continue
+        if not layout.point_rows:
+            torch.testing.assert_close(got, t, **EXACT, msg=name)
+        elif name.startswith("low of "):
+            # (a low part of a value that differs by an ulp differs by an ulp of that value)
+            bound = 2.0 ** -10 * want[name[len("low of "):]].detach().abs().max().item()
+            torch.testing.assert_close(got, t, rtol=0, atol=bound, msg=name)
+        elif (name, True) in (("k_pts", layout.split_k),
+                              ("v_pts", layout.v_split == frames.V_HI_LO)):
+            # TF32 high parts: an ulp of |k|^2 can move a TF32 rounding; the parts still add up
+            low, want_low = fused[f"low of {name}"], want[f"low of {name}"].detach()
+            assert (got.view(torch.int32) & 0x1FFF == 0).all(), name
+            torch.testing.assert_close(got + low, t + want_low, **TIGHT, msg=name)
+            torch.testing.assert_close(got, t, rtol=2.0 ** -10, atol=1e-6, msg=name)
+        else:
+            torch.testing.assert_close(got, t, **TIGHT, msg=name)
 
 
 @pytest.mark.parametrize("precision,math_mode",
@@ -150,32 +193,8 @@ def test_pairdot_layouts_equal_what_fused_core_builds(case, precision, math_mode
     layout = pairdot_layout(core)
     assert layout.point_rows == (precision != "fp32")
     assert (layout.v_split != frames.V_WHOLE) == (math_mode == "ieee")
-    named = lambda args, kw: {**dict(zip(LAUNCH_ARGS, args, strict=True)),
-                              **{f"low of {n}": t for n, t in
-                                 zip(("k_pts", "v_pts", "w_b", "v"), kw["lows"], strict=True)}}
-    fused, want = named(fused_args, fused_kw), named(torch_args, torch_kw)
-    for name, t in want.items():
-        got = fused[name]
-        if not isinstance(t, torch.Tensor):
-            assert got is t, name
-            continue
-        assert got.shape == t.shape and got.stride() == t.stride(), name
-        if name in ("out", "o_pt"):  # outputs: only where they are
-            continue
-        if name.startswith("low of "):
-            # (a low part of a value that differs by an ulp differs by an ulp of that value)
-            bound = 2.0 ** -10 * want[name[len("low of "):]].detach().abs().max().item()
-            torch.testing.assert_close(got, t.detach(), rtol=0, atol=bound, msg=name)
-        elif (name, True) in (("k_pts", layout.split_k),
-                              ("v_pts", layout.v_split == frames.V_HI_LO)):
-            # TF32 high parts: the sums |k|^2 of the distance rows may differ by an ulp (summed
-            # in another order), which can move a TF32 rounding; the parts still add up
-            low, want_low = fused[f"low of {name}"], want[f"low of {name}"].detach()
-            assert (got.view(torch.int32) & 0x1FFF == 0).all(), name
-            torch.testing.assert_close(got + low, t.detach() + want_low, **TIGHT, msg=name)
-            torch.testing.assert_close(got, t.detach(), rtol=2.0 ** -10, atol=1e-6, msg=name)
-        else:
-            torch.testing.assert_close(got, t.detach(), **TIGHT, msg=name)
+    assert_same_operands(named_operands(recorder.calls[0]), named_operands(recorder.calls[1]),
+                         layout)
     assert {k: v for k, v in fused_kw.items() if k != "lows"} == {
         k: v for k, v in torch_kw.items() if k != "lows"}
 

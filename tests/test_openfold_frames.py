@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.test_frames import EXACT, LaunchRecorder, assert_same_operands, named_operands
 from tests.test_openfold_triton import needs_interpreter
 from variants.openfold.problem import OpenFoldConfig, init_state_dict, make_inputs
 from variants.openfold.reference import local_points, make_module
@@ -32,7 +33,6 @@ AWKWARD = OpenFoldConfig(c_s=24, c_z=12, c_hidden=8, no_heads=3, no_qk_points=2,
 CASES = {"awkward": (AWKWARD, [37, 23]), "default": (OpenFoldConfig(), [12])}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TIGHT = dict(rtol=1e-6, atol=1e-6)
-EXACT = dict(rtol=0, atol=0)
 
 
 def setup(case: str, precision: str, seed: int = 0):
@@ -94,24 +94,6 @@ def pytorch_forward(forward, s, z, translations, rotations, mask, sqrt=torch.sqr
 # ---- the prologue: every operand of the kernel's launch --------------------------------------
 
 
-class LaunchRecorder:
-    """Stands in for the openfold kernel's `launch`: records its arguments, writes zeros into
-    its outputs (for the epilogue to read), runs nothing."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-        for out in args[LAUNCH_ARGS.index("out"):]:
-            out.zero_()
-
-
-# launch's positional arguments, by name
-LAUNCH_ARGS = ("q", "k", "v", "q_pts", "k_pts", "v_pts", "mask", "z", "w_b", "b_b",
-               "point_weight", "out", "o_pt")
-
-
 def recorded_launches(forward, inputs, monkeypatch):
     """{name: argument} of the kernel's launch, from the forward and from `pytorch_forward`."""
     from variants.openfold import triton_kernel
@@ -120,45 +102,10 @@ def recorded_launches(forward, inputs, monkeypatch):
     monkeypatch.setattr(triton_kernel, "launch", recorder)
     forward(*inputs)
     pytorch_forward(forward, *inputs)
-    (fused_args, fused_kw), (torch_args, torch_kw) = recorder.calls
-    named = lambda args, kw: {**dict(zip(LAUNCH_ARGS, args, strict=True)),
-                              **{f"low of {n}": t for n, t in
-                                 zip(("k_pts", "v_pts", "w_b", "v"), kw["lows"], strict=True)}}
+    (_, fused_kw), (_, torch_kw) = recorder.calls
     assert {k: v for k, v in fused_kw.items() if k != "lows"} == {
         k: v for k, v in torch_kw.items() if k != "lows"}
-    return named(fused_args, fused_kw), named(torch_args, torch_kw)
-
-
-def assert_same_operands(fused, want, layout):
-    """As tests/test_frames.py's pairdot test: values, shapes and strides of every operand;
-    without distance rows (fp32) every value to the bit."""
-    from variants.triton import frames
-
-    for name, t in want.items():
-        got = fused[name]
-        if not isinstance(t, torch.Tensor):
-            assert got is t, name
-            continue
-        assert got.shape == t.shape and got.stride() == t.stride(), name
-        assert got.dtype == t.dtype, name
-        if name in ("out", "o_pt"):  # outputs: only where they are
-            continue
-        if not layout.point_rows:
-            torch.testing.assert_close(got, t, **EXACT, msg=name)
-        elif name.startswith("low of "):
-            # (a low part of a value that differs by an ulp differs by an ulp of that value)
-            bound = 2.0 ** -10 * want[name[len("low of "):]].abs().max().item()
-            torch.testing.assert_close(got, t, rtol=0, atol=bound, msg=name)
-        elif (name, True) in (("k_pts", layout.split_k),
-                              ("v_pts", layout.v_split == frames.V_HI_LO)):
-            # TF32 high parts: the sums |k|^2 of the distance rows may differ by an ulp (summed
-            # in another order), which can move a TF32 rounding; the parts still add up
-            low, want_low = fused[f"low of {name}"], want[f"low of {name}"]
-            assert (got.view(torch.int32) & 0x1FFF == 0).all(), name
-            torch.testing.assert_close(got + low, t + want_low, **TIGHT, msg=name)
-            torch.testing.assert_close(got, t, rtol=2.0 ** -10, atol=1e-6, msg=name)
-        else:
-            torch.testing.assert_close(got, t, **TIGHT, msg=name)
+    return named_operands(recorder.calls[0]), named_operands(recorder.calls[1])
 
 
 @pytest.mark.parametrize("precision", list(DTYPES))
