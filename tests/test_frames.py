@@ -29,7 +29,6 @@ if HAS_TRITON:
     from variants.triton.pipeline import (
         TritonIPAWeights,
         pairdot_core,
-        pairdot_layout,
         training_parameters,
         triton_fullfuse_ipa,
         triton_ipa,
@@ -190,7 +189,7 @@ def test_pairdot_layouts_equal_what_fused_core_builds(case, precision, math_mode
     with torch.enable_grad():
         triton_pairdot_ipa(weights, core, node, pair, trans.clone().requires_grad_(True), rot)
     (fused_args, fused_kw), (torch_args, torch_kw) = recorder.calls
-    layout = pairdot_layout(core)
+    layout = core.operand_layout()
     assert layout.point_rows == (precision != "fp32")
     assert (layout.v_split != frames.V_WHOLE) == (math_mode == "ieee")
     assert_same_operands(named_operands(recorder.calls[0]), named_operands(recorder.calls[1]),

@@ -8,7 +8,7 @@ fp32) and its linear_out (step 12) in PyTorch; the frames around the kernel are 
 kernels of `variants/triton/frames.py` (convention `frames.OPENFOLD`: PointProjection's
 [X | Y | Z] columns, R p + t), as for the simplified problem's Triton forwards. The prologue
 reads the point GEMM's output and writes every point operand as the fused kernel reads it
-(`pipeline.pairdot_layout`: distance rows, padding, TF32 splits), the epilogue the module's
+(`FusedCore.operand_layout`: distance rows, padding, TF32 splits), the epilogue the module's
 `to_local` (step 8) and the norms (steps 9-10) into linear_out's input. A forward is GEMM q|kv,
 GEMM points, the mean translation, the prologue, the kernel, the epilogue and linear_out (bf16:
 three casts more: s and the mask to fp32, linear_out's input to bf16): 7 launches in fp32, 10 in
@@ -223,6 +223,22 @@ class FusedCore:
         self.q_scale, self.bias_scale, self.inf = q_scale, bias_scale, inf
         self.pair_values = pair_values
 
+    def operand_layout(self):
+        """The operand layouts `__call__` builds from (B, N, H, 3P) points, for the fused frame
+        prologue (`variants/triton/frames.py`) to write instead (`triton_kernel.launch`
+        documents them): distance rows for 16-bit inputs (k's split into TF32 parts), v_pts
+        coordinates x keys zero-padded, split where the point dots are 3xTF32, and for fp32
+        IEEE dots (the TC configs) the low parts of v_pts and of a contiguous copy of v.
+        Mirrors `__call__`'s choices; tests/test_frames.py holds the two to the same result."""
+        from variants.triton import frames
+
+        pts_split = self.precisions[2] == "tf32x3"
+        tc = self.dtype == torch.float32 and self.precisions[0] == "ieee"
+        v_split = (frames.V_HI_LO if pts_split
+                   else frames.V_VALUE_LO if tc else frames.V_WHOLE)
+        return frames.Layout(point_rows=self.points_dot, split_k=pts_split and self.points_dot,
+                             v_padded=True, v_split=v_split, v_low=tc)
+
     def __call__(self, q, k, v, q_pts, k_pts, v_pts, z, mask, out, o_pt, *,
                  lows: tuple | None = None) -> None:
         """q, k, v (B, N, H, C) views (innermost stride 1); q_pts, k_pts (B, N, H, 3 Pq) and
@@ -302,9 +318,7 @@ class FusedForward:
                 bias_scale=math.sqrt(1.0 / 3), inf=cfg.inf, pair_values=True)
         # What the frame prologue writes: every point operand as the kernel reads it
         # (`FusedCore.__call__`'s preparation, which it then skips)
-        from variants.triton.pipeline import pairdot_layout
-
-        self.layout = pairdot_layout(self.core)
+        self.layout = self.core.operand_layout()
 
     @torch.no_grad()
     def __call__(self, s, z, translations, rotations, mask):

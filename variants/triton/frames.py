@@ -25,7 +25,7 @@ a constexpr and the column convention as R's strides swapped (R p = p @ R^T).
   GEMM's output, or openfold's point GEMM's), rotations, translations and the per-batch mean
   translation -> the global points g = p @ R + (t - mean) (or R p + (t - mean)) in the layouts
   the kernels read, and the centred translations. `OPERANDS` is `Operands`' (q_pts, k_pts
-  (B, H, 3Qp, N), v_pts (B, H, N, 3Vp)); `pipeline.pairdot_layout` the ones problem openfold's
+  (B, H, 3Qp, N), v_pts (B, H, N, 3Vp)); `FusedCore.operand_layout` the ones problem openfold's
   fused kernel reads (`triton_kernel.launch`), distance rows and TF32 splits included, so that
   `FusedCore` prepares nothing.
 * `epilogue`: the kernels' value points (B, N, H, 3Vp) fp32 -> (g - ct) @ R^T (or

@@ -294,20 +294,6 @@ def pairdot_core(weights: TritonIPAWeights, math_mode: str):
                      pair_values=False)
 
 
-def pairdot_layout(core) -> frames.Layout:
-    """The operand layouts `core.__call__` (`FusedCore`) builds from (B, N, H, 3P) points, for
-    the fused prologue to write instead (`triton_kernel.launch` documents them): distance rows
-    for 16-bit inputs (k's split into TF32 parts), v_pts coordinates x keys zero-padded, split
-    where the point dots are 3xTF32, and for fp32 IEEE dots (the TC configs) the low parts of
-    v_pts and of a contiguous copy of v. Mirrors `FusedCore.__call__`'s choices;
-    tests/test_frames.py holds the two to the same result."""
-    pts_split = core.precisions[2] == "tf32x3"
-    tc = core.dtype == torch.float32 and core.precisions[0] == "ieee"
-    v_split = frames.V_HI_LO if pts_split else (frames.V_VALUE_LO if tc else frames.V_WHOLE)
-    return frames.Layout(point_rows=core.points_dot, split_k=pts_split and core.points_dot,
-                         v_padded=True, v_split=v_split, v_low=tc)
-
-
 def triton_pairdot_ipa(
     weights: TritonIPAWeights,
     core,
@@ -340,7 +326,7 @@ def triton_pairdot_ipa(
         return out_p
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
-                           pairdot_layout(core))
+                           core.operand_layout())
 
 
 def triton_train_ipa(
