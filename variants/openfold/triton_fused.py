@@ -249,8 +249,8 @@ class FusedCore:
 
         `lows`: None, or the points (and v) already in `launch`'s layouts, split into TF32
         parts where this core's dots need it, and this tuple their low parts (k_pts, v_pts,
-        v), None where unused: passed on as they are (problem simplified's `triton-pairdot`,
-        whose fused prologue writes them, `variants/triton/frames.py`)."""
+        v), None where unused: passed on as they are (`FusedForward` and problem simplified's
+        `triton-pairdot`, whose fused prologue writes them, `variants/triton/frames.py`)."""
         from variants.openfold.triton_kernel import KEY_PAD, launch
         from variants.triton.common import pow2
 
