@@ -1,7 +1,8 @@
 """Where one call of a variant spends its time (GPU machine): a forward, or a training step
 (forward and every gradient), of the problem's default layer at B = 1 under torch.profiler,
 after two warm-up calls. Prints the CUDA kernels by total device time, then the host side:
-the operators by self CPU time (launch and dispatch overhead).
+the operators by self CPU time (launch and dispatch overhead), and each autotuned Triton
+kernel's fastest configs with their times.
 
     PYTHONPATH=. python3 gpu_diagnostics/profile_call.py [N] [fp32|bf16] [variant]
         [--problem simplified|openfold] [--pass forward|forward+backward] [--device cuda|cpu]
@@ -92,7 +93,19 @@ def main(argv: list[str]) -> int:
     if cuda:
         print(table.table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
     print(table.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+    print_tuning()
     return 0
+
+
+def print_tuning() -> None:
+    """Each autotuned Triton kernel that ran: every config's time at its last key, best first
+    (what the autotuner chose from, and by how much)."""
+    from variants.triton.common import TUNED
+
+    for name, tuned in TUNED.items():
+        timings = getattr(tuned, "configs_timings", None) or {}
+        for config, t in sorted(timings.items(), key=lambda kv: kv[1][0])[:6]:
+            print(f"  {name}: {config}: {t[0]:.3f} ms")
 
 
 if __name__ == "__main__":
