@@ -15,8 +15,8 @@ custom ops;
 `torch.compile(fullgraph=True)` of the whole layer (AOTAutograd, the `aot_eager` backend:
 Inductor's CPU compile takes ~30 s here) with gradients equal to eager's; the callable's
 `parameters()`. GPU (marker `gpu`): the same gradients at N up to 1000 in fp32, bf16 and tf32,
-Inductor without a graph break, and the extra peak memory of a training step at N = 4096 against
-the size of d pair_repr.
+Inductor without a graph break (its gradients judged against the oracle), and the extra peak
+memory of a training step at N = 4096 against the size of d pair_repr.
 
 Run as a script on the GPU machine for the training-step numbers in docs/perf-notes.md
 ("triton backward"):
@@ -383,17 +383,31 @@ def test_tf32_gradients_match_float64_oracle_gpu(variant):
 @needs_gpu
 @each_variant
 def test_inductor_compiles_without_a_graph_break_gpu(variant):
+    # fullgraph=True raises on a graph break. Inductor fuses and reorders the PyTorch ops
+    # around the custom ops (the frames run in PyTorch under torch.compile), so its gradients
+    # are not eager's to the bit (q_pts.weight and k_pts.weight differed by 1.7e-5 relative on
+    # the H200): they are judged as any variant's, against the float64 oracle.
     config = IPAConfig()
-    fn = variant().build(init_state_dict(config), config, "cuda", "fp32")
-    inputs = recipe(1, 97, device="cuda", config=config)
-    out, grads = train(fn, inputs)
+    state_dict = init_state_dict(config)
+    fn = variant().build(state_dict, config, "cuda", "fp32")
     torch._dynamo.reset()
-    out2, grads2 = train(torch.compile(fn, fullgraph=True), inputs, trainable_parameters(fn))
-    # Every difference in the message: a GPU log keeps only the failure's summary line.
-    errors = {"output": rel_l2(out2, out),
-              **{name: rel_l2(grads2[name], grad) for name, grad in grads.items()}}
-    worst = {name: f"{e:.2e}" for name, e in errors.items() if e >= 1e-5}
-    assert not worst, f"compiled vs eager rel_l2 >= 1e-5: {worst}"
+    result = check_variant(variant(), config, batch=1, length=97, device="cuda", seeds=1,
+                           state_dict=state_dict, fn=_Compiled(fn),
+                           pass_name="forward+backward")
+    assert result.passed, result.failures
+    assert set(result.gradients) == set(INPUT_NAMES) | set(state_dict)
+
+
+class _Compiled:
+    """A built variant compiled whole by Inductor (`fullgraph`: a graph break raises), its
+    parameters still named."""
+
+    def __init__(self, fn):
+        self.compiled = torch.compile(fn, fullgraph=True)
+        self.parameters = fn.parameters
+
+    def __call__(self, *args):
+        return self.compiled(*args)
 
 
 @pytest.mark.gpu
