@@ -316,9 +316,9 @@ _INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16}
 _key_fp32 = autotuned(
     "bias_backward_keys_fp32", _key_kernel,
     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-             for m, n, w, s in [(16, 32, 4, 1), (16, 64, 4, 1), (32, 32, 4, 1), (32, 64, 4, 1),
-                                (32, 64, 8, 1), (64, 64, 8, 1), (16, 128, 4, 1),
-                                (32, 128, 8, 1)]],
+             for m, n, w, s in [(16, 32, 4, 1), (16, 64, 4, 1), (32, 32, 4, 1), (32, 64, 8, 1),
+                                (16, 128, 4, 1), (32, 128, 8, 1), (16, 64, 4, 2), (16, 64, 4, 3),
+                                (32, 32, 4, 2), (32, 32, 4, 3)]],
     key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
 )
 _key_16bit = autotuned(

@@ -96,28 +96,28 @@ def cast_f32(dtype: torch.dtype) -> bool:
 class Modes:
     """How each dot of the kernels runs for one (dtype, math mode)."""
 
-    dot: str  # q.k, p.v and the pair bias
+    dot: str  # q.k, p.v and a fused kernel's pair bias
     points: str  # p.v_pts (fp32 operands)
     points_dot: bool  # distances as a centred 3xTF32 dot (else computed directly)
-    cublas_bias: bool  # the (B, H, N, N) bias by cuBLAS rather than the Triton GEMM
+    bias: str  # the separate (B, H, N, N) pair-bias GEMM (`pair_bias.py`)
 
 
 def dot_modes(dtype: torch.dtype, math_mode: str) -> Modes:
-    """fp32 "ieee": IEEE dots everywhere, distances computed directly; the bias GEMM by cuBLAS
-    (measured faster than Triton's FMA dot for it). fp32 "tf32": TF32 tensor cores, distances
-    as a centred 3xTF32 dot. bf16/fp16: tensor cores, value points in TF32, distances as a
-    centred 3xTF32 dot. (Every dot as 3xTF32 in fp32 was tried: on triton 3.6 / H200 the
-    per-head kernel with q.k and p.v in 3xTF32 hit an illegal memory access while
+    """fp32 "ieee": IEEE dots, distances computed directly, the separate pair-bias GEMM as
+    3xTF32 (tensor cores, fp32-accurate: the row's math_mode says `fp32-3xtf32`). fp32 "tf32":
+    TF32 tensor cores, distances as a centred 3xTF32 dot. bf16/fp16: tensor cores, value
+    points in TF32, distances as a centred 3xTF32 dot. (q.k and p.v as 3xTF32 in fp32 were
+    tried: on triton 3.6 / H200 the per-head kernel hit an illegal memory access while
     autotuning, so that mode is not offered; see docs/perf-notes.md.)
     """
     require(math_mode in ("ieee", "tf32"),
             f"math_mode: expected 'ieee' or 'tf32', got {math_mode!r}")
     if dtype == torch.float32:
         if math_mode == "ieee":
-            return Modes("ieee", "ieee", False, True)
-        return Modes("tf32", "tf32", True, True)
+            return Modes("ieee", "ieee", False, "tf32x3")
+        return Modes("tf32", "tf32", True, "tf32")
     require(math_mode == "ieee", f"math_mode: {math_mode!r} applies to fp32 inputs only")
-    return Modes("ieee", "tf32", True, False)
+    return Modes("ieee", "tf32", True, "ieee")
 
 
 # ---- argument checks -----------------------------------------------------------------------

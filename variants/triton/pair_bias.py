@@ -1,11 +1,10 @@
 """The pair bias of the `triton` variant: bias[b, h, i, j] = sum_c z[b, i, j, c] W_b[h, c],
 written once as a (B, H, N, N) tensor in the input dtype for the attention kernel to stream.
 
-Two GEMMs compute it, chosen by `common.dot_modes`: a small Triton kernel (bf16/fp16, and every
-dtype under the interpreter) and cuBLAS (fp32 and tf32 on the GPU: Triton's IEEE fp32 dot runs
-on CUDA-core FMAs, measured 1.4x slower than cuBLAS there). Both read `pair_repr` once, through
-its strides: a non-contiguous pair_repr is never copied first (see `cublas_pair_bias` for the one
-layout torch copies inside cuBLAS's call).
+A small Triton GEMM computes it, on tensor cores in every dtype: fp32 as 3xTF32 (`dot_modes`;
+cuBLAS ran it as a SIMT sgemm at half of the memory bandwidth, and Triton's IEEE dot on FMAs
+1.4x slower still). It reads `pair_repr` once, through its strides: a non-contiguous pair_repr
+is never copied first. `cublas_pair_bias` is the same bias by cuBLAS, kept for comparison.
 """
 
 from __future__ import annotations
@@ -111,11 +110,9 @@ def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: s
 
 
 def bias_tensor(pair_repr: torch.Tensor, weight: torch.Tensor, modes: Modes) -> torch.Tensor:
-    """The (B, H, N, N) bias as the `triton` forward computes it, unchecked: cuBLAS where the
-    modes say so on CUDA, else the Triton GEMM."""
-    if modes.cublas_bias and pair_repr.is_cuda:
-        return cublas_pair_bias(pair_repr, weight, tf32=modes.dot == "tf32")
-    return launch_pair_bias(pair_repr, weight, modes.dot)
+    """The (B, H, N, N) bias as the `triton` forward computes it, unchecked: the Triton GEMM
+    in the modes' bias precision."""
+    return launch_pair_bias(pair_repr, weight, modes.bias)
 
 
 def cublas_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, tf32: bool):
@@ -152,6 +149,6 @@ def pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, math_mode: str =
     device -> (B, H, N, N) contiguous in pair_repr's dtype (fp32 accumulation).
     """
     check_pair_repr(pair_repr, weight, weight_name="weight")
-    precision = dot_modes(pair_repr.dtype, math_mode).dot
+    precision = dot_modes(pair_repr.dtype, math_mode).bias
     check_runnable("pair_repr", pair_repr)
     return launch_pair_bias(pair_repr, weight, precision)
