@@ -6,11 +6,14 @@ kernel's fastest configs with their times.
 
     PYTHONPATH=. python3 gpu_diagnostics/profile_call.py [N] [fp32|bf16] [variant]
         [--problem simplified|openfold] [--pass forward|forward+backward] [--device cuda|cpu]
-        [--nvtx]
+        [--nvtx | --host]
 
 With `--nvtx` the measured call runs inside an NVTX range named `ipa` instead of under
 torch.profiler, for Nsight Compute to profile that call's kernels alone (the warm-ups and
-the autotuner's launches fall outside it):
+the autotuner's launches fall outside it). With `--host`, 20 calls run under cProfile instead
+(the Python functions by own time: where an eager call's host overhead goes).
+
+Nsight Compute:
 
     ncu --nvtx --nvtx-include "ipa/" --section SpeedOfLight --section WarpStateStats \
         python3 gpu_diagnostics/profile_call.py 4096 bf16 triton-pairdot --pass forward --nvtx
@@ -22,6 +25,8 @@ Defaults: N = 4096, fp32, `triton-train`, problem simplified, pass forward+backw
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
 
 import torch
@@ -50,6 +55,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--nvtx", action="store_true",
                         help="run the measured call in an NVTX range `ipa` (for ncu)")
+    parser.add_argument("--host", action="store_true",
+                        help="cProfile 20 calls instead: where the host's time goes")
     args = parser.parse_args(argv)
     problem = PROBLEMS[args.problem]
     config = problem.config_class()
@@ -81,6 +88,15 @@ def main(argv: list[str]) -> int:
             with torch.cuda.nvtx.range("ipa"):
                 call()
                 sync()
+            return 0
+        if args.host:
+            host = cProfile.Profile()
+            host.enable()
+            for _ in range(20):
+                call()
+            sync()
+            host.disable()
+            pstats.Stats(host).sort_stats("tottime").print_stats(25)
             return 0
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
         with profile(activities=activities) as prof:

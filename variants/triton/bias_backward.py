@@ -7,7 +7,9 @@ forward saves each row's statistics (base-2 units as in `variants/base2.py`): it
 log2 l of its softmax, so that P = 2^((s - m) - log2 l) is recomputed, never stored, and its
 attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i precomputed:
 
-  key kernel (a program owns BLOCK_N keys of one (b, h) and walks every query block)
+  key kernel (a program owns BLOCK_N keys of one (b, h) and walks the query blocks of one
+  query range; at moderate N several ranges (`key_split`) fill the SMs, and their key-side
+  partial sums are added after)
       s  = q.k log2(e)/sqrt(d) + log2(e) bias + pw |qp - kp|^2      (the forward's logits)
       P  = 2^((s - m) - log2 l);  dP = dO_s . v + dO_p . vp;  dS = P (dP - D)  (d / d logit)
       dv += P^T dO_s, dvp += P^T dO_p, dk += dS^T q / sqrt(d),
@@ -52,12 +54,13 @@ import triton.language as tl
 from variants import base2
 from variants.triton.backward import single_key_gradients
 from variants.triton.common import INTERPRET, Modes, autotuned, cast_f32, pow2
+from variants.triton.fullfuse import split_range
 
 LOG2E = tl.constexpr(base2.LOG2E)
 LN2 = tl.constexpr(math.log(2.0))
 
 
-@triton.jit(do_not_specialize=["N", "N_KEY"])
+@triton.jit(do_not_specialize=["N", "split_len", "N_KEY"])
 def _key_kernel(
     Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
     QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
@@ -68,11 +71,12 @@ def _key_kernel(
     DOP,  # (B, N, H, 3*Vp) fp32 contiguous: d loss / d out_p
     STATS,  # (B, N, H, 3) fp32, the forward's: row max m, log2 l, mean distance dbar
     DELTA,  # (B, N, H) fp32: D_i = dO_s . out_s + dO_p . out_p
-    DK, DV,  # (B, N, H, D) fp32
-    DKP,  # (B, H, 3*Qp, N) fp32
-    DVP,  # (B, H, N, 3*Vp) fp32
-    DPW,  # (B, H, N) fp32: each key's sum over queries of d point_weight
+    DK, DV,  # (S, B, N, H, D) fp32: one partial sum per query range
+    DKP,  # (S, B, H, 3*Qp, N) fp32
+    DVP,  # (S, B, H, N, 3*Vp) fp32
+    DPW,  # (S, B, H, N) fp32: each key's sum over the range's queries of d point_weight
     N,
+    split_len,  # queries per range (a multiple of every BLOCK_M)
     q_scale,  # log2(e) / sqrt(D)
     stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
     N_KEY,  # autotune bucket, unused in the body
@@ -91,6 +95,7 @@ def _key_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    pid_s = tl.program_id(2).to(tl.int64)  # query range
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     bh = b * H + h
@@ -131,7 +136,8 @@ def _key_kernel(
     colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_dpw = tl.zeros([BLOCK_N], dtype=tl.float32)
     bias_cols = BIAS + bh * N * N + offs_n[None, :]
-    for i0 in range(0, N, BLOCK_M):
+    i_start = pid_s * split_len
+    for i0 in range(i_start, tl.minimum(i_start + split_len, N), BLOCK_M):
         offs_m = i0 + tl.arange(0, BLOCK_M)
         m_ok = offs_m < N
         tile_ok = m_ok[:, None] & n_ok[None, :]
@@ -182,6 +188,10 @@ def _key_kernel(
         dbar = tl.load(STATS + row_h * 3 + 2, mask=m_ok, other=0.0)
         acc_dpw += tl.sum(ds * (dist - dbar[:, None]), 0)
 
+    # This range's partial sums, in slice pid_s of each output (B * H = programs along axis 1).
+    rows = pid_s * tl.num_programs(1) * N  # key rows (b, h, j) before this slice
+    DK, DV, DKP = DK + rows * D, DV + rows * D, DKP + rows * P3
+    DVP, DPW = DVP + rows * VP3, DPW + rows
     key_h = (b * N + offs_n) * H + h
     tl.store(DK + key_h[:, None] * D + offs_d[None, :], acc_dk * (q_scale * LN2), mask=nd_ok)
     tl.store(DV + key_h[:, None] * D + offs_d[None, :], acc_dv, mask=nd_ok)
@@ -313,12 +323,13 @@ def _pair_kernel(
 _KEY = ["N_KEY", "H", "D_PAD", "P3_PAD", "DOT_PRECISION", "PTS_PRECISION"]
 _INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16}
 # The key kernel writes dS over its input: the autotuner restores it after every trial run.
+# fp32: one stage. At N = 1024 on the H200 (BLOCK_M, BLOCK_N, warps) (32, 32, 4) took 1.05 ms
+# in one stage, 5.70 in two and 1.78 in three; (64, 64, 8) and (32, 64, 4) 5.9-7.3 ms.
 _key_fp32 = autotuned(
     "bias_backward_keys_fp32", _key_kernel,
     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
              for m, n, w, s in [(16, 32, 4, 1), (16, 64, 4, 1), (32, 32, 4, 1), (32, 64, 8, 1),
-                                (16, 128, 4, 1), (32, 128, 8, 1), (16, 64, 4, 2), (16, 64, 4, 3),
-                                (32, 32, 4, 2), (32, 32, 4, 3)]],
+                                (16, 128, 4, 1), (32, 128, 8, 1)]],
     key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
 )
 _key_16bit = autotuned(
@@ -347,11 +358,13 @@ _pair = autotuned(
 
 
 def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight,
-                         point_weight, out_s, out_p, stats, bias, modes: Modes):
+                         point_weight, out_s, out_p, stats, bias, modes: Modes,
+                         split: int | None = None):
     """The two kernels and the pair GEMMs, unchecked (the custom op's operands; shapes in
-    `core_op.triton_ipa_core_bias`). `bias` is overwritten with dS. Returns the gradients of
-    q, k, v (their dtype), q_pts, k_pts, v_pts (fp32), pair_repr, pair_weight (their dtype)
-    and point_weight (fp32)."""
+    `core_op.triton_ipa_core_bias`). `bias` is overwritten with dS. `split`: query ranges per
+    key block of the key kernel (None: `key_split`'s choice), whose partial sums are then
+    added. Returns the gradients of q, k, v (their dtype), q_pts, k_pts, v_pts (fp32),
+    pair_repr, pair_weight (their dtype) and point_weight (fp32)."""
     b, n, h, d = q.shape
     if n == 1:
         return single_key_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
@@ -361,10 +374,16 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     grad_s, grad_p = grad_s.contiguous(), grad_p.contiguous()
     # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
     delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
+    key_kernel = _key_fp32 if q.dtype == torch.float32 else _key_16bit
+    split, split_len = split_range(n, key_split(b * h, n, dev) if split is None else split,
+                                   _largest(key_kernel, "BLOCK_M"))
+    dk = torch.empty(split, b, n, h, d, dtype=f32, device=dev)
+    dv = torch.empty_like(dk)
+    dk_pts = torch.empty(split, *k_pts.shape, dtype=f32, device=dev)
+    dv_pts = torch.empty(split, *v_pts.shape, dtype=f32, device=dev)
+    d_point = torch.empty(split, b, h, n, dtype=f32, device=dev)
     dq = torch.empty(b, n, h, d, dtype=f32, device=dev)
-    dk, dv = torch.empty_like(dq), torch.empty_like(dq)
-    dq_pts, dk_pts = torch.empty_like(q_pts), torch.empty_like(k_pts)
-    dv_pts = torch.empty_like(v_pts)
+    dq_pts = torch.empty_like(q_pts)
     # fp32 inputs run every dot in IEEE fp32, tf32 mode included (dS = P (dP - D) subtracts
     # nearly equal numbers; tf32 gradients miss their tolerance either way, docs/perf-notes.md).
     # 16-bit inputs: the scalar dots on tensor cores, the point products (fp32 operands,
@@ -373,11 +392,9 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     shared = dict(H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), DOT_PRECISION="ieee",
                   PTS_PRECISION=points, CAST_F32=cast_f32(q.dtype))
     q_scale = base2.LOG2E / math.sqrt(d)
-    key_kernel = _key_fp32 if q.dtype == torch.float32 else _key_16bit
-    d_point = torch.empty(b, h, n, dtype=f32, device=dev)
-    key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h)](
+    key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h, split)](
         q, k, v, q_pts, k_pts, v_pts, bias, point_weight, grad_s, grad_p, stats, delta,
-        dk, dv, dk_pts, dv_pts, d_point, n, q_scale,
+        dk, dv, dk_pts, dv_pts, d_point, n, split_len, q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), **shared,
     )
@@ -387,8 +404,26 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
         pow2(n, 64), **shared,
     )
     d_pair, d_weight = pair_gradients(ds, pair_repr, pair_weight)
+    dk, dv, dk_pts, dv_pts = (t[0] if split == 1 else t.sum(0) for t in (dk, dv, dk_pts, dv_pts))
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_pair,
-            d_weight.to(pair_weight.dtype), d_point.sum((0, 2)))
+            d_weight.to(pair_weight.dtype), d_point.sum((0, 1, 3)))
+
+
+def key_split(programs_per_block: int, length: int, device: torch.device) -> int:
+    """Query ranges for the key kernel: with 64-key blocks, about four programs per SM (one
+    (key block, head) program per SM leaves most of its issue slots idle: at N = 1024 fp32, 192
+    programs on 132 SMs), each range at least 256 queries long."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = triton.cdiv(4 * sms, programs_per_block * triton.cdiv(length, 64))
+    return max(1, min(want, length // 256))
+
+
+def _largest(kernel, meta: str) -> int:
+    """The largest value of the meta-parameter `meta` that an autotuned kernel may launch."""
+    configs = getattr(kernel, "configs", None)
+    return max(c.kwargs[meta] for c in configs) if configs else kernel.meta[meta]
 
 
 def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch.Tensor

@@ -259,10 +259,10 @@ def default_split(batch: int, length: int, device: torch.device) -> int:
     return max(1, min(want, length // 256))
 
 
-def split_range(length: int, split: int) -> tuple[int, int]:
+def split_range(length: int, split: int, multiple: int = 64) -> tuple[int, int]:
     """About `split` ranges of `length` rows: (their number, rows per range). Each range covers a
-    multiple of 64 rows (every block size divides it) and none is empty."""
-    split_len = 64 * triton.cdiv(triton.cdiv(length, split), 64)
+    multiple of `multiple` rows (every block size must divide it) and none is empty."""
+    split_len = multiple * triton.cdiv(triton.cdiv(length, split), multiple)
     return triton.cdiv(length, split_len), split_len
 
 
