@@ -2,7 +2,7 @@
 
 CPU: the kernels under the Triton interpreter (`TRITON_INTERPRET=1`, which `make test` sets on
 machines without a GPU) at small, ragged sizes, in fp32 and (with the interpreter's dots in
-fp32) bf16/fp16; the split-key path of the fully fused kernel; non-contiguous inputs, and a
+fp32) bf16/fp16; the split-key paths of both kernels; non-contiguous inputs, and a
 strided pair_repr read in place (NaN in its gaps, no copy); bad input naming the argument at
 every public entry point (these need Triton installed, not the interpreter); the variants
 without Triton. GPU (marker `gpu`): the correctness protocol up to N = 2048 in fp32 and bf16,
@@ -10,6 +10,7 @@ tf32, and strided pair_repr (the cuBLAS bias included) without a copy.
 
 Run as a script on the GPU machine for the numbers in docs/perf-notes.md ("## triton"):
     PYTHONPATH=. python3 tests/test_triton.py [--lengths N ...] [--sections ...]
+(sections: check, time, breakdown, and split: the forward replayed per key split 1-4).
 prints correctness figures, then latency and extra peak memory for the Triton variants against
 the reference and torch.compile, measured as the sweep measures (`harness.measure`: device
 events, L2 flushed before every sample, noise-adaptive sample count), and a per-kernel
@@ -138,14 +139,17 @@ def test_half_precision_interpreted(name, precision):
 
 @needs_interpreter
 @pytest.mark.parametrize("split", [2, 3])
-def test_fullfuse_split_keys_merge_exactly(split):
-    # N = 161 with split_len rounded to 64-key multiples: 3 ranges (the last one ragged).
+@pytest.mark.parametrize("name", ["triton-fullfuse", "triton"])
+def test_split_keys_merge_exactly(name, split):
+    # N = 161 with split_len rounded to 64-key multiples (every BLOCK_N divides it): 3 ranges,
+    # the last one ragged, merged by their log-sum-exps.
     sd = init_state_dict(SMALL, seed=3)
     weights = TritonIPAWeights.from_state_dict(sd, SMALL, "cpu", torch.float32)
     inputs = make_inputs(SMALL, 1, 161, seed=11)
     oracle = oracle_forward(sd, SMALL, inputs)
-    whole = triton_fullfuse_ipa(weights, *inputs.as_tuple(), split=1)
-    parts = triton_fullfuse_ipa(weights, *inputs.as_tuple(), split=split)
+    forward = PIPELINES[name]
+    whole = forward(weights, *inputs.as_tuple(), split=1)
+    parts = forward(weights, *inputs.as_tuple(), split=split)
     assert rel_l2(parts, oracle) < 2e-6
     assert rel_l2(parts, whole) < 1e-6
 
@@ -281,7 +285,7 @@ def test_public_forwards_check_their_arguments(name):
                                             torch.bfloat16)
     with pytest.raises(IPAInputError, match="math_mode"):
         forward(bf16, *inputs.to(dtype=torch.bfloat16).as_tuple(), math_mode="tf32")
-    if name == "triton-fullfuse":
+    if name in ("triton", "triton-fullfuse"):
         for split in (0, 1.5, True):
             with pytest.raises(IPAInputError, match="split"):
                 forward(weights, *inputs.as_tuple(), split=split)
@@ -465,13 +469,21 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
 
     import triton
 
-    from harness.measure import L2Flusher, TimingPolicy, peak_memory_mib, time_cpu, time_cuda
+    from harness.measure import (
+        L2Flusher,
+        TimingPolicy,
+        capture_cuda_graph,
+        peak_memory_mib,
+        time_cpu,
+        time_cuda,
+    )
     from variants.compiled import Compiled
     from variants.reference import Reference
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096])
-    parser.add_argument("--sections", nargs="*", default=["check", "time", "breakdown"])
+    parser.add_argument("--sections", nargs="*", default=["check", "time", "breakdown"],
+                        help="any of check, time, breakdown, split")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--baselines", nargs="*", default=["reference", "torch-compile"])
     parser.add_argument("--check-lengths", type=int, nargs="*", default=[97, 130, 33, 1000, 2048])
@@ -567,12 +579,30 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                     for key, best in getattr(kern, "cache", {}).items():
                         print(f"   {name} {key[:3]}... best {best}")
 
+    if "split" in opts.sections:
+        print("## triton's key split: the forward replayed as a CUDA graph (GPU time), median ms")
+        for precision in opts.precisions:
+            dtype = dtypes[precision]
+            w = TritonIPAWeights.from_state_dict(sd, config, dev, dtype)
+            for n in opts.lengths:
+                args = make_inputs(config, 1, n, dtype=dtype, device=dev, seed=1).as_tuple()
+                row = []
+                for split in (1, 2, 3, 4):
+                    if not left():
+                        continue
+                    with math_mode(precision), torch.no_grad():
+                        call = lambda w=w, args=args, split=split: triton_ipa(w, *args,
+                                                                              split=split)
+                        replay = capture_cuda_graph(call) if cuda else call
+                        row.append(f"split {split} {timed(replay, ())[0]:.4f}")
+                print(f"{precision} N={n:5d}: {'  '.join(row)}", flush=True)
+
     print(f"# done in {time.time() - start:.0f}s")
 
 
 def _breakdown(w, args, timed):  # pragma: no cover - GPU only
-    """Median ms of: the whole `triton` forward, the Triton pair-bias kernel, the same bias by
-    cuBLAS (fp32 uses cuBLAS), the attention kernel (on random q/k/v/points of the right
+    """Median ms of: the whole `triton` forward, the Triton pair-bias kernel (the one used), the
+    same bias by cuBLAS, the attention kernel (on random q/k/v/points of the right
     sizes), the qkv GEMM."""
     import torch.nn.functional as F
 
@@ -594,8 +624,6 @@ def _breakdown(w, args, timed):  # pragma: no cover - GPU only
     ms_attn, _ = timed(
         lambda: ipa_attention(q, q, q, pts, pts, vpts, t, w.point_weight, out_s, bias), ()
     )
-    if dtype == torch.float32:
-        ms_bias, ms_cublas = ms_cublas, ms_bias  # fp32 forward uses cuBLAS; report the other
     x = F.layer_norm(args[0], (cfg.node_dim,), w.ln_weight, w.ln_bias)
     ms_proj, _ = timed(lambda x: F.linear(x, w.w_in), (x,))
     return ms_all, ms_bias, ms_cublas, ms_attn, ms_proj

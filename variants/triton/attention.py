@@ -6,7 +6,10 @@ BLOCK_M queries of one head, loops over key blocks, keeps a running max and sum 
 softmax in base 2: log2(e) is folded into the q scale and the point weight, `variants/base2.py`,
 and applied to the bias here) and accumulates the scalar values and the global-frame value
 points; the (B, H, N, N) logits and attention are never written. Per key block it reads
-BLOCK_M * BLOCK_N bias elements, BLOCK_N rows of k, v, key and value points.
+BLOCK_M * BLOCK_N bias elements, BLOCK_N rows of k, v, key and value points. With `split` > 1
+the keys are cut into that many ranges, a program each, whose normalised outputs and
+log-sum-exps are merged after (flash-decoding): more programs where N / BLOCK_M x B x H is
+short of the SMs. Forward only (the training forward saves one set of row statistics).
 
 Point distances: fp32 (IEEE) computes them directly, sum_{p,c} (q - k)^2; the other modes
 (tf32, bf16, fp16) use one 3xTF32 dot of coordinates centred on the query block's first frame
@@ -32,13 +35,16 @@ from variants.triton.common import (
     check_runnable,
     check_tensor,
     dot_modes,
+    largest_meta,
+    merge_key_ranges,
     pow2,
+    split_range,
 )
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
 
 
-@triton.jit(do_not_specialize=["N", "N_KEY"])
+@triton.jit(do_not_specialize=["N", "split_len", "N_KEY"])
 def _attention_kernel(
     Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
     QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
@@ -46,14 +52,16 @@ def _attention_kernel(
     TC,  # (B, N, 3) fp32 centred translations
     BIAS,  # (B, H, N, N) pair bias, input dtype
     PW,  # (H,) fp32 point weight: -softplus(head_weights) / 2 * log2(e) (negative)
-    OS,  # (B, N, H, D) view: strides (sb, sn, D, 1), input dtype
-    OP,  # (B, N, H, 3*Vp) fp32 aggregated global-frame value points
+    OS,  # (S, B, N, H, D): strides (ss, sb, sn, D, 1), input dtype (S = 1) or fp32
+    OP,  # (S, B, N, H, 3*Vp) fp32 aggregated global-frame value points
     STATS,  # (B, N, H, 3) fp32, when STORE_STATS: each row's max m and log2-sum log2(l) of
-    # its base-2 logits, and its attention-weighted mean squared point distance
+    # its base-2 logits, and its attention-weighted mean squared point distance; with
+    # WRITE_LSE, (S, B, N, H) fp32: each row's log2-sum-exp2 over its key range
     N,
+    split_len,  # keys per range (a multiple of every BLOCK_N); range pid_s of S
     q_scale,  # log2(e) / sqrt(D)
     stride_qb, stride_qn, stride_kb, stride_kn,
-    stride_vb, stride_vn, stride_ob, stride_on,
+    stride_vb, stride_vn, stride_os, stride_ob, stride_on,
     N_KEY,  # autotune bucket, unused in the body
     H: tl.constexpr,
     D: tl.constexpr,
@@ -67,11 +75,13 @@ def _attention_kernel(
     POINTS_DOT: tl.constexpr,
     CAST_F32: tl.constexpr,
     STORE_STATS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    pid_s = tl.program_id(2).to(tl.int64)  # key range
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     bh = b * H + h
@@ -114,7 +124,8 @@ def _attention_kernel(
     acc_s = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     acc_p = tl.zeros([BLOCK_M, VP3_PAD], dtype=tl.float32)
     acc_d = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum_j p_ij dist_ij, for STATS
-    for j0 in range(0, N, BLOCK_N):
+    j_start = pid_s * split_len
+    for j0 in range(j_start, tl.minimum(j_start + split_len, N), BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         # scalar term: q . k / sqrt(d), in log2 units
@@ -173,14 +184,18 @@ def _attention_kernel(
 
     acc_s = acc_s / l_i[:, None]
     acc_p = acc_p / l_i[:, None] + centre[None, :]
+    rows = pid_s * tl.num_programs(1) * N  # rows (b, i, h) of the ranges before this one / H
     tl.store(
-        OS + b * stride_ob + h * D + offs_m[:, None] * stride_on + offs_d[None, :],
+        OS + pid_s * stride_os + b * stride_ob + h * D + offs_m[:, None] * stride_on
+        + offs_d[None, :],
         acc_s.to(OS.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :],
     )
     tl.store(
-        OP + ((b * N + offs_m[:, None]) * H + h) * VP3 + offs_e[None, :],
+        OP + rows * VP3 + ((b * N + offs_m[:, None]) * H + h) * VP3 + offs_e[None, :],
         acc_p, mask=m_ok[:, None] & e_ok[None, :],
     )
+    if WRITE_LSE:  # this range's log2-sum-exp2, for the merge
+        tl.store(STATS + rows + (b * N + offs_m) * H + h, m_i + tl.log2(l_i), mask=m_ok)
     if STORE_STATS:  # saved for the backward (`bias_backward.py`)
         stats = STATS + ((b * N + offs_m) * H + h) * 3
         tl.store(stats, m_i, mask=m_ok)
@@ -223,25 +238,36 @@ _attention_dot = autotuned(  # distances as a dot: bf16/fp16, tf32
 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
-                     modes: Modes, stats: torch.Tensor | None = None):
+                     modes: Modes, stats: torch.Tensor | None = None, split: int = 1):
     """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
     `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
-    kernel's STATS)."""
+    kernel's STATS). `split` > 1 (not with `stats`): that many key ranges per query block, each
+    its own program, merged after (`common.merge_key_ranges`): more programs at moderate N."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
-    out_p = torch.empty(b, n, h, vp3, dtype=torch.float32, device=q.device)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)
     kernel = _attention_dot if modes.points_dot else _attention_direct
+    split, split_len = split_range(n, split, largest_meta(kernel, "BLOCK_N"))
+    assert split == 1 or stats is None, "the training forward's statistics are not merged"
+    out_p = torch.empty(split, b, n, h, vp3, dtype=torch.float32, device=q.device)
+    if split == 1:
+        os_buf, lse_buf = out_s.unsqueeze(0), stats
+    else:
+        os_buf = torch.empty(split, b, n, h, d, dtype=torch.float32, device=q.device)
+        lse_buf = torch.empty(split, b, n, h, dtype=torch.float32, device=q.device)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h, split)
     kernel[grid](
-        q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, out_s, out_p,
-        out_p if stats is None else stats, n, base2.LOG2E / math.sqrt(d),
+        q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, os_buf, out_p,
+        out_p if lse_buf is None else lse_buf, n, split_len, base2.LOG2E / math.sqrt(d),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        v.stride(0), v.stride(1), out_s.stride(0), out_s.stride(1),
+        v.stride(0), v.stride(1), os_buf.stride(0), os_buf.stride(1), os_buf.stride(2),
         pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
         VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
         POINTS_DOT=modes.points_dot, CAST_F32=cast_f32(q.dtype), STORE_STATS=stats is not None,
+        WRITE_LSE=split > 1,
     )
-    return out_p
+    if split == 1:
+        return out_p[0]
+    return merge_key_ranges(os_buf, out_p, lse_buf, out_s)
 
 
 def ipa_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias, *,

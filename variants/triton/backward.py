@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from variants import base2
-from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, pow2
-from variants.triton.fullfuse import default_split, pair_pitch, pair_rows, split_range
+from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, pow2, split_range
+from variants.triton.fullfuse import default_split, pair_pitch, pair_rows
 
 LOG2E = tl.constexpr(base2.LOG2E)
 LN2 = tl.constexpr(math.log(2.0))

@@ -53,8 +53,15 @@ import triton.language as tl
 
 from variants import base2
 from variants.triton.backward import single_key_gradients
-from variants.triton.common import INTERPRET, Modes, autotuned, cast_f32, pow2
-from variants.triton.fullfuse import split_range
+from variants.triton.common import (
+    INTERPRET,
+    Modes,
+    autotuned,
+    cast_f32,
+    largest_meta,
+    pow2,
+    split_range,
+)
 
 LOG2E = tl.constexpr(base2.LOG2E)
 LN2 = tl.constexpr(math.log(2.0))
@@ -376,7 +383,7 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
     key_kernel = _key_fp32 if q.dtype == torch.float32 else _key_16bit
     split, split_len = split_range(n, key_split(b * h, n, dev) if split is None else split,
-                                   _largest(key_kernel, "BLOCK_M"))
+                                   largest_meta(key_kernel, "BLOCK_M"))
     dk = torch.empty(split, b, n, h, d, dtype=f32, device=dev)
     dv = torch.empty_like(dk)
     dk_pts = torch.empty(split, *k_pts.shape, dtype=f32, device=dev)
@@ -418,12 +425,6 @@ def key_split(programs_per_block: int, length: int, device: torch.device) -> int
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = triton.cdiv(4 * sms, programs_per_block * triton.cdiv(length, 64))
     return max(1, min(want, length // 256))
-
-
-def _largest(kernel, meta: str) -> int:
-    """The largest value of the meta-parameter `meta` that an autotuned kernel may launch."""
-    configs = getattr(kernel, "configs", None)
-    return max(c.kwargs[meta] for c in configs) if configs else kernel.meta[meta]
 
 
 def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch.Tensor

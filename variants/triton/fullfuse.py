@@ -33,7 +33,9 @@ from variants.triton.common import (
     check_runnable,
     check_split,
     dot_modes,
+    merge_key_ranges,
     pow2,
+    split_range,
 )
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
@@ -259,13 +261,6 @@ def default_split(batch: int, length: int, device: torch.device) -> int:
     return max(1, min(want, length // 256))
 
 
-def split_range(length: int, split: int, multiple: int = 64) -> tuple[int, int]:
-    """About `split` ranges of `length` rows: (their number, rows per range). Each range covers a
-    multiple of `multiple` rows (every block size must divide it) and none is empty."""
-    split_len = multiple * triton.cdiv(triton.cdiv(length, split), multiple)
-    return triton.cdiv(length, split_len), split_len
-
-
 def launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, pair_repr,
                     pair_weight, modes: Modes, split: int | None,
                     lse: torch.Tensor | None = None):
@@ -299,13 +294,7 @@ def launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s
     )
     if split == 1:
         return out_p[0]
-    # Merge the key ranges by their log-sum-exp (flash-decoding): O(S * N * H * (D + 3Vp)).
-    natural = lse_buf * math.log(2.0)
-    weights = torch.softmax(natural, dim=0).unsqueeze(-1)  # (S, B, N, H, 1)
-    out_s.copy_((weights * os_buf).sum(0))
-    if lse is not None:
-        lse.copy_(torch.logsumexp(natural, dim=0) / math.log(2.0))
-    return (weights * out_p).sum(0)
+    return merge_key_ranges(os_buf, out_p, lse_buf, out_s, lse)
 
 
 def ipa_fullfuse_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,

@@ -231,6 +231,7 @@ def triton_ipa(
     rotations: torch.Tensor,
     *,
     math_mode: str = "ieee",
+    split: int | None = None,
 ) -> torch.Tensor:
     """IPA forward (SPEC.md), `triton` variant: the pair bias by one GEMM into a (B, H, N, N)
     tensor, then the streamed flash-style attention kernel.
@@ -238,16 +239,19 @@ def triton_ipa(
     node_repr (B, N, node_dim), pair_repr (B, N, N, pair_dim), translations (B, N, 3),
     rotations (B, N, 3, 3), all in `weights`' dtype and device, any strides (pair_repr is read
     in place) -> (B, N, node_dim) in that dtype. `math_mode` is "ieee" or "tf32" (tf32: fp32
-    inputs only).
+    inputs only). `split`: key ranges per query block of the attention kernel, merged after
+    (None: one; a default by measurement is still to come, docs/perf-notes.md).
     """
     _check(weights, node_repr, pair_repr, translations, rotations)
     modes = dot_modes(node_repr.dtype, math_mode)
+    check_split(split)
 
     def kernels(ops: Operands) -> torch.Tensor:
         # The launchers' own checks are skipped: every operand is built by the prologue.
         bias = bias_tensor(pair_repr, weights.w_pair, modes)
         return launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
-                                ops.centred_t, ops.point_weight, ops.out_s, bias, modes)
+                                ops.centred_t, ops.point_weight, ops.out_s, bias, modes,
+                                split=split or 1)
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 
