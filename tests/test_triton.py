@@ -20,6 +20,7 @@ breakdown of `triton`.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -152,6 +153,30 @@ def test_split_keys_merge_exactly(name, split):
     parts = forward(weights, *inputs.as_tuple(), split=split)
     assert rel_l2(parts, oracle) < 2e-6
     assert rel_l2(parts, whole) < 1e-6
+
+
+@needs_interpreter
+def test_merge_of_key_ranges_matches_float64():
+    # S = 3 ranges, one of them almost weightless; D = 24 and 3Vp = 15 padded; out_s a bf16
+    # view into a wider row, as the forward's out_proj input is.
+    from variants.triton.merge import merge_key_ranges
+
+    g = torch.Generator().manual_seed(5)
+    s, b, n, h, d, vp3 = 3, 2, 7, 3, 24, 15
+    os_parts, op_parts = torch.randn(s, b, n, h, d, generator=g), torch.randn(s, b, n, h, vp3,
+                                                                              generator=g)
+    lse_parts = torch.randn(s, b, n, h, generator=g) * 4
+    lse_parts[2] -= 60
+    row = torch.full((b, n, h * d + 5), float("nan"), dtype=torch.bfloat16)
+    out_s, lse = row[..., :h * d].view(b, n, h, d), torch.empty(b, n, h)
+    out_p = merge_key_ranges(os_parts, op_parts, lse_parts, out_s, lse)
+    weights = torch.softmax(lse_parts.double() * math.log(2), 0).unsqueeze(-1)
+    torch.testing.assert_close(out_p.double(), (weights * op_parts.double()).sum(0))
+    torch.testing.assert_close(out_s.double(), (weights * os_parts.double()).sum(0),
+                               rtol=8e-3, atol=8e-3)  # bf16 rounding of the result
+    torch.testing.assert_close(lse.double(), torch.logsumexp(lse_parts.double() * math.log(2),
+                                                             0) / math.log(2))
+    assert row[..., h * d:].isnan().all()  # the rest of the row untouched
 
 
 @needs_interpreter

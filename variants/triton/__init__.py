@@ -15,6 +15,7 @@ fullfuse.py       the fully fused kernel (bias computed in the key loop, split-k
                   `ipa_fullfuse_attention`
 backward.py       the fully fused kernel's backward (logits recomputed from pair_repr tile by
                   tile, d pair_repr written once, dW_b by partial sums)
+merge.py          the merge of key ranges split over programs (flash-decoding), one launch
 core_op.py        both forwards with their backwards as torch custom ops with autograd:
                   `triton_ipa_core`
 common.py         argument checks, dot modes, autotuning versus the interpreter's fixed config

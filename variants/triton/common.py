@@ -1,6 +1,6 @@
 """Pieces every Triton kernel family here shares: argument checks, the dot modes of one
-(dtype, math mode), padding, ranges split over programs and their merge, and autotuning on the
-GPU versus one fixed config under the interpreter.
+(dtype, math mode), padding, ranges split over programs, and autotuning on the GPU versus one
+fixed config under the interpreter.
 
 `triton.jit` decides when a kernel is defined whether it is interpreted: it reads
 `TRITON_INTERPRET` then, that is when the kernel modules of this package are first imported.
@@ -11,7 +11,6 @@ process; a process that sets it later gets compiled kernels, and the variants sa
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -105,21 +104,6 @@ def split_range(length: int, split: int, multiple: int = 64) -> tuple[int, int]:
     multiple of `multiple` rows (every block size must divide it) and none is empty."""
     split_len = multiple * triton.cdiv(triton.cdiv(length, split), multiple)
     return triton.cdiv(length, split_len), split_len
-
-
-def merge_key_ranges(out_s_parts: torch.Tensor, out_p_parts: torch.Tensor,
-                     lse_parts: torch.Tensor, out_s: torch.Tensor,
-                     lse: torch.Tensor | None = None) -> torch.Tensor:
-    """Flash-decoding's merge of attention over S key ranges, each normalised over its own
-    keys: `*_parts` (S, B, N, H, ...) fp32 and each row's log2-sum-exp2 `lse_parts` (S, B, N, H).
-    Writes the whole's scalar output into `out_s` (and its log2-sum-exp2 into `lse` when
-    given); returns the point output (B, N, H, 3*Vp) fp32. O(S * N * H * (D + 3Vp))."""
-    natural = lse_parts * math.log(2.0)
-    weights = torch.softmax(natural, dim=0).unsqueeze(-1)  # (S, B, N, H, 1)
-    out_s.copy_((weights * out_s_parts).sum(0))
-    if lse is not None:
-        lse.copy_(torch.logsumexp(natural, dim=0) / math.log(2.0))
-    return (weights * out_p_parts).sum(0)
 
 
 # ---- how the dots run ----------------------------------------------------------------------

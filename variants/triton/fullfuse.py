@@ -33,10 +33,10 @@ from variants.triton.common import (
     check_runnable,
     check_split,
     dot_modes,
-    merge_key_ranges,
     pow2,
     split_range,
 )
+from variants.triton.merge import merge_key_ranges
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
 

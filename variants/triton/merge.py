@@ -1,0 +1,88 @@
+"""The merge of attention computed over S key ranges (flash-decoding), one launch: each range's
+output is normalised over its own keys and comes with its rows' log2-sum-exp2 L_s; the whole's
+output is sum_s w_s out_s with w_s = 2^(L_s - L), L = log2 sum_s 2^L_s (its log2-sum-exp2).
+
+Used by the `triton` and `triton-fullfuse` forwards when they split the keys of a query block
+over several programs. A program merges BLOCK_R rows (b, i, h) and walks the S ranges twice
+(their maximum, then the weighted sums); it reads and writes O(S * B * N * H * (D + 3Vp)).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from variants.triton.common import pow2
+
+BLOCK_R = 32
+
+
+@triton.jit(do_not_specialize=["ROWS", "N", "S"])
+def _merge_kernel(
+    OS_PARTS,  # (S, B, N, H, D) fp32 contiguous
+    OP_PARTS,  # (S, B, N, H, VP3) fp32 contiguous
+    LSE_PARTS,  # (S, B, N, H) fp32 contiguous
+    OS,  # (B, N, H, D) view, strides (sb, sn, D, 1), any float dtype
+    OP,  # (B, N, H, VP3) fp32 contiguous
+    LSE,  # (B, N, H) fp32 contiguous, written when WRITE_LSE
+    ROWS,  # B * N * H
+    N,
+    S,
+    stride_ob, stride_on,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    VP3: tl.constexpr,
+    VP3_PAD: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = rows < ROWS
+    offs_d = tl.arange(0, D_PAD)
+    offs_e = tl.arange(0, VP3_PAD)
+    d_ok = r_ok[:, None] & (offs_d < D)[None, :]
+    e_ok = r_ok[:, None] & (offs_e < VP3)[None, :]
+    top = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s in range(S):
+        top = tl.maximum(top, tl.load(LSE_PARTS + s * ROWS + rows, mask=r_ok, other=0.0))
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc_s = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
+    acc_p = tl.zeros([BLOCK_R, VP3_PAD], dtype=tl.float32)
+    for s in range(S):
+        w = tl.exp2(tl.load(LSE_PARTS + s * ROWS + rows, mask=r_ok, other=0.0) - top)
+        total += w
+        part_s = tl.load(OS_PARTS + (s * ROWS + rows)[:, None] * D + offs_d[None, :],
+                         mask=d_ok, other=0.0)
+        part_p = tl.load(OP_PARTS + (s * ROWS + rows)[:, None] * VP3 + offs_e[None, :],
+                         mask=e_ok, other=0.0)
+        acc_s += w[:, None] * part_s
+        acc_p += w[:, None] * part_p
+    b = rows // (N * H)
+    i = (rows // H) % N
+    h = rows % H
+    out_s = OS + (b * stride_ob + i * stride_on + h * D)[:, None] + offs_d[None, :]
+    tl.store(out_s, (acc_s / total[:, None]).to(OS.dtype.element_ty), mask=d_ok)
+    tl.store(OP + rows[:, None] * VP3 + offs_e[None, :], acc_p / total[:, None], mask=e_ok)
+    if WRITE_LSE:
+        tl.store(LSE + rows, top + tl.log2(total), mask=r_ok)
+
+
+def merge_key_ranges(out_s_parts: torch.Tensor, out_p_parts: torch.Tensor,
+                     lse_parts: torch.Tensor, out_s: torch.Tensor,
+                     lse: torch.Tensor | None = None) -> torch.Tensor:
+    """Merges `*_parts` (S, B, N, H, ...) fp32 contiguous and their log2-sum-exp2s `lse_parts`
+    (S, B, N, H): writes the scalar output into `out_s` ((B, N, H, D), strides (*, *, D, 1),
+    its own dtype) and, when given, the rows' log2-sum-exp2 into `lse` ((B, N, H) fp32
+    contiguous); returns the point output (B, N, H, 3*Vp) fp32."""
+    s, b, n, h, d = out_s_parts.shape
+    vp3 = out_p_parts.shape[-1]
+    out_p = torch.empty(out_p_parts.shape[1:], dtype=torch.float32, device=out_p_parts.device)
+    rows = b * n * h
+    _merge_kernel[(triton.cdiv(rows, BLOCK_R),)](
+        out_s_parts, out_p_parts, lse_parts, out_s, out_p, out_p if lse is None else lse,
+        rows, n, s, out_s.stride(0), out_s.stride(1), H=h, D=d, D_PAD=pow2(d, 1), VP3=vp3,
+        VP3_PAD=pow2(vp3, 1), WRITE_LSE=lse is not None, BLOCK_R=BLOCK_R,
+    )
+    return out_p
