@@ -163,7 +163,7 @@ def test_16bit_matches_oracle(precision, config):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_every_code_path_the_autotuner_may_pick(precision, meta, monkeypatch):
     """The constexpr paths the GPU configs select (SPLIT: the tf32x3 dots split by the host and
-    `_tf32_hi`, or Triton's tf32x3; ZCH: z in one or two channel chunks; LAZY: the online
+    `tf32.tf32_hi`, or Triton's tf32x3; ZCH: z in one or two channel chunks; LAZY: the online
     softmax's rescaling skipped while no running max grows by more than 2^8; TC: fp32's IEEE
     dots as split TF32; BT: the bias dot as W_b z^T) agree with the oracle (the interpreter
     runs one config, SPLIT ZCH=2 LAZY TC=1 BT: the others are patched in). The interpreter's

@@ -155,6 +155,26 @@ def test_split_keys_merge_exactly(name, split):
     assert rel_l2(parts, whole) < 1e-6
 
 
+def check_3xtf32_dots(device: str, batch: int, length: int, config: IPAConfig,
+                      split: int | None = None):
+    """`triton` in fp32 with its attention dots as 3xTF32 (`fp32_dots="3xtf32"`) through the
+    suite's correctness protocol, judged by the fp32 tolerance."""
+    state_dict = init_state_dict(config, seed=9)
+    weights = TritonIPAWeights.from_state_dict(state_dict, config, device, torch.float32)
+    fn = lambda *args: triton_ipa(weights, *args, split=split, fp32_dots="3xtf32")  # noqa: E731
+    result = check_variant(Triton(), config, batch=batch, length=length, device=device,
+                           precision="fp32", seeds=2, state_dict=state_dict, fn=fn)
+    assert result.passed, (result.failures, result.rel_l2, result.tol)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("split", [1, 2])
+def test_fp32_3xtf32_dots_interpreted(split):
+    # The interpreter's TF32 dots are fp32 ones: this checks the split operands and indexing
+    # (x_hi + x_lo == x exactly); the GPU test below checks the accuracy.
+    check_3xtf32_dots("cpu", 2, 70, SMALL, split)
+
+
 @needs_interpreter
 def test_merge_of_key_ranges_matches_float64():
     # S = 3 ranges, one of them almost weightless; D = 24 and 3Vp = 15 padded; out_s a bf16
@@ -459,12 +479,19 @@ def test_tf32_matches_oracle_gpu(name, case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[2], GPU_CASES[4]], ids=case_id)
+def test_fp32_3xtf32_dots_match_oracle_gpu(case):
+    check_3xtf32_dots("cuda", *case)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_strided_pair_repr_gpu(name, precision):
-    # Strided pair_repr on the GPU paths (fp32/tf32 `triton`: cuBLAS, strided-batched for the
-    # crop and the transpose): same output as the contiguous input, and no copy of it (extra
-    # peak memory well under its size; the bias is H / pair_dim of it).
+    # Strided pair_repr on the GPU paths (the bias kernel and the fused kernel read it through
+    # its strides): same output as the contiguous input, and no copy of it (extra peak memory
+    # well under its size; the bias is H / pair_dim of it).
     from harness.measure import peak_memory_mib
 
     config, device = IPAConfig(), torch.device("cuda")
@@ -491,6 +518,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     peak memory of the variants, a per-kernel breakdown of `triton`."""
     import argparse
     import time
+    from functools import partial
 
     import triton
 
@@ -605,21 +633,24 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                         print(f"   {name} {key[:3]}... best {best}")
 
     if "split" in opts.sections:
-        print("## triton's key split: the forward replayed as a CUDA graph (GPU time), median ms")
+        print("## triton's key split (and in fp32 its attention dots, IEEE or 3xTF32): the "
+              "forward replayed as a CUDA graph (GPU time), median ms")
         for precision in opts.precisions:
             dtype = dtypes[precision]
             w = TritonIPAWeights.from_state_dict(sd, config, dev, dtype)
+            dots = ["ieee", "3xtf32"] if precision == "fp32" else ["ieee"]
             for n in opts.lengths:
                 args = make_inputs(config, 1, n, dtype=dtype, device=dev, seed=1).as_tuple()
                 row = []
-                for split in (1, 2, 3, 4):
-                    if not left():
-                        continue
-                    with math_mode(precision), torch.no_grad():
-                        call = lambda w=w, args=args, split=split: triton_ipa(w, *args,
-                                                                              split=split)
-                        replay = capture_cuda_graph(call) if cuda else call
-                        row.append(f"split {split} {timed(replay, ())[0]:.4f}")
+                for fp32_dots in dots:
+                    for split in (1, 2, 3, 4):
+                        if not left():
+                            continue
+                        with math_mode(precision), torch.no_grad():
+                            call = partial(triton_ipa, w, *args, split=split,
+                                           fp32_dots=fp32_dots)
+                            replay = capture_cuda_graph(call) if cuda else call
+                            row.append(f"{fp32_dots} split {split} {timed(replay, ())[0]:.4f}")
                 print(f"{precision} N={n:5d}: {'  '.join(row)}", flush=True)
 
     print(f"# done in {time.time() - start:.0f}s")

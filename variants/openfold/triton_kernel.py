@@ -17,23 +17,7 @@ import triton.language as tl
 
 from variants import base2
 from variants.triton.common import autotuned, cast_f32, pow2
-
-
-@triton.jit
-def _tf32_hi(x):
-    """fp32 x rounded to TF32 (10 mantissa bits, to nearest, ties away from zero): the value
-    of cvt.rna.tf32.f32 for finite x, in two integer instructions (Triton's own tf32x3 split
-    also tests for inf/NaN: five instructions per element on sm_90). x - _tf32_hi(x) is exact."""
-    return ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _dot_split_tf32(a_hi, a_lo, b_hi, b_lo, acc):
-    """acc + a @ b as three TF32 dots of split operands (x = x_hi + x_lo, `_tf32_hi`), the
-    small products first, as Triton's tf32x3 orders them."""
-    acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
-    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+from variants.triton.tf32 import dot_split_tf32, tf32_hi
 
 
 @triton.jit
@@ -83,7 +67,7 @@ def _z_bias(zt, w, w_lo, Z_PRECISION: tl.constexpr, SPLIT: tl.constexpr, BT: tl.
     else:
         bias = tl.zeros([zt.shape[0], zt.shape[1], w.shape[2]], dtype=tl.float32)
     if Z_PRECISION == "tf32x3" and SPLIT:
-        z_hi = _tf32_hi(zt)
+        z_hi = tf32_hi(zt)
         z_lo = zt - z_hi
         bias = _bias_dot(z_lo, w, bias, "tf32", BT)
         bias = _bias_dot(z_hi, w_lo, bias, "tf32", BT)
@@ -100,7 +84,7 @@ def _z_pair(acc, p, p_hi, p_lo, zt, z_hi, z_lo, Z_PRECISION: tl.constexpr,
             SPLIT: tl.constexpr):
     """acc (BM, H_PAD, c) + p (BM, H_PAD, BN) @ the z tile (BM, BN, c)."""
     if Z_PRECISION == "tf32x3" and SPLIT:
-        acc = _dot_split_tf32(p_hi, p_lo, z_hi, z_lo, acc)
+        acc = dot_split_tf32(p_hi, p_lo, z_hi, z_lo, acc)
     else:
         acc += tl.dot(p.to(zt.dtype), zt, input_precision=Z_PRECISION)
     return acc
@@ -161,7 +145,7 @@ def _openfold_kernel(
     LAZY: tl.constexpr,  # rescale the accumulators only when a running max grew by > 2^8
     ZCH: tl.constexpr,  # 1 or 2: the z tile in ZCH chunks of channels, each with its own
     # loads, bias dot and o_pair accumulator (the live dot operands shrink with the chunk)
-    SPLIT: tl.constexpr,  # tf32x3 dots as three TF32 dots of operands split by _tf32_hi (key
+    SPLIT: tl.constexpr,  # tf32x3 dots as three TF32 dots of operands split by tf32_hi (key
     # side and W_b split by the host), else Triton's tf32x3 (which splits both operands of
     # every dot in the loop); the same products either way
     PAIR_VALUES: tl.constexpr,  # o_pair accumulated and stored (problem openfold); else the
@@ -209,7 +193,7 @@ def _openfold_kernel(
         qp_t = tl.load(QP + (bh * P3 + offs_p[None, :, None]) * N + mq,
                        mask=hh_ok & mq_ok, other=0.0)  # (H_PAD, P3, BM)
         if PTS_PRECISION == "tf32x3" and SPLIT:
-            qp_lo = qp_t - _tf32_hi(qp_t)
+            qp_lo = qp_t - tf32_hi(qp_t)
             qp_t = qp_t - qp_lo
     else:
         pw = tl.load(PW + hh, mask=hh_ok, other=0.0)
@@ -264,7 +248,7 @@ def _openfold_kernel(
             if PTS_PRECISION == "tf32x3":
                 kp_lo = tl.load(kpl_rows + kp_offs)
                 if SPLIT:
-                    s_head = _dot_split_tf32(kp, kp_lo, qp_t, qp_lo, s_head)
+                    s_head = dot_split_tf32(kp, kp_lo, qp_t, qp_lo, s_head)
                 else:
                     s_head += tl.dot(kp + kp_lo, qp_t, input_precision="tf32x3")
             else:
@@ -327,7 +311,7 @@ def _openfold_kernel(
             p_hi = p
             p_lo = p
             if Z_PRECISION == "tf32x3" and SPLIT:
-                p_hi = _tf32_hi(p)
+                p_hi = tf32_hi(p)
                 p_lo = p - p_hi
             acc_z = _z_pair(acc_z, p, p_hi, p_lo, zt, z_hi, z_lo, Z_PRECISION, SPLIT)
             if ZCH == 2:
@@ -337,7 +321,7 @@ def _openfold_kernel(
         ph_hi = p_head
         ph_lo = p_head
         if (PTS_PRECISION == "tf32x3" and SPLIT) or TC_ON:
-            ph_hi = _tf32_hi(p_head)
+            ph_hi = tf32_hi(p_head)
             ph_lo = p_head - ph_hi
         v_offs = b * stride_vb + n_in[None, None, :] * stride_vn + hc * stride_vh \
             + kc_c[None, :, None]
@@ -347,7 +331,7 @@ def _openfold_kernel(
         if TC_ON:
             v_lo = tl.load(VL + v_offs)
             v_t = v_t - v_lo
-            acc_v = _dot_split_tf32(v_t, v_lo, ph_hi, ph_lo, acc_v)
+            acc_v = dot_split_tf32(v_t, v_lo, ph_hi, ph_lo, acc_v)
         else:
             acc_v = tl.dot(v_t, p_head.to(v_t.dtype), acc_v, input_precision=DOT_PRECISION)
         # (H_PAD, VP3_PAD, BN), the dot's A operand with K (keys) contiguous, as ldmatrix
@@ -357,13 +341,13 @@ def _openfold_kernel(
         if PTS_PRECISION == "tf32x3":
             vp_lo = tl.load(vpl_rows + vp_offs)
             if SPLIT:
-                acc_p = _dot_split_tf32(vp_t, vp_lo, ph_hi, ph_lo, acc_p)
+                acc_p = dot_split_tf32(vp_t, vp_lo, ph_hi, ph_lo, acc_p)
             else:
                 acc_p += tl.dot(vp_t + vp_lo, p_head, input_precision="tf32x3")
         elif TC_ON:  # VP holds the unsplit points here
             vp_lo = tl.load(vpl_rows + vp_offs)
             vp_t = vp_t - vp_lo
-            acc_p = _dot_split_tf32(vp_t, vp_lo, ph_hi, ph_lo, acc_p)
+            acc_p = dot_split_tf32(vp_t, vp_lo, ph_hi, ph_lo, acc_p)
         else:
             acc_p += tl.dot(vp_t, p_head, input_precision=PTS_PRECISION)
 

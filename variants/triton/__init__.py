@@ -18,7 +18,9 @@ backward.py       the fully fused kernel's backward (logits recomputed from pair
 merge.py          the merge of key ranges split over programs (flash-decoding), one launch
 core_op.py        both forwards with their backwards as torch custom ops with autograd:
                   `triton_ipa_core`
-common.py         argument checks, dot modes, autotuning versus the interpreter's fixed config
+common.py         argument checks, dot modes, ranges split over programs, autotuning versus the
+                  interpreter's fixed config
+tf32.py           3xTF32: an fp32 operand split into TF32 parts, a product as three TF32 dots
 
 `interpreter_mismatch` (here, importing no Triton) is every Triton variant's reason not to run
 when the interpreter was switched on too late.

@@ -40,6 +40,7 @@ from variants.triton.common import (
     split_range,
 )
 from variants.triton.merge import merge_key_ranges
+from variants.triton.tf32 import dot_split_tf32, tf32_hi
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
 
@@ -73,6 +74,7 @@ def _attention_kernel(
     DOT_PRECISION: tl.constexpr,
     PTS_PRECISION: tl.constexpr,
     POINTS_DOT: tl.constexpr,
+    SPLIT_DOTS: tl.constexpr,  # fp32: q.k, p.v and p.v_pts as 3xTF32 (`tf32.py`), not IEEE
     CAST_F32: tl.constexpr,
     STORE_STATS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -99,6 +101,9 @@ def _attention_kernel(
     )
     if CAST_F32:
         q = q.to(tl.float32)
+    if SPLIT_DOTS:
+        q_hi = tf32_hi(q)
+        q_lo = q - q_hi
     pw = tl.load(PW + h)
     # Value points are summed relative to this block's first frame origin (small summands).
     centre = tl.load(TC + (b * N + i0) * 3 + offs_e % 3)
@@ -135,7 +140,12 @@ def _attention_kernel(
         )
         if CAST_F32:
             kt = kt.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * q_scale
+        if SPLIT_DOTS:
+            kt_hi = tf32_hi(kt)
+            s = dot_split_tf32(q_hi, q_lo, kt_hi, kt - kt_hi,
+                               tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * q_scale
+        else:
+            s = tl.dot(q, kt, input_precision=DOT_PRECISION) * q_scale
         if POINTS_DOT:
             k_pts = tl.load(
                 kp_base + offs_c[:, None] * N + offs_n[None, :],
@@ -169,17 +179,24 @@ def _attention_kernel(
             V + b * stride_vb + h * D + offs_n[:, None] * stride_vn + offs_d[None, :],
             mask=n_ok[:, None] & d_ok[None, :], other=0.0,
         )
-        if CAST_F32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc_s = acc_s * alpha[:, None] + pv
         vp = tl.load(
             vp_base + offs_n[:, None] * VP3 + offs_e[None, :],
             mask=n_ok[:, None] & e_ok[None, :], other=0.0,
         )
         vp = tl.where(n_ok[:, None], vp - centre[None, :], 0.0)
-        acc_p = acc_p * alpha[:, None] + tl.dot(p, vp, input_precision=PTS_PRECISION)
+        if SPLIT_DOTS:
+            p_hi = tf32_hi(p)
+            p_lo = p - p_hi
+            v_hi, vp_hi = tf32_hi(v), tf32_hi(vp)
+            acc_s = dot_split_tf32(p_hi, p_lo, v_hi, v - v_hi, acc_s * alpha[:, None])
+            acc_p = dot_split_tf32(p_hi, p_lo, vp_hi, vp - vp_hi, acc_p * alpha[:, None])
+        else:
+            if CAST_F32:
+                pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+            else:
+                pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            acc_s = acc_s * alpha[:, None] + pv
+            acc_p = acc_p * alpha[:, None] + tl.dot(p, vp, input_precision=PTS_PRECISION)
         m_i = m_new
 
     acc_s = acc_s / l_i[:, None]
@@ -237,15 +254,34 @@ _attention_dot = autotuned(  # distances as a dot: bf16/fp16, tf32
 )
 
 
+_attention_split = autotuned(  # fp32 IEEE with q.k, p.v, p.v_pts as 3xTF32 (tensor cores)
+    "attention_split",
+    _attention_kernel,
+    configs=[
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+        for m, n, w, st in [
+            (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (32, 32, 4, 2),
+            (64, 64, 8, 2), (128, 32, 8, 2),
+        ]
+    ],
+    key=_ATTENTION_KEY,
+    interpreted=_INTERPRETED,
+)
+
+
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
-                     modes: Modes, stats: torch.Tensor | None = None, split: int = 1):
+                     modes: Modes, stats: torch.Tensor | None = None, split: int = 1,
+                     split_dots: bool = False):
     """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
     `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
     kernel's STATS). `split` > 1 (not with `stats`): that many key ranges per query block, each
-    its own program, merged after (`common.merge_key_ranges`): more programs at moderate N."""
+    its own program, merged after (`merge.merge_key_ranges`): more programs at moderate N.
+    `split_dots` (fp32 IEEE only): q.k, p.v and p.v_pts as 3xTF32 on tensor cores."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
-    kernel = _attention_dot if modes.points_dot else _attention_direct
+    split_dots = split_dots and q.dtype == torch.float32 and modes.dot == "ieee"
+    kernel = (_attention_split if split_dots else
+              _attention_dot if modes.points_dot else _attention_direct)
     split, split_len = split_range(n, split, largest_meta(kernel, "BLOCK_N"))
     assert split == 1 or stats is None, "the training forward's statistics are not merged"
     out_p = torch.empty(split, b, n, h, vp3, dtype=torch.float32, device=q.device)
@@ -262,8 +298,8 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
         v.stride(0), v.stride(1), os_buf.stride(0), os_buf.stride(1), os_buf.stride(2),
         pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
         VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
-        POINTS_DOT=modes.points_dot, CAST_F32=cast_f32(q.dtype), STORE_STATS=stats is not None,
-        WRITE_LSE=split > 1,
+        POINTS_DOT=modes.points_dot, SPLIT_DOTS=split_dots, CAST_F32=cast_f32(q.dtype),
+        STORE_STATS=stats is not None, WRITE_LSE=split > 1,
     )
     if split == 1:
         return out_p[0]

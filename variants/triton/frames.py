@@ -54,8 +54,9 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.openfold.triton_kernel import KEY_PAD, _tf32_hi
+from variants.openfold.triton_kernel import KEY_PAD
 from variants.triton.common import pow2
+from variants.triton.tf32 import tf32_hi
 
 BLOCK_ROWS = 32  # rows (residues) per program: N = 1024, 12 heads -> 384 programs
 NUM_WARPS = 4
@@ -242,7 +243,7 @@ def _prologue_kernel(
         tl.store(QP + (bh * QK_W + e) * N + rows, q, mask=row_ok)
         k_offs = (bh * N + rows) * QK_W + e
         if SPLIT_K:
-            k_hi = _tf32_hi(k)
+            k_hi = tf32_hi(k)
             tl.store(KP + k_offs, k_hi, mask=row_ok)
             tl.store(KPL + k_offs, k - k_hi, mask=row_ok)
         else:
@@ -266,13 +267,13 @@ def _prologue_kernel(
         v_offs = (bh * VP3_PAD + e) * NP + rows
         v_ok = rows < NP
         if V_SPLIT == 1:
-            v_hi = _tf32_hi(v)
+            v_hi = tf32_hi(v)
             tl.store(VP + v_offs, v_hi, mask=v_ok)
             tl.store(VPL + v_offs, v - v_hi, mask=v_ok)
         else:
             tl.store(VP + v_offs, v, mask=v_ok)
             if V_SPLIT == 2:
-                tl.store(VPL + v_offs, v - _tf32_hi(v), mask=v_ok)
+                tl.store(VPL + v_offs, v - tf32_hi(v), mask=v_ok)
     else:
         tl.store(VP + (bh * N + rows) * VP3 + e, v, mask=ok)
 
@@ -284,7 +285,7 @@ def _prologue_kernel(
                       other=0.0)
         offs = ((b * N + rows) * H + h) * D + c
         tl.store(V + offs, val, mask=ok)
-        tl.store(VL + offs, val - _tf32_hi(val), mask=ok)
+        tl.store(VL + offs, val - tf32_hi(val), mask=ok)
 
 
 @triton.jit

@@ -232,6 +232,7 @@ def triton_ipa(
     *,
     math_mode: str = "ieee",
     split: int | None = None,
+    fp32_dots: str = "ieee",
 ) -> torch.Tensor:
     """IPA forward (SPEC.md), `triton` variant: the pair bias by one GEMM into a (B, H, N, N)
     tensor, then the streamed flash-style attention kernel.
@@ -240,18 +241,22 @@ def triton_ipa(
     rotations (B, N, 3, 3), all in `weights`' dtype and device, any strides (pair_repr is read
     in place) -> (B, N, node_dim) in that dtype. `math_mode` is "ieee" or "tf32" (tf32: fp32
     inputs only). `split`: key ranges per query block of the attention kernel, merged after
-    (None: one; a default by measurement is still to come, docs/perf-notes.md).
+    (None: one; a default by measurement is still to come, docs/perf-notes.md). `fp32_dots`
+    (fp32 "ieee" mode): the attention kernel's q.k, p.v and p.v_pts as "ieee" FMAs (default)
+    or "3xtf32" tensor-core dots (not yet the default: to be measured on the GPU).
     """
     _check(weights, node_repr, pair_repr, translations, rotations)
     modes = dot_modes(node_repr.dtype, math_mode)
     check_split(split)
+    require(fp32_dots in ("ieee", "3xtf32"),
+            f"fp32_dots: expected 'ieee' or '3xtf32', got {fp32_dots!r}")
 
     def kernels(ops: Operands) -> torch.Tensor:
         # The launchers' own checks are skipped: every operand is built by the prologue.
         bias = bias_tensor(pair_repr, weights.w_pair, modes)
         return launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
                                 ops.centred_t, ops.point_weight, ops.out_s, bias, modes,
-                                split=split or 1)
+                                split=split or 1, split_dots=fp32_dots == "3xtf32")
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 
