@@ -155,24 +155,25 @@ def test_split_keys_merge_exactly(name, split):
     assert rel_l2(parts, whole) < 1e-6
 
 
-def check_3xtf32_dots(device: str, batch: int, length: int, config: IPAConfig,
-                      split: int | None = None):
-    """`triton` in fp32 with its attention dots as 3xTF32 (`fp32_dots="3xtf32"`) through the
-    suite's correctness protocol, judged by the fp32 tolerance."""
+def check_triton_options(device: str, batch: int, length: int, config: IPAConfig,
+                         precision: str = "fp32", **options):
+    """`triton_ipa` with `options` (split, fp32_dots) that the registered `triton` does not
+    use yet, through the suite's correctness protocol, judged by the precision's tolerance."""
     state_dict = init_state_dict(config, seed=9)
-    weights = TritonIPAWeights.from_state_dict(state_dict, config, device, torch.float32)
-    fn = lambda *args: triton_ipa(weights, *args, split=split, fp32_dots="3xtf32")  # noqa: E731
+    dtype = get_precision(precision).dtype
+    weights = TritonIPAWeights.from_state_dict(state_dict, config, device, dtype)
+    fn = lambda *args: triton_ipa(weights, *args, **options)  # noqa: E731
     result = check_variant(Triton(), config, batch=batch, length=length, device=device,
-                           precision="fp32", seeds=2, state_dict=state_dict, fn=fn)
+                           precision=precision, seeds=2, state_dict=state_dict, fn=fn)
     assert result.passed, (result.failures, result.rel_l2, result.tol)
 
 
 @needs_interpreter
 @pytest.mark.parametrize("split", [1, 2])
 def test_fp32_3xtf32_dots_interpreted(split):
-    # The interpreter's TF32 dots are fp32 ones: this checks the split operands and indexing
-    # (x_hi + x_lo == x exactly); the GPU test below checks the accuracy.
-    check_3xtf32_dots("cpu", 2, 70, SMALL, split)
+    # The interpreter's TF32 dots round their operands as the GPU's do: this checks the split
+    # operands (x_hi + x_lo == x exactly) and indexing; the GPU test below checks the accuracy.
+    check_triton_options("cpu", 2, 70, SMALL, split=split, fp32_dots="3xtf32")
 
 
 @needs_interpreter
@@ -481,7 +482,15 @@ def test_tf32_matches_oracle_gpu(name, case):
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[2], GPU_CASES[4]], ids=case_id)
 def test_fp32_3xtf32_dots_match_oracle_gpu(case):
-    check_3xtf32_dots("cuda", *case)
+    check_triton_options("cuda", *case, fp32_dots="3xtf32")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("split", [2, 3])
+def test_split_keys_match_oracle_gpu(split, precision):
+    check_triton_options("cuda", *GPU_CASES[4], precision, split=split)
 
 
 @pytest.mark.gpu
