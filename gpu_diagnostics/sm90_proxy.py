@@ -138,9 +138,10 @@ def launch_args(problem: str, dtype: str, n: int, layer: dict) -> tuple[tuple, d
     return rec.args, rec.kwargs
 
 
-def compile_config(args: tuple, kwargs: dict, config: triton.Config):
-    """What `JITFunction.run` does for one autotune config, minus the driver."""
-    fn = tk._openfold_kernel
+def compile_config(args: tuple, kwargs: dict, config: triton.Config, fn=None):
+    """What `JITFunction.run` does for one autotune config of `fn` (default: the openfold
+    kernel), minus the driver."""
+    fn = tk._openfold_kernel if fn is None else fn
     backend = make_backend(TARGET)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     kw = dict(kwargs, **config.all_kwargs(), debug=False,

@@ -226,47 +226,24 @@ def _attention_kernel(
 _ATTENTION_KEY = ["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_PRECISION",
                   "POINTS_DOT"]
 _INTERPRETED = {"BLOCK_M": 64, "BLOCK_N": 64}
-_attention_direct = autotuned(  # fp32 IEEE: distances computed directly
-    "attention_direct",
-    _attention_kernel,
-    configs=[
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-        for m, n, w, s in [
-            (64, 16, 8, 2), (32, 16, 8, 2), (32, 16, 4, 2), (32, 32, 8, 2),
-            (16, 32, 4, 2), (64, 16, 8, 3),
-        ]
-    ],
-    key=_ATTENTION_KEY,
-    interpreted=_INTERPRETED,
-)
-_attention_dot = autotuned(  # distances as a dot: bf16/fp16, tf32
-    "attention_dot",
-    _attention_kernel,
-    configs=[
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
-        for m, n, w, st in [
-            (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2),
-            (64, 64, 8, 2), (128, 32, 8, 3),
-        ]
-    ],
-    key=_ATTENTION_KEY,
-    interpreted=_INTERPRETED,
-)
 
 
-_attention_split = autotuned(  # fp32 IEEE with q.k, p.v, p.v_pts as 3xTF32 (tensor cores)
-    "attention_split",
-    _attention_kernel,
-    configs=[
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
-        for m, n, w, st in [
-            (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (32, 32, 4, 2),
-            (64, 64, 8, 2), (128, 32, 8, 2),
-        ]
-    ],
-    key=_ATTENTION_KEY,
-    interpreted=_INTERPRETED,
-)
+def _tuned(name: str, blocks: list[tuple[int, int, int, int]]):
+    """The kernel autotuned over (BLOCK_M, BLOCK_N, warps, stages) `blocks`."""
+    return autotuned(name, _attention_kernel, key=_ATTENTION_KEY, interpreted=_INTERPRETED,
+                     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w,
+                                            num_stages=st) for m, n, w, st in blocks])
+
+
+# fp32 IEEE: distances computed directly
+_attention_direct = _tuned("attention_direct", [(64, 16, 8, 2), (32, 16, 8, 2), (32, 16, 4, 2),
+                                                (32, 32, 8, 2), (16, 32, 4, 2), (64, 16, 8, 3)])
+# distances as a dot: bf16/fp16, tf32
+_attention_dot = _tuned("attention_dot", [(64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2),
+                                          (128, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 3)])
+# fp32 IEEE with q.k, p.v and p.v_pts as 3xTF32 on tensor cores, distances direct
+_attention_split = _tuned("attention_split", [(64, 16, 4, 2), (64, 16, 8, 2), (64, 32, 4, 2),
+                                              (64, 32, 8, 2), (128, 16, 8, 2), (128, 32, 8, 2)])
 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
