@@ -335,6 +335,9 @@ def test_public_forwards_check_their_arguments(name):
         for split in (0, 1.5, True):
             with pytest.raises(IPAInputError, match="split"):
                 forward(weights, *inputs.as_tuple(), split=split)
+    if name == "triton":
+        with pytest.raises(IPAInputError, match="fp32_dots"):
+            forward(weights, *inputs.as_tuple(), fp32_dots="tf32")
 
 
 @needs_triton
