@@ -201,7 +201,7 @@ def _attention_kernel(
 
     acc_s = acc_s / l_i[:, None]
     acc_p = acc_p / l_i[:, None] + centre[None, :]
-    rows = pid_s * tl.num_programs(1) * N  # rows (b, i, h) of the ranges before this one / H
+    rows = pid_s * tl.num_programs(1) * N  # the (b, i, h) rows of the ranges before this one
     tl.store(
         OS + pid_s * stride_os + b * stride_ob + h * D + offs_m[:, None] * stride_on
         + offs_d[None, :],

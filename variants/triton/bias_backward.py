@@ -60,6 +60,7 @@ from variants.triton.common import (
     cast_f32,
     largest_meta,
     pow2,
+    split_for_sms,
     split_range,
 )
 
@@ -420,11 +421,8 @@ def key_split(programs_per_block: int, length: int, device: torch.device) -> int
     """Query ranges for the key kernel: with 64-key blocks, about four programs per SM (one
     (key block, head) program per SM leaves most of its issue slots idle: at N = 1024 fp32, 192
     programs on 132 SMs), each range at least 256 queries long."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = triton.cdiv(4 * sms, programs_per_block * triton.cdiv(length, 64))
-    return max(1, min(want, length // 256))
+    return split_for_sms(programs_per_block * triton.cdiv(length, 64), length, device,
+                         per_sm=4)
 
 
 def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch.Tensor

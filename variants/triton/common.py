@@ -106,6 +106,16 @@ def split_range(length: int, split: int, multiple: int = 64) -> tuple[int, int]:
     return triton.cdiv(length, split_len), split_len
 
 
+def split_for_sms(programs: int, length: int, device: torch.device, per_sm: int) -> int:
+    """Ranges to split the loop of each of a grid's `programs` into, so that the grid has
+    about `per_sm` programs per SM, each range at least 256 of `length` rows long; 1 off the
+    GPU."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(per_sm * sms, programs), length // 256))
+
+
 # ---- how the dots run ----------------------------------------------------------------------
 
 

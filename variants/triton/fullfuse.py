@@ -34,6 +34,7 @@ from variants.triton.common import (
     check_split,
     dot_modes,
     pow2,
+    split_for_sms,
     split_range,
 )
 from variants.triton.merge import merge_key_ranges
@@ -253,12 +254,7 @@ _fullfuse_16bit = autotuned(  # bf16 and fp16
 
 def default_split(batch: int, length: int, device: torch.device) -> int:
     """Key ranges per query block so that the grid has about two programs per SM."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    query_blocks = batch * -(-length // 32)
-    want = -(-2 * sms // query_blocks)
-    return max(1, min(want, length // 256))
+    return split_for_sms(batch * triton.cdiv(length, 32), length, device, per_sm=2)
 
 
 def launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, pair_repr,
