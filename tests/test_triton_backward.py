@@ -86,14 +86,16 @@ def train(fn, inputs: InputRecipe, params: dict[str, torch.Tensor] | None = None
 
 
 def check_gradients(variant, precision: str, batch: int, length: int, config: IPAConfig,
-                    device: str, seed: int = 0) -> dict[str, tuple[float, float]]:
+                    device: str, seed: int = 0, wrap=None) -> dict[str, tuple[float, float]]:
     """The suite's training-step protocol (`check_variant`, pass forward+backward): every
     gradient of `variant` (a class) against the float64 oracle's autograd, each within
     max(2 x the eager reference's own error in `precision`, the floor); the output and SE(3)
-    invariance too. Returns name -> (rel_l2, tolerance)."""
+    invariance too. `wrap`: checks `wrap(built variant)` instead (a compiled form). Returns
+    name -> (rel_l2, tolerance)."""
     state_dict = init_state_dict(config, seed=seed)
+    fn = None if wrap is None else wrap(variant().build(state_dict, config, device, precision))
     result = check_variant(variant(), config, batch=batch, length=length, device=device,
-                           precision=precision, seeds=1, first_seed=seed,
+                           precision=precision, seeds=1, first_seed=seed, fn=fn,
                            state_dict=state_dict, pass_name="forward+backward")
     assert result.passed, result.failures
     assert set(result.gradients) == set(INPUT_NAMES) | set(state_dict)
@@ -402,15 +404,8 @@ def test_inductor_compiles_without_a_graph_break_gpu(variant):
     # around the custom ops (the frames run in PyTorch under torch.compile), so its gradients
     # are not eager's to the bit (q_pts.weight and k_pts.weight differed by 1.7e-5 relative on
     # the H200): they are judged as any variant's, against the float64 oracle.
-    config = IPAConfig()
-    state_dict = init_state_dict(config)
-    fn = variant().build(state_dict, config, "cuda", "fp32")
     torch._dynamo.reset()
-    result = check_variant(variant(), config, batch=1, length=97, device="cuda", seeds=1,
-                           state_dict=state_dict, fn=_Compiled(fn),
-                           pass_name="forward+backward")
-    assert result.passed, result.failures
-    assert set(result.gradients) == set(INPUT_NAMES) | set(state_dict)
+    check_gradients(variant, "fp32", 1, 97, IPAConfig(), "cuda", wrap=_Compiled)
 
 
 class _Compiled:
