@@ -19,7 +19,13 @@ import torch
 import variants.triton.attention as att
 import variants.triton.common as common
 import variants.triton.pipeline as pipeline
-from gpu_diagnostics.sm90_proxy import Recorder, compile_config, sass_stats, warn_version
+from gpu_diagnostics.sm90_proxy import (
+    Recorder,
+    compile_config,
+    sass_stats,
+    standing_in,
+    warn_version,
+)
 from variants import problem
 from variants.reference import init_state_dict
 from variants.triton import frames, pair_bias
@@ -39,22 +45,11 @@ def launch_args(name: str, dtype: torch.dtype, dots: str, n: int) -> tuple[tuple
                  (frames, "_epilogue_kernel", Recorder()), (pair_bias, "_pair_bias", Recorder()),
                  (common, "check_runnable", lambda *a: None),
                  (pipeline, "check_runnable", lambda *a: None)]
-    saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in stand_ins]
-    for mod, attr, stand_in in stand_ins:
-        setattr(mod, attr, stand_in)
-    try:
-        cfg = problem.IPAConfig()
-        weights = pipeline.TritonIPAWeights.from_state_dict(init_state_dict(cfg), cfg, "cpu",
-                                                            dtype)
-        inputs = problem.make_inputs(cfg, 1, n, dtype=dtype, device="cpu", seed=1)
-        with torch.no_grad():
-            try:
-                pipeline.triton_ipa(weights, *inputs.as_tuple(), fp32_dots=dots)
-            except AttributeError:  # the recorded launch returned no out_p to slice
-                pass
-    finally:
-        for mod, attr, original in saved:
-            setattr(mod, attr, original)
+    cfg = problem.IPAConfig()
+    weights = pipeline.TritonIPAWeights.from_state_dict(init_state_dict(cfg), cfg, "cpu", dtype)
+    inputs = problem.make_inputs(cfg, 1, n, dtype=dtype, device="cpu", seed=1)
+    with standing_in(stand_ins), torch.no_grad():
+        pipeline.triton_ipa(weights, *inputs.as_tuple(), fp32_dots=dots)
     return rec.args, rec.kwargs
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import math
 import os
@@ -57,6 +58,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import torch
 import triton
@@ -125,17 +127,19 @@ def launch_args(problem: str, dtype: str, n: int, layer: dict) -> tuple[tuple, d
     stand_ins += [(frames, name, Recorder()) for name in ("_prologue_kernel",
                                                           "_epilogue_kernel")]
     stand_ins.append((common, "check_runnable", lambda *a: None))
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in stand_ins]
-    for mod, name, stand_in in stand_ins:
-        setattr(mod, name, stand_in)
-    try:
-        with torch.no_grad(), math_mode(dtype):
-            fwd, inputs = _forward(problem, dtype, layer)
-            fwd(*inputs(n).as_tuple())
-    finally:
-        for mod, name, original in saved:
-            setattr(mod, name, original)
+    with standing_in(stand_ins), torch.no_grad(), math_mode(dtype):
+        fwd, inputs = _forward(problem, dtype, layer)
+        fwd(*inputs(n).as_tuple())
     return rec.args, rec.kwargs
+
+
+@contextlib.contextmanager
+def standing_in(stand_ins: list[tuple[object, str, object]]):
+    """Each (module, name, stand_in) in place of module.name for the block, restored after."""
+    with contextlib.ExitStack() as stack:
+        for module, name, stand_in in stand_ins:
+            stack.enter_context(mock.patch.object(module, name, stand_in))
+        yield
 
 
 def compile_config(args: tuple, kwargs: dict, config: triton.Config, fn=None):
