@@ -6,8 +6,8 @@ kernel (whose venv it needs: see there). Configs that spill are the ones to drop
 
     PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/attention_proxy.py [N]
 
-Forms: fp32 IEEE (`_attention_direct`), fp32 with 3xTF32 dots (`_attention_split`,
-`triton_ipa(fp32_dots="3xtf32")`), bf16 (`_attention_dot`). One line per config on stdout.
+Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
+`triton_ipa(fp32_dots="ieee")`), bf16 (`_attention_dot`). One line per config on stdout.
 """
 
 from __future__ import annotations

@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
-# One device call for what was built after the device time ran out (eighth session, issues
-# #16 and #17), each stage under its own limit (LIM_TEST, LIM_TRAIN, LIM_BENCH seconds;
-# 180 + 120 + 240 s):
-#   1. GPU tests of the `triton` forward's options: the key split (`split`, merged by
-#      `variants/triton/merge.py`) and fp32 attention dots as 3xTF32 (`fp32_dots`), against
-#      the float64 oracle, and the registered Triton variants' own GPU tests;
-#   2. the training variants' Inductor test (now judged against the oracle);
-#   3. `tests/test_triton.py --sections split breakdown`: the forward replayed as a CUDA graph
-#      per split (1-4) and, in fp32, per attention dot mode; then per N the bias kernel used
-#      (Triton, 3xTF32 in fp32) against cuBLAS's, and the attention kernel alone.
-# Writes gpu-tests.log, train-tests.log, bench.log in $OUT. The numbers decide the defaults
-# of `split` and `fp32_dots` (docs/perf-notes.md, eighth session).
+# One device call for the `triton` forward's defaults (issue #17; ninth session: fp32 attention
+# dots as 3xTF32, the key split chosen from the grid) and the training forward that shares its
+# attention kernel (issue #16), each stage under its own limit (LIM_TEST, LIM_TRAIN, LIM_BENCH,
+# LIM_SWEEP seconds; 170 + 110 + 80 + 170 s):
+#   1. GPU tests of the forward Triton variants (tests/test_variants.py) and of the forward's
+#      options against the float64 oracle (tests/test_triton.py);
+#   2. triton-train's GPU gradient tests (tests/test_triton_backward.py);
+#   3. `tests/test_triton.py --sections split`: the forward replayed as a CUDA graph per split
+#      (1-4 and the default) and, in fp32, per attention dot mode (IEEE or 3xTF32);
+#   4. a sweep of `triton` along N (256, 1024, 2048, 4096; eager, and replayed to N = 1024).
+# Writes gpu-tests.log, train-tests.log, bench.log, sweep.log, report.md, results.csv,
+# metadata.json in $OUT.
 #
 #   OUT=DIR bash gpu_diagnostics/options_session.sh
 source gpu_diagnostics/session_env.sh
-timeout -s INT "${LIM_TEST:-180}" python3 -m pytest -q -m gpu tests/test_triton.py \
-    -k "3xtf32 or split_keys or (matches_oracle_gpu and triton-fullfuse)" -p no:cacheprovider \
-    -rfE --tb=short 2>&1 | tail -30 > "$OUT/gpu-tests.log"
-timeout -s INT "${LIM_TRAIN:-120}" python3 -m pytest -q -m gpu tests/test_triton_backward.py \
-    -k inductor -p no:cacheprovider -rfE --tb=short 2>&1 | tail -20 > "$OUT/train-tests.log"
-timeout -s INT "${LIM_BENCH:-240}" python3 tests/test_triton.py --sections split breakdown \
-    --lengths 256 1024 4096 --precisions fp32 bf16 2>&1 | grep -v Warn > "$OUT/bench.log"
-tail -3 "$OUT/gpu-tests.log"; tail -3 "$OUT/train-tests.log"; cat "$OUT/bench.log"
+timeout -s INT "${LIM_TEST:-170}" python3 -m pytest -q -m gpu tests/test_triton.py \
+    tests/test_variants.py -k "triton and not train" -p no:cacheprovider -rfE --tb=short 2>&1 \
+    | tail -30 > "$OUT/gpu-tests.log"
+timeout -s INT "${LIM_TRAIN:-110}" python3 -m pytest -q -m gpu tests/test_triton_backward.py \
+    -p no:cacheprovider -rfE --tb=short 2>&1 | tail -20 > "$OUT/train-tests.log"
+timeout -s INT "${LIM_BENCH:-80}" python3 tests/test_triton.py --sections split \
+    --lengths 256 512 1024 2048 4096 --precisions fp32 bf16 2>&1 | grep -v Warn > "$OUT/bench.log"
+grid=$(mktemp --suffix .toml)
+printf '[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n\n[[slice]]\nlength = [256, 1024, 2048, 4096]\n' > "$grid"
+timeout -s INT "${LIM_SWEEP:-170}" python3 -m harness.cli sweep --grid "$grid" --device cuda \
+    -o "$OUT/sweep" --no-plots --no-progress --variant triton > "$OUT/sweep.log" 2>&1
+timeout -s INT 20 python3 -m harness.cli report "$OUT/sweep/results.csv" > "$OUT/report.md" 2>&1
+mv "$OUT/sweep/results.csv" "$OUT/sweep/metadata.json" "$OUT/" 2>/dev/null
+rm -rf "$OUT/sweep"
+tail -4 "$OUT/gpu-tests.log"; tail -4 "$OUT/train-tests.log"; cat "$OUT/bench.log"
+head -70 "$OUT/report.md"
 exit 0

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 if HAS_TRITON:  # the kernel modules import Triton
     from variants.triton import common
-    from variants.triton.attention import ipa_attention
+    from variants.triton.attention import default_split, ipa_attention
     from variants.triton.fullfuse import ipa_fullfuse_attention
     from variants.triton.pair_bias import cublas_pair_bias, pair_bias
     from variants.triton.pipeline import TritonIPAWeights, triton_fullfuse_ipa, triton_ipa
@@ -157,8 +157,8 @@ def test_split_keys_merge_exactly(name, split):
 
 def check_triton_options(device: str, batch: int, length: int, config: IPAConfig,
                          precision: str = "fp32", **options):
-    """`triton_ipa` with `options` (split, fp32_dots) that the registered `triton` does not
-    use yet, through the suite's correctness protocol, judged by the precision's tolerance."""
+    """`triton_ipa` with `options` (split, fp32_dots) other than the registered `triton`'s
+    defaults, through the suite's correctness protocol, judged by the precision's tolerance."""
     state_dict = init_state_dict(config, seed=9)
     dtype = get_precision(precision).dtype
     weights = TritonIPAWeights.from_state_dict(state_dict, config, device, dtype)
@@ -170,10 +170,10 @@ def check_triton_options(device: str, batch: int, length: int, config: IPAConfig
 
 @needs_interpreter
 @pytest.mark.parametrize("split", [1, 2])
-def test_fp32_3xtf32_dots_interpreted(split):
-    # The interpreter's TF32 dots round their operands as the GPU's do: this checks the split
-    # operands (x_hi + x_lo == x exactly) and indexing; the GPU test below checks the accuracy.
-    check_triton_options("cpu", 2, 70, SMALL, split=split, fp32_dots="3xtf32")
+def test_fp32_ieee_dots_interpreted(split):
+    # The default fp32 attention dots are 3xTF32 (the registered variant's tests); the IEEE
+    # FMA form stays an option, for comparison.
+    check_triton_options("cpu", 2, 70, SMALL, split=split, fp32_dots="ieee")
 
 
 @needs_interpreter
@@ -484,8 +484,8 @@ def test_tf32_matches_oracle_gpu(name, case):
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[2], GPU_CASES[4]], ids=case_id)
-def test_fp32_3xtf32_dots_match_oracle_gpu(case):
-    check_triton_options("cuda", *case, fp32_dots="3xtf32")
+def test_fp32_ieee_dots_match_oracle_gpu(case):
+    check_triton_options("cuda", *case, fp32_dots="ieee")
 
 
 @pytest.mark.gpu
@@ -654,15 +654,17 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
             for n in opts.lengths:
                 args = make_inputs(config, 1, n, dtype=dtype, device=dev, seed=1).as_tuple()
                 row = []
+                default = default_split(1, config.heads, n, dev)
                 for fp32_dots in dots:
-                    for split in (1, 2, 3, 4):
+                    for split in (1, 2, 3, 4, None):
                         if not left():
                             continue
                         with math_mode(precision), torch.no_grad():
                             call = partial(triton_ipa, w, *args, split=split,
                                            fp32_dots=fp32_dots)
                             replay = capture_cuda_graph(call) if cuda else call
-                            row.append(f"{fp32_dots} split {split} {timed(replay, ())[0]:.4f}")
+                            label = split or f"default={default}"
+                            row.append(f"{fp32_dots} split {label} {timed(replay, ())[0]:.4f}")
                 print(f"{precision} N={n:5d}: {'  '.join(row)}", flush=True)
 
     print(f"# done in {time.time() - start:.0f}s")

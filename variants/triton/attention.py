@@ -37,6 +37,7 @@ from variants.triton.common import (
     dot_modes,
     largest_meta,
     pow2,
+    split_for_sms,
     split_range,
 )
 from variants.triton.merge import merge_key_ranges
@@ -241,22 +242,32 @@ _attention_direct = _tuned("attention_direct", [(64, 16, 8, 2), (32, 16, 8, 2), 
 # distances as a dot: bf16/fp16, tf32
 _attention_dot = _tuned("attention_dot", [(64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2),
                                           (128, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 3)])
-# fp32 IEEE with q.k, p.v and p.v_pts as 3xTF32 on tensor cores, distances direct
-_attention_split = _tuned("attention_split", [(64, 16, 4, 2), (64, 16, 8, 2), (64, 32, 4, 2),
-                                              (64, 32, 8, 2), (128, 16, 8, 2), (128, 32, 8, 2)])
+# fp32 IEEE with q.k, p.v and p.v_pts as 3xTF32 on tensor cores, distances direct. Not
+# (64, 16, 8, 2): on triton 3.6 / H200 it hits an illegal memory access at D = 96, 3Vp = 36
+# (gpu_diagnostics/config_probe.py; every other config here runs and matches the oracle).
+_attention_split = _tuned("attention_split", [(64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2),
+                                              (128, 16, 8, 2), (128, 32, 8, 2)])
+
+
+def default_split(batch: int, heads: int, length: int, device: torch.device) -> int:
+    """Key ranges per query block: about five programs per SM (of 64-row query blocks), ranges
+    of at least 64 keys. Measured on the H200 (docs/perf-notes.md, ninth session): at
+    B = 1, H = 12 the replayed forward gains 12 % at N = 256 (4 ranges) and 6-8 % at N = 1024
+    (4 ranges), where 2 or 3 ranges gain nothing (a partial last wave); none at N = 4096."""
+    return split_for_sms(batch * heads * triton.cdiv(length, 64), length, device, per_sm=5,
+                         min_range=64)
 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
-                     modes: Modes, stats: torch.Tensor | None = None, split: int = 1,
-                     split_dots: bool = False):
+                     modes: Modes, stats: torch.Tensor | None = None, split: int = 1):
     """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
     `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
     kernel's STATS). `split` > 1 (not with `stats`): that many key ranges per query block, each
     its own program, merged after (`merge.merge_key_ranges`): more programs at moderate N.
-    `split_dots` (fp32 IEEE only): q.k, p.v and p.v_pts as 3xTF32 on tensor cores."""
+    `modes.split_dots`: q.k, p.v and p.v_pts as 3xTF32 on tensor cores (fp32 IEEE)."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
-    split_dots = split_dots and q.dtype == torch.float32 and modes.dot == "ieee"
+    split_dots = modes.split_dots and q.dtype == torch.float32
     kernel = (_attention_split if split_dots else
               _attention_dot if modes.points_dot else _attention_direct)
     split, split_len = split_range(n, split, largest_meta(kernel, "BLOCK_N"))

@@ -106,14 +106,15 @@ def split_range(length: int, split: int, multiple: int = 64) -> tuple[int, int]:
     return triton.cdiv(length, split_len), split_len
 
 
-def split_for_sms(programs: int, length: int, device: torch.device, per_sm: int) -> int:
+def split_for_sms(programs: int, length: int, device: torch.device, per_sm: int,
+                  min_range: int = 256) -> int:
     """Ranges to split the loop of each of a grid's `programs` into, so that the grid has
-    about `per_sm` programs per SM, each range at least 256 of `length` rows long; 1 off the
-    GPU."""
+    about `per_sm` programs per SM, each range at least `min_range` of `length` rows long; 1
+    off the GPU."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(per_sm * sms, programs), length // 256))
+    return max(1, min(triton.cdiv(per_sm * sms, programs), length // min_range))
 
 
 # ---- how the dots run ----------------------------------------------------------------------
@@ -127,21 +128,21 @@ class Modes:
     points: str  # p.v_pts (fp32 operands)
     points_dot: bool  # distances as a centred 3xTF32 dot (else computed directly)
     bias: str  # the separate (B, H, N, N) pair-bias GEMM (`pair_bias.py`)
+    split_dots: bool = False  # fp32: the attention kernel's q.k, p.v, p.v_pts as 3xTF32
 
 
 def dot_modes(dtype: torch.dtype, math_mode: str) -> Modes:
-    """fp32 "ieee": IEEE dots, distances computed directly, the separate pair-bias GEMM as
-    3xTF32 (tensor cores, fp32-accurate: the row's math_mode says `fp32-3xtf32`). fp32 "tf32":
-    TF32 tensor cores, distances as a centred 3xTF32 dot. bf16/fp16: tensor cores, value
-    points in TF32, distances as a centred 3xTF32 dot. (q.k and p.v as 3xTF32 in fp32 were
-    tried: on triton 3.6 / H200 the per-head kernel hit an illegal memory access while
-    autotuning, so that mode is not offered; see docs/perf-notes.md.)
+    """fp32 "ieee": fp32-accurate dots, distances computed directly; the separate pair-bias
+    GEMM and the attention kernel's q.k, p.v and p.v_pts as 3xTF32 on tensor cores (the row's
+    math_mode says `fp32-3xtf32`), the fused kernels' dots as IEEE FMAs. fp32 "tf32": TF32
+    tensor cores, distances as a centred 3xTF32 dot. bf16/fp16: tensor cores, value points in
+    TF32, distances as a centred 3xTF32 dot.
     """
     require(math_mode in ("ieee", "tf32"),
             f"math_mode: expected 'ieee' or 'tf32', got {math_mode!r}")
     if dtype == torch.float32:
         if math_mode == "ieee":
-            return Modes("ieee", "ieee", False, "tf32x3")
+            return Modes("ieee", "ieee", False, "tf32x3", split_dots=True)
         return Modes("tf32", "tf32", True, "tf32")
     require(math_mode == "ieee", f"math_mode: {math_mode!r} applies to fp32 inputs only")
     return Modes("ieee", "tf32", True, "ieee")

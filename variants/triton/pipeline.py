@@ -28,7 +28,7 @@ PyTorch form too (Inductor fuses it itself).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from variants.base2 import LOG2E, base2_units
 from variants.problem import IPAConfig, validate_inputs
 from variants.triton import frames
-from variants.triton.attention import launch_attention
+from variants.triton.attention import default_split, launch_attention
 from variants.triton.common import (
     HEADS_PAD,
     check_runnable,
@@ -232,7 +232,7 @@ def triton_ipa(
     *,
     math_mode: str = "ieee",
     split: int | None = None,
-    fp32_dots: str = "ieee",
+    fp32_dots: str = "3xtf32",
 ) -> torch.Tensor:
     """IPA forward (SPEC.md), `triton` variant: the pair bias by one GEMM into a (B, H, N, N)
     tensor, then the streamed flash-style attention kernel.
@@ -241,9 +241,9 @@ def triton_ipa(
     rotations (B, N, 3, 3), all in `weights`' dtype and device, any strides (pair_repr is read
     in place) -> (B, N, node_dim) in that dtype. `math_mode` is "ieee" or "tf32" (tf32: fp32
     inputs only). `split`: key ranges per query block of the attention kernel, merged after
-    (None: one; a default by measurement is still to come, docs/perf-notes.md). `fp32_dots`
-    (fp32 "ieee" mode): the attention kernel's q.k, p.v and p.v_pts as "ieee" FMAs (default)
-    or "3xtf32" tensor-core dots (not yet the default: to be measured on the GPU).
+    (None: chosen from the grid, `attention.default_split`). `fp32_dots` (fp32 "ieee" mode):
+    the attention kernel's q.k, p.v and p.v_pts as "3xtf32" tensor-core dots (default) or as
+    "ieee" FMAs (1.5-1.8x slower on the H200 at N >= 1024, as accurate; for comparison).
     """
     _check(weights, node_repr, pair_repr, translations, rotations)
     modes = dot_modes(node_repr.dtype, math_mode)
@@ -251,12 +251,18 @@ def triton_ipa(
     require(fp32_dots in ("ieee", "3xtf32"),
             f"fp32_dots: expected 'ieee' or '3xtf32', got {fp32_dots!r}")
 
+    if fp32_dots == "ieee":
+        modes = replace(modes, split_dots=False)
+    batch, length = node_repr.shape[:2]
+    if split is None:
+        split = default_split(batch, weights.config.heads, length, node_repr.device)
+
     def kernels(ops: Operands) -> torch.Tensor:
         # The launchers' own checks are skipped: every operand is built by the prologue.
         bias = bias_tensor(pair_repr, weights.w_pair, modes)
         return launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
                                 ops.centred_t, ops.point_weight, ops.out_s, bias, modes,
-                                split=split or 1, split_dots=fp32_dots == "3xtf32")
+                                split=split)
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 

@@ -56,17 +56,19 @@ What differs from the reference (all of it on purpose, none of it changes the fu
 * Value points are aggregated relative to the first query's frame origin of each block (keys
   that carry weight lie near the queries, so the summands are small); in bf16/fp16 and tf32
   modes that aggregation runs as a TF32 dot, in fp32 (IEEE) mode as an IEEE dot.
-* Dots: fp32 mode uses `input_precision="ieee"` in the attention kernels and 3xTF32 for the
-  (B, H, N, N) bias GEMM and the pair backward (rows say `fp32-3xtf32`), `tf32` mode uses TF32
+* Dots: fp32 mode uses 3xTF32 (three TF32 tensor-core products of split operands, about fp32
+  accurate; rows say `fp32-3xtf32`) for the (B, H, N, N) bias GEMM, `triton`'s and
+  `triton-train`'s attention q.k, p.v and p.v_pts, and the pair backward, and
+  `input_precision="ieee"` FMAs in the other kernels; `tf32` mode uses TF32
   for the scalar dots and the bias; bf16/fp16 inputs use tensor cores with fp32 accumulation. The
   softmax and all accumulators are fp32 in every mode.
 * softplus(head_weights) and the 1/sqrt(d) scale are applied in fp32, in base-2 units
   (`variants/base2.py`).
 
 Caveats. Only the two training variants have a backward. Heads 1..16, points 1..16, head_dim
-8..128 (padded to powers of two, so e.g. d = 48 does 64-wide dots). fp32 (IEEE) is slow: Triton
-lowers IEEE fp32 dots to CUDA-core FMAs at ~13 % of FP32 peak here, so N = 4096 takes 11 ms, not
-the 4 ms target (docs/perf-notes.md). At N <= 1024 the forward is bound by host-side launch overhead
+8..128 (padded to powers of two, so e.g. d = 48 does 64-wide dots). IEEE fp32 dots are slow:
+Triton lowers them to CUDA-core FMAs at ~13 % of FP32 peak here (docs/perf-notes.md), hence the
+3xTF32 forms above. At N <= 1024 the forward is bound by host-side launch overhead
 (~20 PyTorch ops and two Triton launches), not by the GPU. Under the CPU interpreter
 (`TRITON_INTERPRET=1`, read when the kernel modules are first imported) every dot runs in fp32
 (the interpreter's bf16 `tl.dot` is wrong) and a single block-size config is used instead of
