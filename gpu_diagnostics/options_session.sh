@@ -1,33 +1,39 @@
 #!/usr/bin/env bash
 # One device call for the `triton` forward's defaults (issue #17; ninth session: fp32 attention
-# dots as 3xTF32, the key split chosen from the grid) and the training forward that shares its
-# attention kernel (issue #16), each stage under its own limit (LIM_TEST, LIM_TRAIN, LIM_BENCH,
-# LIM_SWEEP seconds; 170 + 110 + 80 + 170 s):
+# dots as 3xTF32, the key split chosen from the grid) and triton-train, whose forward shares
+# the attention kernel and whose backward kernels' fp32 dots are now tf32x3 too (issue #16),
+# each stage under its own limit (LIM_TEST, LIM_TRAIN, LIM_BENCH, LIM_SPLIT, LIM_SWEEP seconds;
+# 150 + 110 + 60 + 80 + 150 s):
 #   1. GPU tests of the forward Triton variants (tests/test_variants.py) and of the forward's
 #      options against the float64 oracle (tests/test_triton.py);
-#   2. triton-train's GPU gradient tests (tests/test_triton_backward.py);
+#   2. triton-train's GPU gradient tests (tests/test_triton_backward.py), then its training
+#      step and custom op alone at N = 1024 and 4096 in fp32 (`tests/test_triton_backward.py`);
 #   3. `tests/test_triton.py --sections split`: the forward replayed as a CUDA graph per split
 #      (1-4 and the default) and, in fp32, per attention dot mode (IEEE or 3xTF32);
 #   4. a sweep of `triton` along N (256, 1024, 2048, 4096; eager, and replayed to N = 1024).
-# Writes gpu-tests.log, train-tests.log, bench.log, sweep.log, report.md, results.csv,
-# metadata.json in $OUT.
+# Writes gpu-tests.log, train-tests.log, train-bench.log, bench.log, sweep.log, report.md,
+# results.csv, metadata.json in $OUT: 8 files, the device's limit.
 #
 #   OUT=DIR bash gpu_diagnostics/options_session.sh
 source gpu_diagnostics/session_env.sh
-timeout -s INT "${LIM_TEST:-170}" python3 -m pytest -q -m gpu tests/test_triton.py \
+timeout -s INT "${LIM_TEST:-150}" python3 -m pytest -q -m gpu tests/test_triton.py \
     tests/test_variants.py -k "triton and not train" -p no:cacheprovider -rfE --tb=short 2>&1 \
     | tail -30 > "$OUT/gpu-tests.log"
 timeout -s INT "${LIM_TRAIN:-110}" python3 -m pytest -q -m gpu tests/test_triton_backward.py \
     -p no:cacheprovider -rfE --tb=short 2>&1 | tail -20 > "$OUT/train-tests.log"
-timeout -s INT "${LIM_BENCH:-80}" python3 tests/test_triton.py --sections split \
+timeout -s INT "${LIM_BENCH:-60}" python3 tests/test_triton_backward.py --lengths 1024 4096 \
+    --precisions fp32 --variants triton-train --baselines 2>&1 | grep -v Warn \
+    > "$OUT/train-bench.log"
+timeout -s INT "${LIM_SPLIT:-80}" python3 tests/test_triton.py --sections split \
     --lengths 256 512 1024 2048 4096 --precisions fp32 bf16 2>&1 | grep -v Warn > "$OUT/bench.log"
 grid=$(mktemp --suffix .toml)
 printf '[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n\n[[slice]]\nlength = [256, 1024, 2048, 4096]\n' > "$grid"
-timeout -s INT "${LIM_SWEEP:-170}" python3 -m harness.cli sweep --grid "$grid" --device cuda \
+timeout -s INT "${LIM_SWEEP:-150}" python3 -m harness.cli sweep --grid "$grid" --device cuda \
     -o "$OUT/sweep" --no-plots --no-progress --variant triton > "$OUT/sweep.log" 2>&1
 timeout -s INT 20 python3 -m harness.cli report "$OUT/sweep/results.csv" > "$OUT/report.md" 2>&1
 mv "$OUT/sweep/results.csv" "$OUT/sweep/metadata.json" "$OUT/" 2>/dev/null
 rm -rf "$OUT/sweep"
-tail -4 "$OUT/gpu-tests.log"; tail -4 "$OUT/train-tests.log"; cat "$OUT/bench.log"
+tail -4 "$OUT/gpu-tests.log"; tail -4 "$OUT/train-tests.log"; cat "$OUT/train-bench.log"
+cat "$OUT/bench.log"
 head -70 "$OUT/report.md"
 exit 0

@@ -340,6 +340,14 @@ _key_fp32 = autotuned(
                                 (16, 128, 4, 1), (32, 128, 8, 1)]],
     key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
 )
+# fp32 with every dot as Triton's tf32x3 (`Modes.split_dots`): tensor-core tiles.
+_key_3xtf32 = autotuned(
+    "bias_backward_keys_3xtf32", _key_kernel,
+    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+             for m, n, w, s in [(32, 32, 4, 1), (32, 64, 4, 1), (32, 64, 4, 2), (64, 64, 4, 2),
+                                (64, 64, 8, 2), (64, 32, 4, 2), (32, 128, 8, 2)]],
+    key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
+)
 _key_16bit = autotuned(
     "bias_backward_keys_16bit", _key_kernel,
     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
@@ -382,7 +390,8 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     grad_s, grad_p = grad_s.contiguous(), grad_p.contiguous()
     # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
     delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
-    key_kernel = _key_fp32 if q.dtype == torch.float32 else _key_16bit
+    fp32 = q.dtype == torch.float32
+    key_kernel = (_key_16bit if not fp32 else _key_3xtf32 if modes.split_dots else _key_fp32)
     split, split_len = split_range(n, key_split(b * h, n, dev) if split is None else split,
                                    largest_meta(key_kernel, "BLOCK_M"))
     dk = torch.empty(split, b, n, h, d, dtype=f32, device=dev)
@@ -392,13 +401,14 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     d_point = torch.empty(split, b, h, n, dtype=f32, device=dev)
     dq = torch.empty(b, n, h, d, dtype=f32, device=dev)
     dq_pts = torch.empty_like(q_pts)
-    # fp32 inputs run every dot in IEEE fp32, tf32 mode included (dS = P (dP - D) subtracts
-    # nearly equal numbers; tf32 gradients miss their tolerance either way, docs/perf-notes.md).
-    # 16-bit inputs: the scalar dots on tensor cores, the point products (fp32 operands,
-    # centred coordinates) in TF32, whose 1e-3 is well inside a bf16/fp16 gradient tolerance.
-    points = "ieee" if q.dtype == torch.float32 else "tf32"
-    shared = dict(H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), DOT_PRECISION="ieee",
-                  PTS_PRECISION=points, CAST_F32=cast_f32(q.dtype))
+    # fp32 inputs run every dot fp32-accurate: as 3xTF32 in "ieee" mode (`modes.split_dots`),
+    # as IEEE FMAs in tf32 mode (dS = P (dP - D) subtracts nearly equal numbers; tf32 gradients
+    # miss their tolerance either way, docs/perf-notes.md). 16-bit inputs: the scalar dots on
+    # tensor cores, the point products (fp32 operands, centred coordinates) in TF32, whose 1e-3
+    # is well inside a bf16/fp16 gradient tolerance.
+    dots = "tf32x3" if modes.split_dots else "ieee"
+    shared = dict(H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), DOT_PRECISION=dots,
+                  PTS_PRECISION=dots if fp32 else "tf32", CAST_F32=cast_f32(q.dtype))
     q_scale = base2.LOG2E / math.sqrt(d)
     key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h, split)](
         q, k, v, q_pts, k_pts, v_pts, bias, point_weight, grad_s, grad_p, stats, delta,
