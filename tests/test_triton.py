@@ -46,7 +46,7 @@ if HAS_TRITON:  # the kernel modules import Triton
     from variants.triton import common
     from variants.triton.attention import default_split, ipa_attention
     from variants.triton.fullfuse import ipa_fullfuse_attention
-    from variants.triton.pair_bias import cublas_pair_bias, pair_bias
+    from variants.triton.pair_bias import cublas_pair_bias, launch_pair_bias, pair_bias
     from variants.triton.pipeline import TritonIPAWeights, triton_fullfuse_ipa, triton_ipa
 
     PIPELINES = {"triton": triton_ipa, "triton-fullfuse": triton_fullfuse_ipa}
@@ -636,10 +636,10 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                 w = TritonIPAWeights.from_state_dict(sd, config, dev, dtype)
                 args = make_inputs(config, 1, n, dtype=dtype, device=dev, seed=1).as_tuple()
                 with math_mode(precision), torch.no_grad():
-                    ms_all, ms_bias, ms_cublas, ms_attn, ms_proj = _breakdown(w, args, timed)
-                print(f"{precision} N={n:5d}: total {ms_all:.3f}  bias used {ms_bias:.3f} "
-                      f"(other {ms_cublas:.3f})  attention {ms_attn:.3f}  qkv GEMM {ms_proj:.3f}"
-                      f"  rest {ms_all - ms_bias - ms_attn:.3f} ms", flush=True)
+                    ms = _breakdown(w, args, timed)
+                rest = ms["total"] - ms["bias"] - ms["attention"]
+                print(f"{precision} N={n:5d}: " + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
+                      + f"  rest {rest:.3f} ms", flush=True)
                 for name, kern in common.TUNED.items():  # autotuned so far: their choices
                     for key, best in getattr(kern, "cache", {}).items():
                         print(f"   {name} {key[:3]}... best {best}")
@@ -670,10 +670,10 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     print(f"# done in {time.time() - start:.0f}s")
 
 
-def _breakdown(w, args, timed):  # pragma: no cover - GPU only
+def _breakdown(w, args, timed) -> dict[str, float]:  # pragma: no cover - GPU only
     """Median ms of: the whole `triton` forward, the Triton pair-bias kernel (the one used), the
-    same bias by cuBLAS, the attention kernel (on random q/k/v/points of the right
-    sizes), the qkv GEMM."""
+    same bias by cuBLAS and, in fp32, by the kernel with Triton's own tf32x3 split, the
+    attention kernel (on random q/k/v/points of the right sizes), the qkv GEMM."""
     import torch.nn.functional as F
 
     cfg = w.config
@@ -684,6 +684,10 @@ def _breakdown(w, args, timed):  # pragma: no cover - GPU only
     ms_bias, _ = timed(lambda z: pair_bias(z, w.w_pair), (z,))
     tf32 = torch.backends.cuda.matmul.allow_tf32  # as math_mode set it
     ms_cublas, _ = timed(lambda z: cublas_pair_bias(z, w.w_pair, tf32=tf32), (z,))
+    ms_tf32x3 = float("nan")
+    if dtype == torch.float32 and not tf32:
+        ms_tf32x3, _ = timed(lambda z: launch_pair_bias(z, w.w_pair, "tf32x3", own_split=False),
+                             (z,))
     bias = pair_bias(z, w.w_pair)
     h, d = cfg.heads, cfg.head_dim
     q = torch.randn(1, n, h, d, device=dev, dtype=dtype)
@@ -696,7 +700,8 @@ def _breakdown(w, args, timed):  # pragma: no cover - GPU only
     )
     x = F.layer_norm(args[0], (cfg.node_dim,), w.ln_weight, w.ln_bias)
     ms_proj, _ = timed(lambda x: F.linear(x, w.w_in), (x,))
-    return ms_all, ms_bias, ms_cublas, ms_attn, ms_proj
+    return {"total": ms_all, "bias": ms_bias, "bias cuBLAS": ms_cublas,
+            "bias Triton tf32x3": ms_tf32x3, "attention": ms_attn, "qkv GEMM": ms_proj}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,8 +3,11 @@ written once as a (B, H, N, N) tensor in the input dtype for the attention kerne
 
 A small Triton GEMM computes it, on tensor cores in every dtype: fp32 as 3xTF32 (`dot_modes`;
 cuBLAS ran it as a SIMT sgemm at half of the memory bandwidth, and Triton's IEEE dot on FMAs
-1.4x slower still). It reads `pair_repr` once, through its strides: a non-contiguous pair_repr
-is never copied first. `cublas_pair_bias` is the same bias by cuBLAS, kept for comparison.
+1.4x slower still), by default with z split in two integer instructions per element
+(`tf32.py`), not Triton's own tf32x3 split (five; Nsight Compute, ninth session: the ALU pipe
+46 % busy and DRAM 55 % at N = 4096, so the split, not the memory, set the pace). It reads
+`pair_repr` once, through its strides: a non-contiguous pair_repr is never copied first.
+`cublas_pair_bias` is the same bias by cuBLAS, kept for comparison.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from variants.triton.common import (
     dot_modes,
     pow2,
 )
+from variants.triton.tf32 import dot_split_tf32, tf32_hi
 
 
 # Sizes that vary per call are not specialised on (divisibility by 16), so that one compile
@@ -44,6 +48,7 @@ def _pair_bias_kernel(
     H_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
+    SPLIT_Z: tl.constexpr,  # with DOT_PRECISION "tf32x3": split by `tf32.py`, not by Triton
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -71,7 +76,11 @@ def _pair_bias_kernel(
         if CAST_F32:
             z = z.to(tl.float32)
             w = w.to(tl.float32)
-        acc = tl.dot(z, w, acc, input_precision=DOT_PRECISION)
+        if SPLIT_Z:
+            z_hi, w_hi = tf32_hi(z), tf32_hi(w)
+            acc = dot_split_tf32(z_hi, z - z_hi, w_hi, w - w_hi, acc)
+        else:
+            acc = tl.dot(z, w, acc, input_precision=DOT_PRECISION)
     out = OUT + (b * H)[:, None] * NN + offs_h[None, :] * NN + rem[:, None]
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=r_ok[:, None] & h_ok[None, :])
 
@@ -89,14 +98,16 @@ _pair_bias = autotuned(
             (256, 32, 8, 3), (256, 64, 8, 2), (128, 128, 8, 2), (64, 128, 4, 2),
         ]
     ],
-    key=["ROWS_KEY", "C", "H_PAD", "DOT_PRECISION"],
+    key=["ROWS_KEY", "C", "H_PAD", "DOT_PRECISION", "SPLIT_Z"],
     interpreted={"BLOCK_R": 1024, "BLOCK_C": 64},
 )
 
 
-def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: str):
+def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: str, *,
+                     own_split: bool = True):
     """The Triton bias GEMM, unchecked (callers check): (B, N, N, C) any strides, (H, C)
-    -> (B, H, N, N) contiguous in pair_repr's dtype."""
+    -> (B, H, N, N) contiguous in pair_repr's dtype. `own_split` (precision "tf32x3"): the
+    operands split by `tf32.py` (default), else by Triton's tf32x3 (for comparison)."""
     b, n, _, c = pair_repr.shape
     h = weight.shape[0]
     out = torch.empty(b, h, n, n, dtype=pair_repr.dtype, device=pair_repr.device)
@@ -105,6 +116,7 @@ def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: s
     _pair_bias[grid](
         pair_repr, weight, out, rows, n * n, n, c, *pair_repr.stride(), pow2(rows, 1 << 16),
         H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
+        SPLIT_Z=own_split and precision == "tf32x3",
     )
     return out
 
