@@ -7,13 +7,10 @@ cuBLAS ran it as a SIMT sgemm at half of the memory bandwidth, and Triton's IEEE
 (`tf32.py`), not Triton's own tf32x3 split (five; Nsight Compute, ninth session: the ALU pipe
 46 % busy and DRAM 55 % at N = 4096, so the split, not the memory, set the pace). It reads
 `pair_repr` once, through its strides: a non-contiguous pair_repr is never copied first.
-`cublas_pair_bias` is the same bias by cuBLAS, which `bias_tensor` uses for 16-bit inputs on
-the GPU (faster than this kernel there) and the breakdown bench compares.
+`cublas_pair_bias` is the same bias by cuBLAS, kept for comparison.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import triton
@@ -125,15 +122,8 @@ def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: s
 
 
 def bias_tensor(pair_repr: torch.Tensor, weight: torch.Tensor, modes: Modes) -> torch.Tensor:
-    """The (B, H, N, N) bias as the `triton` forward computes it, unchecked. 16-bit inputs on
-    a GPU whose channels are contiguous: cuBLAS (on the H200, ninth session, 0.088 against the
-    Triton kernel's 0.117 ms at N = 1024 bf16, 1.19 against 1.26 at 4096: its GEMM reads z
-    faster); otherwise (fp32, whose cuBLAS GEMM is a SIMT sgemm; a strided channel axis,
-    which cuBLAS would copy; the CPU interpreter) the Triton GEMM in the modes' bias
-    precision."""
-    if (pair_repr.dtype != torch.float32 and pair_repr.is_cuda
-            and pair_repr.stride(-1) == 1):
-        return cublas_pair_bias(pair_repr, weight, tf32=False)
+    """The (B, H, N, N) bias as the `triton` forward computes it, unchecked: the Triton GEMM
+    in the modes' bias precision."""
     return launch_pair_bias(pair_repr, weight, modes.bias)
 
 
@@ -147,12 +137,11 @@ def cublas_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, tf32: boo
     :n], transposed i and j) one strided-batched GEMM per batch element, batched over i, writes
     rows (h, i) of the output in place: no copy either. cuBLAS needs a unit stride in one of the
     two matrix dimensions: a pair_repr whose channel stride is not 1 is copied by torch inside
-    the call. 16-bit GEMMs accumulate in fp32 with no reduced-precision reduction (switched
-    off for the call), as the Triton kernel does.
+    the call.
     """
     b, n, _, c = pair_repr.shape
     h = weight.shape[0]
-    with problem.math_mode("tf32" if tf32 else "fp32"), _full_precision_reductions():
+    with problem.math_mode("tf32" if tf32 else "fp32"):
         if n == 1 or pair_repr.stride(1) == n * pair_repr.stride(2):
             # (H, C) @ (B, C, N*N): one GEMM over every row
             return torch.matmul(weight, pair_repr.view(b, n * n, c).transpose(1, 2)).view(
@@ -163,21 +152,6 @@ def cublas_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, tf32: boo
             # (N_i batches) (H, C) @ (C, N_j) -> out[bi, :, i, :]
             torch.bmm(w, pair_repr[bi].transpose(1, 2), out=out[bi].transpose(0, 1))
         return out
-
-
-@contextlib.contextmanager
-def _full_precision_reductions():
-    """cuBLAS's 16-bit GEMMs without reduced-precision split-K reductions, restored on exit."""
-    matmul = torch.backends.cuda.matmul
-    names = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
-    saved = [getattr(matmul, name) for name in names]
-    try:
-        for name in names:
-            setattr(matmul, name, False)
-        yield
-    finally:
-        for name, value in zip(names, saved, strict=True):
-            setattr(matmul, name, value)
 
 
 def pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, math_mode: str = "ieee"):

@@ -11,8 +11,7 @@ program owns a block of queries, loops over key blocks, keeps a running max and 
 Five registered variants; the first two differ in where the pair bias z . W_b comes from:
 
 * `triton`: one GEMM reads `pair_repr` once and writes the bias as a (B, H, N, N) tensor
-  (input dtype; `pair_bias.py`: a Triton GEMM on tensor cores, 3xTF32 in fp32; cuBLAS for
-  bf16/fp16 with contiguous channels, whose GEMM is faster there), then the
+  (input dtype; `pair_bias.py`, a Triton GEMM on tensor cores, 3xTF32 in fp32), then the
   attention kernel (`attention.py`), one program per (query block, batch, head), streams its
   head's rows. Extra memory is one N x N x H tensor (768 MiB at N = 4096 in fp32), the rest is
   O(N). This is the fast one.
@@ -59,7 +58,7 @@ What differs from the reference (all of it on purpose, none of it changes the fu
   modes that aggregation runs as a TF32 dot, in fp32 (IEEE) mode as an IEEE dot.
 * Dots: fp32 mode uses 3xTF32 (three TF32 tensor-core products of split operands, about fp32
   accurate; rows say `fp32-3xtf32`) for the (B, H, N, N) bias GEMM, `triton`'s and
-  `triton-train`'s attention q.k, p.v and p.v_pts, and the backward kernels' dots, and
+  `triton-train`'s attention q.k, p.v and p.v_pts, and the pair backward, and
   `input_precision="ieee"` FMAs in the other kernels; `tf32` mode uses TF32
   for the scalar dots and the bias; bf16/fp16 inputs use tensor cores with fp32 accumulation. The
   softmax and all accumulators are fp32 in every mode.
