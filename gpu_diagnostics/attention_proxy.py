@@ -61,8 +61,9 @@ def main(argv: list[str]) -> int:
         for config in getattr(att, name).configs:
             kernel = compile_config(args, kwargs, config, fn=att._attention_kernel)
             regs, stack, _ = sass_stats(kernel.asm["cubin"])
+            cap = f" maxnreg {config.maxnreg}" if config.maxnreg else ""
             print(f"{name[1:]} {config.kwargs} warps {config.num_warps} stages "
-                  f"{config.num_stages}: {regs} registers, {stack // 4} spilled, "
+                  f"{config.num_stages}{cap}: {regs} registers, {stack // 4} spilled, "
                   f"{kernel.metadata.shared} B shared", flush=True)
     return 0
 

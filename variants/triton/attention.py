@@ -229,11 +229,20 @@ _ATTENTION_KEY = ["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_
 _INTERPRETED = {"BLOCK_M": 64, "BLOCK_N": 64}
 
 
-def _tuned(name: str, blocks: list[tuple[int, int, int, int]]):
-    """The kernel autotuned over (BLOCK_M, BLOCK_N, warps, stages) `blocks`."""
+def _tuned(name: str, blocks: list[tuple[int, ...]]):
+    """The kernel autotuned over (BLOCK_M, BLOCK_N, warps, stages[, register cap]) `blocks`."""
     return autotuned(name, _attention_kernel, key=_ATTENTION_KEY, interpreted=_INTERPRETED,
                      configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w,
-                                            num_stages=st) for m, n, w, st in blocks])
+                                            num_stages=st, maxnreg=cap)
+                              for m, n, w, st, cap in (b + (None,) * (5 - len(b))
+                                                       for b in blocks)])
+
+
+# Register caps (`maxnreg`): the uncapped 16-bit and 3xTF32 forms take 233-255 registers, so an
+# SM holds two 4-warp programs (8 warps) and the kernel is latency-bound (Nsight Compute, ninth
+# session: 30-34 % of issue slots busy, stalled on L1 and fixed-latency dependencies). Capped at
+# 168 an SM holds three (12 warps) for ~20 spilled words and 4-5 % more instructions per key
+# block; at 128 four (16 warps) for 7-13 % more (sm_90 proxy, `gpu_diagnostics/attention_proxy.py`).
 
 
 # fp32 IEEE: distances computed directly
@@ -241,12 +250,15 @@ _attention_direct = _tuned("attention_direct", [(64, 16, 8, 2), (32, 16, 8, 2), 
                                                 (32, 32, 8, 2), (16, 32, 4, 2), (64, 16, 8, 3)])
 # distances as a dot: bf16/fp16, tf32
 _attention_dot = _tuned("attention_dot", [(64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2),
-                                          (128, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 3)])
+                                          (128, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 3),
+                                          (64, 32, 4, 2, 168), (64, 32, 4, 2, 128)])
 # fp32 IEEE with q.k, p.v and p.v_pts as 3xTF32 on tensor cores, distances direct. Not
 # (64, 16, 8, 2): on triton 3.6 / H200 it hits an illegal memory access at D = 96, 3Vp = 36
 # (gpu_diagnostics/config_probe.py; every other config here runs and matches the oracle).
 _attention_split = _tuned("attention_split", [(64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2),
-                                              (128, 16, 8, 2), (128, 32, 8, 2)])
+                                              (128, 16, 8, 2), (128, 32, 8, 2),
+                                              (64, 32, 4, 2, 168), (64, 32, 4, 2, 128),
+                                              (128, 32, 8, 2, 128)])
 
 
 def default_split(batch: int, heads: int, length: int, device: torch.device) -> int:
