@@ -7,7 +7,10 @@ kernel (whose venv it needs: see there). Configs that spill are the ones to drop
     PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/attention_proxy.py [N]
 
 Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
-`triton_ipa(fp32_dots="ieee")`), bf16 (`_attention_dot`). One line per config on stdout.
+`triton_ipa(fp32_dots="ieee")`), bf16 (`_attention_dot`) and bf16 with its point dots as 3xBF16
+(`triton_ipa(half_points="3xbf16")`). One line per config on stdout: registers, spills, shared
+bytes, and the key loop's warp-instructions per (query, key) pair with its shared-memory loads
+and stores (LDS, STS) per warp and key block.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import variants.triton.pipeline as pipeline
 from gpu_diagnostics.sm90_proxy import (
     Recorder,
     compile_config,
+    key_loop,
     sass_stats,
     standing_in,
     warn_version,
@@ -30,14 +34,16 @@ from variants import problem
 from variants.reference import init_state_dict
 from variants.triton import frames, pair_bias
 
-FORMS = {"_attention_direct": (torch.float32, "ieee"),
-         "_attention_split": (torch.float32, "3xtf32"),
-         "_attention_dot": (torch.bfloat16, "ieee")}
+# label: (autotuned kernel, input dtype, `triton_ipa` options)
+FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": "ieee"}),
+         "attention_split": ("_attention_split", torch.float32, {}),
+         "attention_dot": ("_attention_dot", torch.bfloat16, {}),
+         "attention_dot 3xbf16": ("_attention_dot", torch.bfloat16, {"half_points": "3xbf16"})}
 
 
-def launch_args(name: str, dtype: torch.dtype, dots: str, n: int) -> tuple[tuple, dict]:
-    """The arguments the forward passes to the attention kernel's autotuned form `name`; the
-    other kernels only stand still (no driver here)."""
+def launch_args(name: str, dtype: torch.dtype, options: dict, n: int) -> tuple[tuple, dict]:
+    """The arguments the forward (with `options`) passes to the attention kernel's autotuned
+    form `name`; the other kernels only stand still (no driver here)."""
     tuned = getattr(att, name)
     rec = Recorder()
     rec.configs = tuned.configs  # the launcher reads the block sizes it may get
@@ -49,22 +55,26 @@ def launch_args(name: str, dtype: torch.dtype, dots: str, n: int) -> tuple[tuple
     weights = pipeline.TritonIPAWeights.from_state_dict(init_state_dict(cfg), cfg, "cpu", dtype)
     inputs = problem.make_inputs(cfg, 1, n, dtype=dtype, device="cpu", seed=1)
     with standing_in(stand_ins), torch.no_grad():
-        pipeline.triton_ipa(weights, *inputs.as_tuple(), fp32_dots=dots)
+        pipeline.triton_ipa(weights, *inputs.as_tuple(), **options)
     return rec.args, rec.kwargs
 
 
 def main(argv: list[str]) -> int:
     warn_version()
     n = int(argv[0]) if argv else 1024
-    for name, (dtype, dots) in FORMS.items():
-        args, kwargs = launch_args(name, dtype, dots, n)
+    for label, (name, dtype, options) in FORMS.items():
+        args, kwargs = launch_args(name, dtype, options, n)
         for config in getattr(att, name).configs:
             kernel = compile_config(args, kwargs, config, fn=att._attention_kernel)
-            regs, stack, _ = sass_stats(kernel.asm["cubin"])
+            regs, stack, sass = sass_stats(kernel.asm["cubin"])
+            loop = key_loop(sass)
+            per_pair = loop["loop"] * config.num_warps / (config.kwargs["BLOCK_M"]
+                                                          * config.kwargs["BLOCK_N"])
             cap = f" maxnreg {config.maxnreg}" if config.maxnreg else ""
-            print(f"{name[1:]} {config.kwargs} warps {config.num_warps} stages "
+            print(f"{label} {config.kwargs} warps {config.num_warps} stages "
                   f"{config.num_stages}{cap}: {regs} registers, {stack // 4} spilled, "
-                  f"{kernel.metadata.shared} B shared", flush=True)
+                  f"{kernel.metadata.shared} B shared; {per_pair:.2f} instructions per pair, "
+                  f"LDS {loop['ops']['LDS']} STS {loop['ops']['STS']}", flush=True)
     return 0
 
 

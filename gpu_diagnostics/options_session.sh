@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One device call for the `triton` forward's defaults (issue #17; ninth session: fp32 attention
-# dots as 3xTF32, the key split chosen from the grid) and triton-train, whose forward shares
-# the attention kernel and whose backward kernels' fp32 dots are now tf32x3 too (issue #16),
+# One device call for the `triton` forward's options and defaults (issue #17: the key split,
+# fp32 attention dots as 3xTF32 or IEEE, 16-bit point dots as TF32 or 3xBF16) and triton-train,
+# whose forward shares the attention kernel and whose backward's fp32 dots are tf32x3 (#16),
 # each stage under its own limit (LIM_TEST, LIM_TRAIN, LIM_BENCH, LIM_SPLIT, LIM_SWEEP seconds;
 # 150 + 110 + 60 + 80 + 150 s):
 #   1. GPU tests of the forward Triton variants (tests/test_variants.py) and of the forward's
@@ -9,7 +9,8 @@
 #   2. triton-train's GPU gradient tests (tests/test_triton_backward.py), then its training
 #      step and custom op alone at N = 1024 and 4096 in fp32 (`tests/test_triton_backward.py`);
 #   3. `tests/test_triton.py --sections split`: the forward replayed as a CUDA graph per split
-#      (1-4 and the default) and, in fp32, per attention dot mode (IEEE or 3xTF32);
+#      (1-4 and the default) and per dot form (fp32: attention dots IEEE or 3xTF32; 16-bit:
+#      point dots TF32 or 3xBF16, `triton_ipa(half_points=)`);
 #   4. a sweep of `triton` along N (256, 1024, 2048, 4096; eager, and replayed to N = 1024).
 # Writes gpu-tests.log, train-tests.log, train-bench.log, bench.log, sweep.log, report.md,
 # results.csv, metadata.json in $OUT: 8 files, the device's limit.

@@ -157,8 +157,9 @@ def test_split_keys_merge_exactly(name, split):
 
 def check_triton_options(device: str, batch: int, length: int, config: IPAConfig,
                          precision: str = "fp32", **options):
-    """`triton_ipa` with `options` (split, fp32_dots) other than the registered `triton`'s
-    defaults, through the suite's correctness protocol, judged by the precision's tolerance."""
+    """`triton_ipa` with `options` (split, fp32_dots, half_points) other than the registered
+    `triton`'s defaults, through the suite's correctness protocol, judged by the precision's
+    tolerance."""
     state_dict = init_state_dict(config, seed=9)
     dtype = get_precision(precision).dtype
     weights = TritonIPAWeights.from_state_dict(state_dict, config, device, dtype)
@@ -174,6 +175,13 @@ def test_fp32_ieee_dots_interpreted(split):
     # The default fp32 attention dots are 3xTF32 (the registered variant's tests); the IEEE
     # FMA form stays an option, for comparison.
     check_triton_options("cpu", 2, 70, SMALL, split=split, fp32_dots="ieee")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_points_as_3xbf16_interpreted(precision):
+    # The 16-bit option: the points' cross term and the value-point sum as three bf16 dots.
+    check_triton_options("cpu", 2, 70, SMALL, precision, half_points="3xbf16")
 
 
 @needs_interpreter
@@ -490,6 +498,14 @@ def test_fp32_ieee_dots_match_oracle_gpu(case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[2], GPU_CASES[4]], ids=case_id)
+def test_half_points_as_3xbf16_match_oracle_gpu(case, precision):
+    check_triton_options("cuda", *case, precision, half_points="3xbf16")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("split", [2, 3])
 def test_split_keys_match_oracle_gpu(split, precision):
@@ -645,26 +661,27 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                         print(f"   {name} {key[:3]}... best {best}")
 
     if "split" in opts.sections:
-        print("## triton's key split (and in fp32 its attention dots, IEEE or 3xTF32): the "
-              "forward replayed as a CUDA graph (GPU time), median ms")
+        print("## triton's key split and dot options (fp32: attention dots IEEE or 3xTF32; "
+              "16-bit: point dots TF32 or 3xBF16): the forward replayed as a CUDA graph (GPU "
+              "time), median ms")
         for precision in opts.precisions:
             dtype = dtypes[precision]
             w = TritonIPAWeights.from_state_dict(sd, config, dev, dtype)
-            dots = ["ieee", "3xtf32"] if precision == "fp32" else ["ieee"]
+            forms = ({"ieee": {"fp32_dots": "ieee"}, "3xtf32": {}} if dtype == torch.float32
+                     else {"tf32 points": {}, "3xbf16 points": {"half_points": "3xbf16"}})
             for n in opts.lengths:
                 args = make_inputs(config, 1, n, dtype=dtype, device=dev, seed=1).as_tuple()
                 row = []
                 default = default_split(1, config.heads, n, dev)
-                for fp32_dots in dots:
+                for form, options in forms.items():
                     for split in (1, 2, 3, 4, None):
                         if not left():
                             continue
                         with math_mode(precision), torch.no_grad():
-                            call = partial(triton_ipa, w, *args, split=split,
-                                           fp32_dots=fp32_dots)
+                            call = partial(triton_ipa, w, *args, split=split, **options)
                             replay = capture_cuda_graph(call) if cuda else call
                             label = split or f"default={default}"
-                            row.append(f"{fp32_dots} split {label} {timed(replay, ())[0]:.4f}")
+                            row.append(f"{form} split {label} {timed(replay, ())[0]:.4f}")
                 print(f"{precision} N={n:5d}: {'  '.join(row)}", flush=True)
 
     print(f"# done in {time.time() - start:.0f}s")

@@ -15,7 +15,12 @@ Point distances: fp32 (IEEE) computes them directly, sum_{p,c} (q - k)^2; the ot
 (tf32, bf16, fp16) use one 3xTF32 dot of coordinates centred on the query block's first frame
 origin, |q'|^2 + |k'|^2 - 2 q'.k', never the uncentred expansion (SPEC: it cancels
 catastrophically at 100 A offsets). Value points are summed relative to the same origin (keys
-that carry weight lie near the queries, so the summands are small).
+that carry weight lie near the queries, so the summands are small). With `Modes.split_bf16`
+(16-bit inputs, `triton_ipa(half_points="3xbf16")`) that cross term and the value-point sum run
+as three bf16 dots of split operands (`tf32.py`, 16 significant bits) instead of 3xTF32 and
+TF32: every dot of the score tile then shares the bf16 tensor-core layout, where the TF32 dots'
+own layout costs two conversions of the 64 x 32 fp32 tile through shared memory per key block
+(the TTGIR of triton 3.6 for sm_90; Nsight Compute, ninth session: L1/shared 82 % busy).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from variants.triton.common import (
     split_range,
 )
 from variants.triton.merge import merge_key_ranges
-from variants.triton.tf32 import dot_split_tf32, tf32_hi
+from variants.triton.tf32 import bf16_split, dot_split_bf16, dot_split_tf32, tf32_hi
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
 
@@ -76,6 +81,7 @@ def _attention_kernel(
     PTS_PRECISION: tl.constexpr,
     POINTS_DOT: tl.constexpr,
     SPLIT_DOTS: tl.constexpr,  # fp32: q.k, p.v and p.v_pts as 3xTF32 (`tf32.py`), not IEEE
+    SPLIT_BF16: tl.constexpr,  # 16-bit: the points' cross term and p.v_pts as 3xBF16, not TF32
     CAST_F32: tl.constexpr,
     STORE_STATS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -111,7 +117,9 @@ def _attention_kernel(
     qp_base = QP + bh * P3 * N
     kp_base = KP + bh * P3 * N
     vp_base = VP + bh * N * VP3
-    bias_rows = BIAS + bh * N * N + offs_m[:, None].to(tl.int64) * N
+    # Query rows past N read row N - 1 of the bias (computed, never stored), so that its loads
+    # need only the key mask, whose -inf fill masks the logits of keys past N.
+    bias_rows = BIAS + bh * N * N + tl.minimum(offs_m, N - 1)[:, None].to(tl.int64) * N
     if POINTS_DOT:
         # Points relative to this block's first frame origin, so that the expanded
         # |q'|^2 + |k'|^2 - 2 q'.k' (one 3xTF32 dot) does not cancel at 100 A offsets.
@@ -124,6 +132,8 @@ def _attention_kernel(
         )
         q_pts = tl.where(c_ok[None, :], q_pts - centre_c[None, :], 0.0)
         q_norm = tl.sum(q_pts * q_pts, 1)
+        if SPLIT_BF16:
+            qp_hi, qp_lo = bf16_split(q_pts, CAST_F32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -153,7 +163,12 @@ def _attention_kernel(
                 mask=c_ok[:, None] & n_ok[None, :], other=0.0,
             )
             k_pts = tl.where(c_ok[:, None], k_pts - centre_c[:, None], 0.0)
-            cross = tl.dot(q_pts, k_pts, input_precision="tf32x3")
+            if SPLIT_BF16:
+                kp_hi, kp_lo = bf16_split(k_pts, CAST_F32)
+                cross = dot_split_bf16(qp_hi, qp_lo, kp_hi, kp_lo,
+                                       tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
+            else:
+                cross = tl.dot(q_pts, k_pts, input_precision="tf32x3")
             dist = q_norm[:, None] + tl.sum(k_pts * k_pts, 0)[None, :] - 2.0 * cross
             dist = tl.maximum(dist, 0.0)
         else:
@@ -164,11 +179,8 @@ def _attention_kernel(
                 kc = tl.load(kp_base + c * N + offs_n, mask=n_ok, other=0.0)
                 diff = qc[:, None] - kc[None, :]
                 dist += diff * diff
-        bias = tl.load(
-            bias_rows + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0.0
-        ).to(tl.float32)
-        s = s + bias * LOG2E + pw * dist
-        s = tl.where(n_ok[None, :], s, float("-inf"))
+        bias = tl.load(bias_rows + offs_n[None, :], mask=n_ok[None, :], other=float("-inf"))
+        s = s + bias.to(tl.float32) * LOG2E + pw * dist  # -inf past N
         # online softmax (fp32)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -197,7 +209,12 @@ def _attention_kernel(
             else:
                 pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             acc_s = acc_s * alpha[:, None] + pv
-            acc_p = acc_p * alpha[:, None] + tl.dot(p, vp, input_precision=PTS_PRECISION)
+            if SPLIT_BF16:
+                p_hi, p_lo = bf16_split(p, CAST_F32)
+                vp_hi, vp_lo = bf16_split(vp, CAST_F32)
+                acc_p = dot_split_bf16(p_hi, p_lo, vp_hi, vp_lo, acc_p * alpha[:, None])
+            else:
+                acc_p = acc_p * alpha[:, None] + tl.dot(p, vp, input_precision=PTS_PRECISION)
         m_i = m_new
 
     acc_s = acc_s / l_i[:, None]
@@ -225,7 +242,7 @@ def _attention_kernel(
 # configs without large spills. fp32 IEEE dots run on CUDA cores (FMA), whose Triton lowering
 # holds whole operand slices in registers, hence the smaller tiles.
 _ATTENTION_KEY = ["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_PRECISION",
-                  "POINTS_DOT"]
+                  "POINTS_DOT", "SPLIT_BF16"]
 _INTERPRETED = {"BLOCK_M": 64, "BLOCK_N": 64}
 
 
@@ -276,7 +293,8 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
     kernel's STATS). `split` > 1 (not with `stats`): that many key ranges per query block, each
     its own program, merged after (`merge.merge_key_ranges`): more programs at moderate N.
-    `modes.split_dots`: q.k, p.v and p.v_pts as 3xTF32 on tensor cores (fp32 IEEE)."""
+    `modes.split_dots`: q.k, p.v and p.v_pts as 3xTF32 on tensor cores (fp32 IEEE);
+    `modes.split_bf16`: 16-bit inputs' point cross term and p.v_pts as 3xBF16."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     split_dots = modes.split_dots and q.dtype == torch.float32
@@ -299,6 +317,7 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
         pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
         VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
         POINTS_DOT=modes.points_dot, SPLIT_DOTS=split_dots, CAST_F32=cast_f32(q.dtype),
+        SPLIT_BF16=modes.split_bf16 and q.dtype != torch.float32,
         STORE_STATS=stats is not None, WRITE_LSE=split > 1,
     )
     if split == 1:

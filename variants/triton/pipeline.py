@@ -233,6 +233,7 @@ def triton_ipa(
     math_mode: str = "ieee",
     split: int | None = None,
     fp32_dots: str = "3xtf32",
+    half_points: str = "tf32",
 ) -> torch.Tensor:
     """IPA forward (SPEC.md), `triton` variant: the pair bias by one GEMM into a (B, H, N, N)
     tensor, then the streamed flash-style attention kernel.
@@ -244,6 +245,9 @@ def triton_ipa(
     (None: chosen from the grid, `attention.default_split`). `fp32_dots` (fp32 "ieee" mode):
     the attention kernel's q.k, p.v and p.v_pts as "3xtf32" tensor-core dots (default) or as
     "ieee" FMAs (1.5-1.8x slower on the H200 at N >= 1024, as accurate; for comparison).
+    `half_points` (bf16/fp16 inputs): the point distances' cross term and the value-point sum
+    as 3xTF32 and TF32 dots ("tf32", default) or as three bf16 dots of split operands
+    ("3xbf16": one tensor-core layout for the whole score tile; not yet timed on a GPU).
     """
     _check(weights, node_repr, pair_repr, translations, rotations)
     modes = dot_modes(node_repr.dtype, math_mode)
@@ -251,8 +255,13 @@ def triton_ipa(
     require(fp32_dots in ("ieee", "3xtf32"),
             f"fp32_dots: expected 'ieee' or '3xtf32', got {fp32_dots!r}")
 
+    require(half_points in ("tf32", "3xbf16"),
+            f"half_points: expected 'tf32' or '3xbf16', got {half_points!r}")
+
     if fp32_dots == "ieee":
         modes = replace(modes, split_dots=False)
+    if half_points == "3xbf16":
+        modes = replace(modes, split_bf16=True)
     batch, length = node_repr.shape[:2]
     if split is None:
         split = default_split(batch, weights.config.heads, length, node_repr.device)

@@ -1,6 +1,8 @@
-"""3xTF32 arithmetic for the Triton kernels: an fp32 operand split into a TF32 high part and
-an exact remainder, and a product of split operands as three TF32 tensor-core dots, accurate
-to about fp32 (rows that use it say `fp32-3xtf32`)."""
+"""Split-precision products for the Triton kernels. 3xTF32: an fp32 operand split into a TF32
+high part and an exact remainder, and a product of split operands as three TF32 tensor-core
+dots, accurate to about fp32 (rows that use it say `fp32-3xtf32`). 3xBF16: the same with bf16
+parts (16 of fp32's 24 significant bits), for kernels whose other dots are 16-bit, so that
+every dot of a tile shares one tensor-core layout."""
 
 import triton
 import triton.language as tl
@@ -21,3 +23,26 @@ def dot_split_tf32(a_hi, a_lo, b_hi, b_lo, acc):
     acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
     acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
     return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@triton.jit
+def bf16_split(x, AS_F32: tl.constexpr):
+    """fp32 x as (hi, lo), both bf16: hi = x rounded to bf16, lo = the remainder rounded. With
+    AS_F32 (`common.cast_f32`: the interpreter, whose 16-bit dots are wrong) both come back as
+    the fp32 values of those bf16 numbers, whose IEEE fp32 products are as exact."""
+    hi = x.to(tl.bfloat16)
+    lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
+    if AS_F32:
+        hi = hi.to(tl.float32)
+        lo = lo.to(tl.float32)
+    return hi, lo
+
+
+@triton.jit
+def dot_split_bf16(a_hi, a_lo, b_hi, b_lo, acc):
+    """acc + a @ b as three dots of `bf16_split` operands (fp32 accumulation), the small
+    products first (IEEE precision: what fp32 operands under the interpreter need; bf16 dots
+    on the GPU ignore it)."""
+    acc = tl.dot(a_lo, b_hi, acc, input_precision="ieee")
+    acc = tl.dot(a_hi, b_lo, acc, input_precision="ieee")
+    return tl.dot(a_hi, b_hi, acc, input_precision="ieee")
