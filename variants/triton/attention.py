@@ -136,7 +136,10 @@ def _attention_kernel(
             qp_hi, qp_lo = bf16_split(q_pts, CAST_F32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # The softmax denominators, summed per element and reduced over keys after the loop: a
+    # per-block row sum here made triton 3.6 carry l (and m) in a second layout, computing the
+    # exponentials twice (sm_90 TTGIR).
+    l_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_s = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     acc_p = tl.zeros([BLOCK_M, VP3_PAD], dtype=tl.float32)
     acc_d = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum_j p_ij dist_ij, for STATS
@@ -185,7 +188,7 @@ def _attention_kernel(
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_acc = l_acc * alpha[:, None] + p
         if STORE_STATS:
             acc_d = acc_d * alpha + tl.sum(p * dist, 1)
         v = tl.load(
@@ -217,6 +220,7 @@ def _attention_kernel(
                 acc_p = acc_p * alpha[:, None] + tl.dot(p, vp, input_precision=PTS_PRECISION)
         m_i = m_new
 
+    l_i = tl.sum(l_acc, 1)
     acc_s = acc_s / l_i[:, None]
     acc_p = acc_p / l_i[:, None] + centre[None, :]
     rows = pid_s * tl.num_programs(1) * N  # the (b, i, h) rows of the ranges before this one
