@@ -259,11 +259,12 @@ def _tuned(name: str, blocks: list[tuple[int, ...]]):
                                                        for b in blocks)])
 
 
-# Register caps (`maxnreg`): the uncapped 16-bit and 3xTF32 forms take 233-255 registers, so an
+# Register caps (`maxnreg`): uncapped, the 16-bit and 3xTF32 forms take 200-255 registers, so an
 # SM holds two 4-warp programs (8 warps) and the kernel is latency-bound (Nsight Compute, ninth
-# session: 30-34 % of issue slots busy, stalled on L1 and fixed-latency dependencies). Capped at
-# 168 an SM holds three (12 warps) for ~20 spilled words and 4-5 % more instructions per key
-# block; at 128 four (16 warps) for 7-13 % more (sm_90 proxy, `gpu_diagnostics/attention_proxy.py`).
+# session: 30-34 % of issue slots busy). Capped at 168 an SM holds three (12 warps), at 128 four,
+# for some spilled words and more instructions per pair (`gpu_diagnostics/attention_proxy.py`
+# prints both). Measured on the H200 (ninth session): the 168 cap won by 4-6 % at N = 4096 in
+# both forms and at N = 1024 in bf16; the 128 caps lost everywhere.
 
 
 # fp32 IEEE: distances computed directly

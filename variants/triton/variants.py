@@ -60,7 +60,7 @@ What differs from the reference (all of it on purpose, none of it changes the fu
   `triton`'s attention kernel and as an IEEE dot in the fused kernels.
 * Dots: fp32 mode uses 3xTF32 (three TF32 tensor-core products of split operands, about fp32
   accurate; rows say `fp32-3xtf32`) for the (B, H, N, N) bias GEMM, `triton`'s and
-  `triton-train`'s attention q.k, p.v and p.v_pts, and the pair backward, and
+  `triton-train`'s attention q.k, p.v and p.v_pts, and the backward kernels' dots, and
   `input_precision="ieee"` FMAs in the other kernels; `tf32` mode uses TF32
   for the scalar dots and the bias; bf16/fp16 inputs use tensor cores with fp32 accumulation. The
   softmax and all accumulators are fp32 in every mode.
