@@ -10,3 +10,28 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 export IPA_BENCH_CACHE=${IPA_BENCH_CACHE:-/tmp/ipa-cache}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 export COLUMNS=${COLUMNS:-240}
+
+# sharded_pytest SHARDS LIMIT LOG PYTEST_ARGS...: the tests PYTEST_ARGS select, run in SHARDS
+# processes at once on the one GPU, each under LIMIT seconds; LOG gets each shard's summary.
+# A GPU test's time is mostly compiling its kernels' autotune configs, one core per process:
+# shards divide it. Concurrent processes make the autotuner's trial timings noisy, so a shard may
+# check a different config than a lone run picks; every config must match the oracle anyway.
+sharded_pytest() {
+    local shards=$1 limit=$2 log=$3 ids
+    shift 3
+    ids=$(mktemp -d)
+    python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep '::' \
+        > "$ids/all"
+    split -n "r/$shards" "$ids/all" "$ids/shard."
+    for shard in "$ids"/shard.*; do
+        # shellcheck disable=SC2046  # one argument per test id
+        timeout -s INT "$limit" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
+            $(cat "$shard") > "$shard.log" 2>&1 &
+    done
+    wait
+    for shard in "$ids"/shard.*.log; do
+        echo "== $(basename "$shard" .log): $(wc -l < "${shard%.log}") tests"
+        tail -15 "$shard"
+    done > "$log"
+    grep -hE "passed|failed|error" "$ids"/shard.*.log | grep -E "^[=0-9 ]" | tail -n "$shards"
+}

@@ -42,6 +42,7 @@ from variants.triton.common import (
     dot_modes,
     largest_meta,
     pow2,
+    sm_count,
     split_for_sms,
     split_range,
 )
@@ -284,12 +285,15 @@ _attention_split = _tuned("attention_split", [(64, 16, 4, 2), (64, 32, 4, 2), (6
 
 
 def default_split(batch: int, heads: int, length: int, device: torch.device) -> int:
-    """Key ranges per query block: about five programs per SM (of 64-row query blocks), ranges
-    of at least 64 keys. Measured on the H200 (docs/perf-notes.md, ninth session): at
-    B = 1, H = 12 the replayed forward gains 12 % at N = 256 (4 ranges) and 6-8 % at N = 1024
-    (4 ranges), where 2 or 3 ranges gain nothing (a partial last wave); none at N = 4096."""
-    return split_for_sms(batch * heads * triton.cdiv(length, 64), length, device, per_sm=5,
-                         min_range=64)
+    """Key ranges per query block. A grid of 64-row query blocks that fills two programs per SM
+    is not split (the merge would cost more than the fuller waves gain); a smaller one is split
+    to about five programs per SM, ranges of at least 64 keys. Measured on the H200 (B = 1,
+    H = 12, replayed forward; docs/perf-notes.md, tenth session): N = 256 and 1024 gain 4-10 %
+    from 4 ranges, N = 2048 (384 programs) loses 3-6 % from 2, N = 4096 gains nothing."""
+    programs = batch * heads * triton.cdiv(length, 64)
+    if device.type == "cuda" and programs >= 2 * sm_count(device):
+        return 1
+    return split_for_sms(programs, length, device, per_sm=5, min_range=64)
 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,

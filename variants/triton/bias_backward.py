@@ -60,6 +60,7 @@ from variants.triton.common import (
     cast_f32,
     largest_meta,
     pow2,
+    sm_count,
     split_for_sms,
     split_range,
 )
@@ -444,7 +445,7 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
     b, h, n, _ = ds.shape
     c = pair_repr.shape[3]
     pairs = n * n
-    programs = min(triton.cdiv(pairs, 64), 64 if INTERPRET else 4 * _sm_count(ds.device))
+    programs = min(triton.cdiv(pairs, 64), 64 if INTERPRET else 4 * sm_count(ds.device))
     h_pad, c_pad = max(16, pow2(h)), max(16, pow2(c))
     pair_repr = pair_repr.contiguous()
     d_pair = torch.empty(pair_repr.shape, dtype=pair_repr.dtype, device=pair_repr.device)
@@ -456,8 +457,4 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
         PRECISION="tf32x3" if fp32 and not INTERPRET else "ieee", CAST_F32=cast_f32(ds.dtype),
     )
     return d_pair, partial.sum((0, 1))[:h, :c].contiguous()
-
-
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 

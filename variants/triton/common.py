@@ -113,8 +113,12 @@ def split_for_sms(programs: int, length: int, device: torch.device, per_sm: int,
     off the GPU."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(per_sm * sms, programs), length // min_range))
+    return max(1, min(triton.cdiv(per_sm * sm_count(device), programs), length // min_range))
+
+
+def sm_count(device: torch.device) -> int:
+    """The CUDA device's streaming multiprocessors."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # ---- how the dots run ----------------------------------------------------------------------
