@@ -22,6 +22,10 @@ sharded_pytest() {
     ids=$(mktemp -d)
     python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep '::' \
         > "$ids/all"
+    if [ ! -s "$ids/all" ]; then
+        echo "sharded_pytest: no tests selected by: $*" | tee "$log"
+        return 1
+    fi
     split -n "r/$shards" "$ids/all" "$ids/shard."
     for shard in "$ids"/shard.*; do
         # shellcheck disable=SC2046  # one argument per test id
