@@ -36,7 +36,7 @@ def run_one(args, index: int) -> str:
     chosen = tuned.configs[index]
     tuned.configs = [chosen]  # one config: the autotuner launches it without benchmarking
     out = triton_ipa(weights, *inputs.to(dtype=dtype).as_tuple(), split=args.split,
-                     fp32_dots=args.fp32_dots)
+                     fp32_dots=args.fp32_dots, half_points=args.half_points)
     torch.cuda.synchronize()
     return f"ok, rel_l2 {rel_l2(out, oracle_forward(state_dict, config, inputs)):.2e}"
 
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--split", type=int, default=1)
     parser.add_argument("--fp32-dots", default="ieee")
+    parser.add_argument("--half-points", default="tf32", help="16-bit: tf32 or 3xbf16")
     parser.add_argument("--config-index", type=int, default=None)
     args = parser.parse_args()
     if args.config_index is not None:
