@@ -7,10 +7,10 @@ kernel (whose venv it needs: see there). Configs that spill are the ones to drop
     PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/attention_proxy.py [N]
 
 Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
-`triton_ipa(fp32_dots="ieee")`), bf16 (`_attention_dot`) and bf16 with its point dots as 3xBF16
-(`triton_ipa(half_points="3xbf16")`). One line per config on stdout: registers, spills, shared
-bytes, and the key loop's warp-instructions per (query, key) pair with its shared-memory loads
-and stores (LDS, STS) per warp and key block.
+`triton_ipa(fp32_dots="ieee")`), bf16 with its point dots as 3xBF16 (`_attention_bf16_split`,
+the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`). One line
+per config on stdout: registers, spills, shared bytes, and the key loop's warp-instructions per
+(query, key) pair with its shared-memory loads and stores (LDS, STS) per warp and key block.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from variants.triton import frames, pair_bias
 # label: (autotuned kernel, input dtype, `triton_ipa` options)
 FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": "ieee"}),
          "attention_split": ("_attention_split", torch.float32, {}),
-         "attention_dot": ("_attention_dot", torch.bfloat16, {}),
-         "attention_dot 3xbf16": ("_attention_dot", torch.bfloat16, {"half_points": "3xbf16"})}
+         "attention_dot": ("_attention_dot", torch.bfloat16, {"half_points": "tf32"}),
+         "attention_bf16_split": ("_attention_bf16_split", torch.bfloat16, {})}
 
 
 def launch_args(name: str, dtype: torch.dtype, options: dict, n: int) -> tuple[tuple, dict]:

@@ -178,10 +178,12 @@ def test_fp32_ieee_dots_interpreted(split):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("half_points", ["3xbf16", "tf32"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_half_points_as_3xbf16_interpreted(precision):
-    # The 16-bit option: the points' cross term and the value-point sum as three bf16 dots.
-    check_triton_options("cpu", 2, 70, SMALL, precision, half_points="3xbf16")
+def test_half_points_interpreted(precision, half_points):
+    # The points' cross term and the value-point sum as three bf16 dots (the default) or as
+    # 3xTF32 and TF32 dots (the registry's CPU cases are fp32 and fp64: both forms here).
+    check_triton_options("cpu", 2, 70, SMALL, precision, half_points=half_points)
 
 
 @needs_interpreter
@@ -497,8 +499,9 @@ def test_fp32_ieee_dots_match_oracle_gpu(case):
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[2], GPU_CASES[3]], ids=case_id)
-def test_half_points_as_3xbf16_match_oracle_gpu(case, precision):
-    check_triton_options("cuda", *case, precision, half_points="3xbf16")
+def test_half_points_as_tf32_match_oracle_gpu(case, precision):
+    # The default, 3xBF16, is the registry's bf16 GPU tests (tests/test_variants.py).
+    check_triton_options("cuda", *case, precision, half_points="tf32")
 
 
 @pytest.mark.gpu
@@ -665,7 +668,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
             dtype = dtypes[precision]
             w = TritonIPAWeights.from_state_dict(sd, config, dev, dtype)
             forms = ({"ieee": {"fp32_dots": "ieee"}, "3xtf32": {}} if dtype == torch.float32
-                     else {"tf32 points": {}, "3xbf16 points": {"half_points": "3xbf16"}})
+                     else {"tf32 points": {"half_points": "tf32"}, "3xbf16 points": {}})
             for n in opts.lengths:
                 args = make_inputs(config, 1, n, dtype=dtype, device=dev, seed=1).as_tuple()
                 row = []

@@ -16,11 +16,12 @@ Point distances: fp32 (IEEE) computes them directly, sum_{p,c} (q - k)^2; the ot
 origin, |q'|^2 + |k'|^2 - 2 q'.k', never the uncentred expansion (SPEC: it cancels
 catastrophically at 100 A offsets). Value points are summed relative to the same origin (keys
 that carry weight lie near the queries, so the summands are small). With `Modes.split_bf16`
-(16-bit inputs, `triton_ipa(half_points="3xbf16")`) that cross term and the value-point sum run
-as three bf16 dots of split operands (`tf32.py`, 16 significant bits) instead of 3xTF32 and
-TF32: every dot of the score tile then shares the bf16 tensor-core layout, where the TF32 dots'
-own layout costs two conversions of the 64 x 32 fp32 tile through shared memory per key block
-(the TTGIR of triton 3.6 for sm_90; Nsight Compute, ninth session: L1/shared 82 % busy).
+(16-bit inputs; `triton_ipa`'s default, `half_points="3xbf16"`) that cross term and the
+value-point sum run as three bf16 dots of split operands (`tf32.py`, 16 significant bits)
+instead of 3xTF32 and TF32: every dot of the score tile then shares the bf16 tensor-core layout,
+where the TF32 dots' own layout costs two conversions of the 64 x 32 fp32 tile through shared
+memory per key block (the TTGIR of triton 3.6 for sm_90; Nsight Compute, ninth session:
+L1/shared 82 % busy).
 """
 
 from __future__ import annotations
@@ -275,6 +276,13 @@ _attention_direct = _tuned("attention_direct", [(64, 16, 8, 2), (32, 16, 8, 2), 
 _attention_dot = _tuned("attention_dot", [(64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2),
                                           (128, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 3),
                                           (64, 32, 4, 2, 168), (64, 32, 4, 2, 128)])
+# 16-bit with the point dots as 3xBF16: the same but (64, 64, 8, 2), which hits an illegal memory
+# access at B = 2, N = 97 on triton 3.6 / H200 (gpu_diagnostics/config_probe.py, tenth session;
+# it runs at B = 1, N = 97 and B = 2, N = 256: a compiler fault, not an index the kernel gets
+# wrong at these shapes).
+_attention_bf16_split = _tuned("attention_bf16_split", [
+    (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2), (128, 32, 8, 3),
+    (64, 32, 4, 2, 168), (64, 32, 4, 2, 128)])
 # fp32 IEEE with q.k, p.v and p.v_pts as 3xTF32 on tensor cores, distances direct. Not
 # (64, 16, 8, 2): on triton 3.6 / H200 it hits an illegal memory access at D = 96, 3Vp = 36
 # (gpu_diagnostics/config_probe.py; every other config here runs and matches the oracle).
@@ -307,7 +315,8 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     split_dots = modes.split_dots and q.dtype == torch.float32
-    kernel = (_attention_split if split_dots else
+    split_bf16 = modes.split_bf16 and q.dtype != torch.float32
+    kernel = (_attention_split if split_dots else _attention_bf16_split if split_bf16 else
               _attention_dot if modes.points_dot else _attention_direct)
     split, split_len = split_range(n, split, largest_meta(kernel, "BLOCK_N"))
     assert split == 1 or stats is None, "the training forward's statistics are not merged"
@@ -326,7 +335,7 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
         pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
         VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
         POINTS_DOT=modes.points_dot, SPLIT_DOTS=split_dots, CAST_F32=cast_f32(q.dtype),
-        SPLIT_BF16=modes.split_bf16 and q.dtype != torch.float32,
+        SPLIT_BF16=split_bf16,
         STORE_STATS=stats is not None, WRITE_LSE=split > 1,
     )
     if split == 1:

@@ -134,7 +134,8 @@ class Modes:
     bias: str  # the separate (B, H, N, N) pair-bias GEMM (`pair_bias.py`)
     split_dots: bool = False  # fp32: the attention kernel's q.k, p.v, p.v_pts as 3xTF32
     # 16-bit inputs: the attention kernel's point cross term and p.v_pts as 3xBF16 (one
-    # tensor-core layout with its bf16 dots), not 3xTF32 and TF32 (`triton_ipa(half_points=)`)
+    # tensor-core layout with its bf16 dots), not 3xTF32 and TF32 (`triton_ipa(half_points=)`:
+    # the default there, not in triton-train, whose backward recomputes the logits in TF32)
     split_bf16: bool = False
 
 
