@@ -16,6 +16,8 @@ export COLUMNS=${COLUMNS:-240}
 # A GPU test's time is mostly compiling its kernels' autotune configs, one core per process:
 # shards divide it. Concurrent processes make the autotuner's trial timings noisy, so a shard may
 # check a different config than a lone run picks; every config must match the oracle anyway.
+# Memory bounds SHARDS: the training tests at N = 1000-2048 hold float64 oracles and their
+# gradients, and 8 shards of the Triton tests ran the H200's 140 GB out (tenth session); 4 fit.
 sharded_pytest() {
     local shards=$1 limit=$2 log=$3 ids
     shift 3
