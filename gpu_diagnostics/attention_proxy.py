@@ -20,6 +20,7 @@ import sys
 import torch
 
 import variants.triton.attention as att
+import variants.triton.bias_backward as bb
 import variants.triton.common as common
 import variants.triton.pipeline as pipeline
 from gpu_diagnostics.sm90_proxy import (
@@ -39,6 +40,35 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
          "attention_split": ("_attention_split", torch.float32, {}),
          "attention_dot": ("_attention_dot", torch.bfloat16, {"half_points": "tf32"}),
          "attention_bf16_split": ("_attention_bf16_split", torch.bfloat16, {})}
+
+
+# triton-train's backward key kernel (`bias_backward._key_kernel`), label: (form, input dtype)
+BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
+                  "keys_16bit": ("_key_16bit", torch.bfloat16)}
+
+
+def backward_launch_args(name: str, dtype: torch.dtype, n: int) -> tuple[tuple, dict]:
+    """The arguments `bias_backward.launch_bias_backward` passes to its key kernel's form
+    `name` at the default layer (operands of the right shapes and dtypes; their values do not
+    matter to the compiler); the other kernels only stand still."""
+    cfg = problem.IPAConfig()
+    b, h, d, p3, vp3 = 1, cfg.heads, cfg.head_dim, 3 * cfg.query_points, 3 * cfg.value_points
+    rec = Recorder()
+    rec.configs = getattr(bb, name).configs
+    f32 = torch.float32
+    q, k, v, grad_s, out_s = (torch.zeros(b, n, h, d, dtype=dtype) for _ in range(5))
+    q_pts, k_pts = (torch.zeros(b, h, p3, n, dtype=f32) for _ in range(2))
+    v_pts = torch.zeros(b, h, n, vp3, dtype=f32)
+    grad_p, out_p = (torch.zeros(b, n, h, vp3, dtype=f32) for _ in range(2))
+    stats = torch.zeros(b, n, h, 3, dtype=f32)
+    bias = torch.zeros(b, h, n, n, dtype=dtype)
+    stand_ins = [(bb, name, rec), (bb, "_query", Recorder()),
+                 (bb, "pair_gradients", lambda *a: (None, torch.zeros(1)))]
+    with standing_in(stand_ins), torch.no_grad():
+        bb.launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, None, bias,
+                                torch.zeros(h), out_s, out_p, stats, bias,
+                                common.dot_modes(dtype, "ieee"))
+    return rec.args, rec.kwargs
 
 
 def launch_args(name: str, dtype: torch.dtype, options: dict, n: int) -> tuple[tuple, dict]:
@@ -62,10 +92,14 @@ def launch_args(name: str, dtype: torch.dtype, options: dict, n: int) -> tuple[t
 def main(argv: list[str]) -> int:
     warn_version()
     n = int(argv[0]) if argv else 1024
-    for label, (name, dtype, options) in FORMS.items():
-        args, kwargs = launch_args(name, dtype, options, n)
-        for config in getattr(att, name).configs:
-            kernel = compile_config(args, kwargs, config, fn=att._attention_kernel)
+    chosen = set(argv[1:]) or set(FORMS) | set(BACKWARD_FORMS)
+    forms = [(label, att, name, att._attention_kernel, launch_args(name, dtype, options, n))
+             for label, (name, dtype, options) in FORMS.items() if label in chosen]
+    forms += [(label, bb, name, bb._key_kernel, backward_launch_args(name, dtype, n))
+              for label, (name, dtype) in BACKWARD_FORMS.items() if label in chosen]
+    for label, module, name, fn, (args, kwargs) in forms:
+        for config in getattr(module, name).configs:
+            kernel = compile_config(args, kwargs, config, fn=fn)
             regs, stack, sass = sass_stats(kernel.asm["cubin"])
             loop = key_loop(sass)
             per_pair = loop["loop"] * config.num_warps / (config.kwargs["BLOCK_M"]

@@ -64,6 +64,7 @@ from variants.triton.common import (
     split_for_sms,
     split_range,
 )
+from variants.triton.tf32 import dot_parts, tf32_parts
 
 LOG2E = tl.constexpr(base2.LOG2E)
 LN2 = tl.constexpr(math.log(2.0))
@@ -126,6 +127,9 @@ def _key_kernel(
     if CAST_F32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
+    SPLIT: tl.constexpr = DOT_PRECISION == "tf32x3"  # fp32: every dot as 3xTF32 (`tf32.py`)
+    k_hi, k_lo = tf32_parts(k, SPLIT)
+    v_hi, v_lo = tf32_parts(v, SPLIT)
     # Point products run on coordinates centred on this block's first key point (small
     # numbers: the sums they enter cancel at the 10-100 A of the global frame otherwise).
     n0 = pid_n * BLOCK_N
@@ -137,6 +141,7 @@ def _key_kernel(
     vp = tl.load(VP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :],
                  mask=n_ok[:, None] & e_ok[None, :], other=0.0)  # (BN, VP3_PAD)
     vp = tl.where(n_ok[:, None] & e_ok[None, :], vp - centre_e[None, :], 0.0)
+    vp_hi, vp_lo = tf32_parts(vp, SPLIT)
 
     acc_dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     acc_dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
@@ -144,12 +149,15 @@ def _key_kernel(
     acc_dvp = tl.zeros([BLOCK_N, VP3_PAD], dtype=tl.float32)
     colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_dpw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    bias_cols = BIAS + bh * N * N + offs_n[None, :]
+    bias_rows = BIAS + bh * N * N + offs_n[:, None]  # tiles keys x queries: dS^T in place
     i_start = pid_s * split_len
     for i0 in range(i_start, tl.minimum(i_start + split_len, N), BLOCK_M):
+        # Keys x queries, as the Triton tutorial's FlashAttention-2 backward: the tiles computed
+        # here (P^T, dS^T) are the A operands of the key-side dots as they are, and only loaded
+        # tiles are transposed (shared-memory views), none computed in registers.
         offs_m = i0 + tl.arange(0, BLOCK_M)
         m_ok = offs_m < N
-        tile_ok = m_ok[:, None] & n_ok[None, :]
+        tile_ok = n_ok[:, None] & m_ok[None, :]
         row_h = (b * N + offs_m) * H + h  # (B, N, H) row index
 
         # The forward's base-2 logits, recomputed (distances directly, in fp32).
@@ -157,19 +165,21 @@ def _key_kernel(
                     mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # (BM, D_PAD)
         if CAST_F32:
             q = q.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * q_scale
-        dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        q_hi, q_lo = tf32_parts(q, SPLIT)
+        st = dot_parts(k_hi, k_lo, tl.trans(q_hi), tl.trans(q_lo),
+                       tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PRECISION) * q_scale
+        dist = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for c in tl.static_range(P3):
             qc = tl.load(QP + (bh * P3 + c) * N + offs_m, mask=m_ok, other=0.0)
             kc = tl.load(KP + (bh * P3 + c) * N + offs_n, mask=n_ok, other=0.0)
-            diff = qc[:, None] - kc[None, :]
+            diff = kc[:, None] - qc[None, :]
             dist += diff * diff
-        tile = bias_cols + offs_m[:, None].to(tl.int64) * N
+        tile = bias_rows + offs_m[None, :].to(tl.int64) * N
         bias = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)
-        s = s + bias * LOG2E + pw * dist
+        st = st + bias * LOG2E + pw * dist
         row_max = tl.load(STATS + row_h * 3, mask=m_ok, other=0.0)
         log_sum = tl.load(STATS + row_h * 3 + 1, mask=m_ok, other=0.0)
-        p = tl.where(tile_ok, tl.exp2((s - row_max[:, None]) - log_sum[:, None]), 0.0)
+        pt = tl.where(tile_ok, tl.exp2((st - row_max[None, :]) - log_sum[None, :]), 0.0)
 
         # dP and the values' gradients.
         dos = tl.load(DOS + row_h[:, None] * D + offs_d[None, :],
@@ -178,24 +188,32 @@ def _key_kernel(
             dos = dos.to(tl.float32)
         dop = tl.load(DOP + row_h[:, None] * VP3 + offs_e[None, :],
                       mask=m_ok[:, None] & e_ok[None, :], other=0.0)  # (BM, VP3_PAD)
-        acc_dv += tl.dot(tl.trans(p).to(dos.dtype), dos, input_precision=DOT_PRECISION)
-        acc_dvp += tl.dot(tl.trans(p), dop, input_precision=PTS_PRECISION)
-        dp = tl.dot(dos, tl.trans(v), input_precision=DOT_PRECISION)
-        dp += tl.dot(dop, tl.trans(vp), input_precision=PTS_PRECISION)  # centred vp: dP - c.dO_p
+        pt_hi, pt_lo = tf32_parts(pt, SPLIT)
+        dos_hi, dos_lo = tf32_parts(dos, SPLIT)
+        dop_hi, dop_lo = tf32_parts(dop, SPLIT)
+        acc_dv = dot_parts(pt_hi.to(dos.dtype), pt_lo.to(dos.dtype), dos_hi, dos_lo, acc_dv,
+                           DOT_PRECISION)
+        acc_dvp = dot_parts(pt_hi, pt_lo, dop_hi, dop_lo, acc_dvp, PTS_PRECISION)
+        dpt = dot_parts(v_hi, v_lo, tl.trans(dos_hi), tl.trans(dos_lo),
+                        tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PRECISION)
+        # centred vp: dP - c.dO_p
+        dpt = dot_parts(vp_hi, vp_lo, tl.trans(dop_hi), tl.trans(dop_lo), dpt, PTS_PRECISION)
         delta = tl.load(DELTA + row_h, mask=m_ok, other=0.0) - tl.sum(dop * centre_e[None, :], 1)
-        ds = p * (dp - delta[:, None])  # d loss / d logit (natural units)
-        tl.store(tile, ds.to(BIAS.dtype.element_ty), mask=tile_ok)
+        dst = pt * (dpt - delta[None, :])  # d loss / d logit (natural units), transposed
+        tl.store(tile, dst.to(BIAS.dtype.element_ty), mask=tile_ok)
 
         # Keys: dk += dS^T q, the point sums, dS's column sums; d pw.
-        dst = tl.trans(ds)
-        acc_dk += tl.dot(dst.to(q.dtype), q, input_precision=DOT_PRECISION)
+        dst_hi, dst_lo = tf32_parts(dst, SPLIT)
+        acc_dk = dot_parts(dst_hi.to(q.dtype), dst_lo.to(q.dtype), q_hi, q_lo, acc_dk,
+                           DOT_PRECISION)
         qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
                      mask=m_ok[:, None] & p_ok[None, :], other=0.0)  # (BM, P3_PAD)
         qp = tl.where(m_ok[:, None] & p_ok[None, :], qp - centre_p[None, :], 0.0)
-        acc_dkp += tl.dot(dst, qp, input_precision=PTS_PRECISION)
-        colsum += tl.sum(ds, 0)
+        qp_hi, qp_lo = tf32_parts(qp, SPLIT)
+        acc_dkp = dot_parts(dst_hi, dst_lo, qp_hi, qp_lo, acc_dkp, PTS_PRECISION)
+        colsum += tl.sum(dst, 1)
         dbar = tl.load(STATS + row_h * 3 + 2, mask=m_ok, other=0.0)
-        acc_dpw += tl.sum(ds * (dist - dbar[:, None]), 0)
+        acc_dpw += tl.sum(dst * (dist - dbar[None, :]), 1)
 
     # This range's partial sums, in slice pid_s of each output (B * H = programs along axis 1).
     rows = pid_s * tl.num_programs(1) * N  # key rows (b, h, j) before this slice

@@ -26,6 +26,28 @@ def dot_split_tf32(a_hi, a_lo, b_hi, b_lo, acc):
 
 
 @triton.jit
+def tf32_parts(x, SPLIT: tl.constexpr):
+    """(hi, lo) of fp32 x for `dot_parts`: with SPLIT its `tf32_hi` and the exact remainder,
+    else (x, 0) (lo then unused). Split once, an operand serves every dot it enters."""
+    hi = x
+    if SPLIT:
+        hi = tf32_hi(x)
+    return hi, x - hi
+
+
+@triton.jit
+def dot_parts(a_hi, a_lo, b_hi, b_lo, acc, PRECISION: tl.constexpr):
+    """acc + a @ b from `tf32_parts`: for PRECISION "tf32x3" as `dot_split_tf32` (Triton's own
+    tf32x3 splits both operands of every dot again, five instructions per element), else one
+    dot of the high parts (the operands themselves) in PRECISION."""
+    if PRECISION == "tf32x3":
+        acc = dot_split_tf32(a_hi, a_lo, b_hi, b_lo, acc)
+    else:
+        acc = tl.dot(a_hi, b_hi, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def bf16_split(x, AS_F32: tl.constexpr):
     """fp32 x as (hi, lo), both bf16: hi = x rounded to bf16, lo = the remainder rounded. With
     AS_F32 (`common.cast_f32`: the interpreter, whose 16-bit dots are wrong) both come back as
