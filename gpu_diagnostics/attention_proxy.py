@@ -42,15 +42,18 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
          "attention_bf16_split": ("_attention_bf16_split", torch.bfloat16, {})}
 
 
-# triton-train's backward key kernel (`bias_backward._key_kernel`), label: (form, input dtype)
+# triton-train's backward: the key kernel (`bias_backward._key_kernel`) and the pair kernel
+# (`_pair_kernel`, d pair_repr and dW_b), label: (autotuned form, input dtype)
 BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
-                  "keys_16bit": ("_key_16bit", torch.bfloat16)}
+                  "keys_16bit": ("_key_16bit", torch.bfloat16),
+                  "pairs_3xtf32": ("_pair", torch.float32),
+                  "pairs_16bit": ("_pair", torch.bfloat16)}
 
 
 def backward_launch_args(name: str, dtype: torch.dtype, n: int) -> tuple[tuple, dict]:
-    """The arguments `bias_backward.launch_bias_backward` passes to its key kernel's form
-    `name` at the default layer (operands of the right shapes and dtypes; their values do not
-    matter to the compiler); the other kernels only stand still."""
+    """The arguments `bias_backward.launch_bias_backward` passes to the backward kernel's
+    autotuned form `name` at the default layer (operands of the right shapes and dtypes; their
+    values do not matter to the compiler); the other kernels only stand still."""
     cfg = problem.IPAConfig()
     b, h, d, p3, vp3 = 1, cfg.heads, cfg.head_dim, 3 * cfg.query_points, 3 * cfg.value_points
     rec = Recorder()
@@ -62,6 +65,11 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int) -> tuple[tuple, 
     grad_p, out_p = (torch.zeros(b, n, h, vp3, dtype=f32) for _ in range(2))
     stats = torch.zeros(b, n, h, 3, dtype=f32)
     bias = torch.zeros(b, h, n, n, dtype=dtype)
+    if name == "_pair":
+        with standing_in([(bb, name, rec), (bb, "sm_count", lambda device: 132)]):
+            bb.pair_gradients(bias, torch.zeros(b, n, n, cfg.pair_dim, dtype=dtype),
+                              torch.zeros(h, cfg.pair_dim, dtype=dtype))
+        return rec.args, rec.kwargs
     stand_ins = [(bb, name, rec), (bb, "_query", Recorder()),
                  (bb, "pair_gradients", lambda *a: (None, torch.zeros(1)))]
     with standing_in(stand_ins), torch.no_grad():
@@ -95,15 +103,17 @@ def main(argv: list[str]) -> int:
     chosen = set(argv[1:]) or set(FORMS) | set(BACKWARD_FORMS)
     forms = [(label, att, name, att._attention_kernel, launch_args(name, dtype, options, n))
              for label, (name, dtype, options) in FORMS.items() if label in chosen]
-    forms += [(label, bb, name, bb._key_kernel, backward_launch_args(name, dtype, n))
+    forms += [(label, bb, name, bb._pair_kernel if name == "_pair" else bb._key_kernel,
+               backward_launch_args(name, dtype, n))
               for label, (name, dtype) in BACKWARD_FORMS.items() if label in chosen]
     for label, module, name, fn, (args, kwargs) in forms:
         for config in getattr(module, name).configs:
             kernel = compile_config(args, kwargs, config, fn=fn)
             regs, stack, sass = sass_stats(kernel.asm["cubin"])
             loop = key_loop(sass)
-            per_pair = loop["loop"] * config.num_warps / (config.kwargs["BLOCK_M"]
-                                                          * config.kwargs["BLOCK_N"])
+            tile = config.kwargs.get("BLOCK_P") or (config.kwargs["BLOCK_M"]
+                                                     * config.kwargs["BLOCK_N"])
+            per_pair = loop["loop"] * config.num_warps / tile
             cap = f" maxnreg {config.maxnreg}" if config.maxnreg else ""
             print(f"{label} {config.kwargs} warps {config.num_warps} stages "
                   f"{config.num_stages}{cap}: {regs} registers, {stack // 4} spilled, "

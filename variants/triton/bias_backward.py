@@ -327,6 +327,8 @@ def _pair_kernel(
                 other=0.0)
     if CAST_F32:
         w = w.to(tl.float32)
+    SPLIT: tl.constexpr = PRECISION == "tf32x3"  # fp32: both dots as 3xTF32 (`tf32.py`)
+    w_hi, w_lo = tf32_parts(w, SPLIT)
     acc = tl.zeros((H_PAD, C_PAD), dtype=tl.float32)
     per_program = tl.cdiv(tl.cdiv(PAIRS, BLOCK_P), tl.num_programs(0)) * BLOCK_P
     start = pid * per_program
@@ -340,9 +342,12 @@ def _pair_kernel(
         z = tl.load(Z + zc, mask=in_z, other=0.0)
         if CAST_F32:
             ds, z = ds.to(tl.float32), z.to(tl.float32)
-        dz = tl.dot(tl.trans(ds), w, input_precision=PRECISION)
+        ds_hi, ds_lo = tf32_parts(ds, SPLIT)  # split once for both dots
+        dz = dot_parts(tl.trans(ds_hi), tl.trans(ds_lo), w_hi, w_lo,
+                       tl.zeros((BLOCK_P, C_PAD), dtype=tl.float32), PRECISION)
         tl.store(DZ + zc, dz.to(DZ.dtype.element_ty), mask=in_z)
-        acc += tl.dot(ds, z, input_precision=PRECISION)
+        z_hi, z_lo = tf32_parts(z, SPLIT)
+        acc = dot_parts(ds_hi, ds_lo, z_hi, z_lo, acc, PRECISION)
     dw = DW + ((b * tl.num_programs(0) + pid) * H_PAD + h[:, None]) * C_PAD + c[None, :]
     tl.store(dw, acc)
 
