@@ -364,20 +364,27 @@ _key_fp32 = autotuned(
                                 (16, 128, 4, 1), (32, 128, 8, 1)]],
     key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
 )
-# fp32 with every dot as Triton's tf32x3 (`Modes.split_dots`): tensor-core tiles.
+# fp32 with every dot as 3xTF32 (`Modes.split_dots`): tensor-core tiles. The one-stage configs
+# issue the fewest instructions per pair (sm_90 proxy, `gpu_diagnostics/attention_proxy.py
+# 4096 keys_3xtf32`: (16, 128, 4, 1) 5.0, (32, 64, 4, 1) 5.9, two-stage ones 7.7-12.9); every
+# config runs at 255 registers and spills.
 _key_3xtf32 = autotuned(
     "bias_backward_keys_3xtf32", _key_kernel,
     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
              for m, n, w, s in [(32, 32, 4, 1), (32, 64, 4, 1), (32, 64, 4, 2), (64, 64, 4, 2),
-                                (64, 64, 8, 2), (64, 32, 4, 2), (32, 128, 8, 2)]],
+                                (64, 64, 8, 2), (64, 32, 4, 2), (32, 128, 8, 2), (16, 64, 4, 1),
+                                (16, 128, 4, 1)]],
     key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
 )
+# 16-bit: one stage as in fp32 issues 25-35 % fewer instructions per pair than two (proxy,
+# `keys_16bit`: (16, 64, 2, 1) 3.9, (16, 128, 4, 1) 4.0, (32, 64, 4, 1) 4.8 against 4.4-12.9).
 _key_16bit = autotuned(
     "bias_backward_keys_16bit", _key_kernel,
     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
              for m, n, w, s in [(16, 64, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2),
                                 (32, 128, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
-                                (32, 32, 4, 2)]],
+                                (32, 32, 4, 2), (16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1),
+                                (16, 64, 2, 1)]],
     key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
 )
 _query = autotuned(  # reads dS only: trials are harmless
