@@ -42,10 +42,14 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
          "attention_bf16_split": ("_attention_bf16_split", torch.bfloat16, {})}
 
 
-# triton-train's backward: the key kernel (`bias_backward._key_kernel`) and the pair kernel
-# (`_pair_kernel`, d pair_repr and dW_b), label: (autotuned form, input dtype)
+# triton-train's backward: the key kernel (`bias_backward._key_kernel`), the query kernel
+# (`_query_kernel`) and the pair kernel (`_pair_kernel`, d pair_repr and dW_b), label:
+# (autotuned form, input dtype)
+KERNELS = {"_query": "_query_kernel", "_pair": "_pair_kernel"}  # else the key kernel
 BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "keys_16bit": ("_key_16bit", torch.bfloat16),
+                  "queries_3xtf32": ("_query", torch.float32),
+                  "queries_16bit": ("_query", torch.bfloat16),
                   "pairs_3xtf32": ("_pair", torch.float32),
                   "pairs_16bit": ("_pair", torch.bfloat16)}
 
@@ -70,7 +74,10 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int) -> tuple[tuple, 
             bb.pair_gradients(bias, torch.zeros(b, n, n, cfg.pair_dim, dtype=dtype),
                               torch.zeros(h, cfg.pair_dim, dtype=dtype))
         return rec.args, rec.kwargs
-    stand_ins = [(bb, name, rec), (bb, "_query", Recorder()),
+    key_kernel = "_key_3xtf32" if dtype == torch.float32 else "_key_16bit"
+    key_rec = Recorder()
+    key_rec.configs = getattr(bb, key_kernel).configs
+    stand_ins = [(bb, key_kernel, key_rec), (bb, "_query", Recorder()), (bb, name, rec),
                  (bb, "pair_gradients", lambda *a: (None, torch.zeros(1)))]
     with standing_in(stand_ins), torch.no_grad():
         bb.launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, None, bias,
@@ -103,7 +110,7 @@ def main(argv: list[str]) -> int:
     chosen = set(argv[1:]) or set(FORMS) | set(BACKWARD_FORMS)
     forms = [(label, att, name, att._attention_kernel, launch_args(name, dtype, options, n))
              for label, (name, dtype, options) in FORMS.items() if label in chosen]
-    forms += [(label, bb, name, bb._pair_kernel if name == "_pair" else bb._key_kernel,
+    forms += [(label, bb, name, getattr(bb, KERNELS.get(name, "_key_kernel")),
                backward_launch_args(name, dtype, n))
               for label, (name, dtype) in BACKWARD_FORMS.items() if label in chosen]
     for label, module, name, fn, (args, kwargs) in forms:

@@ -265,6 +265,7 @@ def _query_kernel(
     d_ok = offs_d < D
     p_ok = offs_p < P3
 
+    SPLIT: tl.constexpr = DOT_PRECISION == "tf32x3"  # fp32: every dot as 3xTF32 (`tf32.py`)
     # Points centred on this block's first query point, as in the key kernel.
     centre = tl.load(QP + (bh * P3 + offs_p % 3) * N + pid_m * BLOCK_M)  # (P3_PAD,)
     acc_dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -279,12 +280,16 @@ def _query_kernel(
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BN, D_PAD)
         if CAST_F32:
             k = k.to(tl.float32)
-        acc_dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        ds = ds.to(tl.float32)
+        ds_hi, ds_lo = tf32_parts(ds, SPLIT)  # split once for both dots
+        k_hi, k_lo = tf32_parts(k, SPLIT)
+        acc_dq = dot_parts(ds_hi.to(k.dtype), ds_lo.to(k.dtype), k_hi, k_lo, acc_dq,
+                           DOT_PRECISION)
         kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
                      mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
         kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre[None, :], 0.0)
-        ds = ds.to(tl.float32)
-        acc_dqp += tl.dot(ds, kp, input_precision=PTS_PRECISION)
+        kp_hi, kp_lo = tf32_parts(kp, SPLIT)
+        acc_dqp = dot_parts(ds_hi, ds_lo, kp_hi, kp_lo, acc_dqp, PTS_PRECISION)
         rowsum += tl.sum(ds, 1)
 
     pw = tl.load(PW + h)
