@@ -475,7 +475,7 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pair bias's backward in one pass over z: d pair_repr[b] = dS[b]^T W_b (the
     pair_repr's dtype) and dW_b = sum_b dS[b] z[b] (fp32), from dS (B, H, N, N). fp32 dots run
-    as 3xTF32 on the GPU (IEEE under the interpreter), 16-bit ones on tensor cores with fp32
+    as 3xTF32 (`tf32.dot_parts`; under the interpreter too), 16-bit ones on tensor cores with fp32
     accumulation."""
     b, h, n, _ = ds.shape
     c = pair_repr.shape[3]
@@ -489,7 +489,7 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
     _pair[(programs, b)](  # every trial writes the same d_pair and partials: no restore
         ds, pair_repr, pair_weight.contiguous(), d_pair, partial, pairs, pow2(pairs, 4096),
         H=h, H_PAD=h_pad, C=c, C_PAD=c_pad,
-        PRECISION="tf32x3" if fp32 and not INTERPRET else "ieee", CAST_F32=cast_f32(ds.dtype),
+        PRECISION="tf32x3" if fp32 else "ieee", CAST_F32=cast_f32(ds.dtype),
     )
     return d_pair, partial.sum((0, 1))[:h, :c].contiguous()
 
