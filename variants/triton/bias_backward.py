@@ -17,13 +17,18 @@ attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i preco
       d pw += ln 2 sum dS (|qp - kp|^2 - dbar) (a sum per key, summed by PyTorch),
       and dS is written over the bias tile it was computed from: every tile belongs to exactly
       one program, which reads it before it writes it, so the (B, H, N, N) buffer the forward
-      saved becomes the bias gradient and no second N x N x H tensor is allocated.
+      saved becomes the bias gradient and no second N x N x H tensor is allocated. Its tiles
+      are keys x queries (S^T, P^T, dS^T, as the Triton tutorial's backward): the key-side
+      dots take them as computed, and only loaded tiles are transposed.
   query kernel (a program owns BLOCK_M queries of one (b, h)) reads dS back:
       dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp): no atomics, no recomputation.
   pair kernel (a program owns a run of (i, j) pairs of one batch element) reads each dS and
       z tile once: d pair_repr = dS^T W_b written once (the only N x N x C tensor of the step)
       and dW_b = sum dS z into a partial sum per program (no atomic hot spot), summed by
       PyTorch. fp32 dots as 3xTF32: cuBLAS ran both products as SIMT sgemm (K = H = 12).
+
+fp32 dots run as 3xTF32 from operands split once (`tf32.tf32_parts`, `dot_parts`): Triton's own
+tf32x3 splits both operands of every dot again, in five instructions per element.
 
 Two choices are for accuracy, found by emulating the backward in fp32 against float64 at
 N = 1024 (docs/perf-notes.md): P from (s - m) - log2 l rather than s - LSE, whose rounding at
