@@ -40,7 +40,7 @@ around their mean instead of by the distances themselves (hundreds of A^2).
 The point products (dP's point half, dvp, dkp, dqp) run on coordinates centred on the
 program's first key (key kernel) or query (query kernel) point: dS kp is subtracted from
 qp rowsum(dS), and dO_p . vp from D, which at the 10-100 A of the global frame would cancel;
-D takes dO_p . centre off to match. They run in IEEE fp32 for fp32 inputs and in TF32 for
+D takes dO_p . centre off to match. They run as 3xTF32 for fp32 inputs and in TF32 for
 16-bit ones; the squared distances are recomputed directly in fp32.
 
 The forward's buffer is mutated: the op declares it (`mutates_args`), and autograd's version
