@@ -1,16 +1,19 @@
 """No GPU: compiles the `triton` forward's attention kernel (`variants/triton/attention.py`)
-for sm_90 here, on the CPU machine, with the GPU machine's triton 3.6.0, specialised as the
-forward launches it at the default layer, for every config of each of its autotuned forms:
+and triton-train's backward kernels (`variants/triton/bias_backward.py`) for sm_90 here, on the
+CPU machine, with the GPU machine's triton 3.6.0, specialised as their launchers launch them at
+the default layer, for every config of each of their autotuned forms:
 registers, spills (stack bytes / 4) and shared bytes, as `sm90_proxy.py` does for the openfold
 kernel (whose venv it needs: see there). Configs that spill are the ones to drop.
 
-    PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/attention_proxy.py [N]
+    PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/attention_proxy.py [N] [FORM...]
 
 Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
 `triton_ipa(fp32_dots="ieee")`), bf16 with its point dots as 3xBF16 (`_attention_bf16_split`,
-the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`). One line
-per config on stdout: registers, spills, shared bytes, and the key loop's warp-instructions per
-(query, key) pair with its shared-memory loads and stores (LDS, STS) per warp and key block.
+the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`); the
+backward's key, query and pair kernels in fp32 (3xTF32) and 16-bit (`BACKWARD_FORMS`). FORM
+names the labels to compile (default: all). One line per config on stdout: registers, spills,
+shared bytes, and the main loop's warp-instructions per (query, key) pair (the pair kernel's:
+per (i, j) pair) with its shared-memory loads and stores (LDS, STS) per warp and block.
 """
 
 from __future__ import annotations
