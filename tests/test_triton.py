@@ -186,6 +186,19 @@ def test_half_points_interpreted(precision, half_points):
     check_triton_options("cpu", 2, 70, SMALL, precision, half_points=half_points)
 
 
+@needs_triton
+def test_default_split_on_an_h200(monkeypatch):
+    # The rule as measured on the H200 (132 SMs; docs/perf-notes.md, tenth session): B = 1,
+    # H = 12 splits N = 256, 512, 1024 into 4, 7, 4 key ranges and leaves N >= 2048 (two
+    # programs per SM or more) whole; off the GPU nothing is split.
+    monkeypatch.setattr(common, "sm_count", lambda device: 132)
+    monkeypatch.setattr("variants.triton.attention.sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    assert [default_split(1, 12, n, cuda) for n in (256, 512, 1024, 2048, 4096)] == [4, 7, 4, 1, 1]
+    assert default_split(4, 12, 1024, cuda) == 1  # 768 programs
+    assert default_split(1, 12, 1024, torch.device("cpu")) == 1
+
+
 @needs_interpreter
 def test_merge_of_key_ranges_matches_float64():
     # S = 3 ranges, one of them almost weightless; D = 24 and 3Vp = 15 padded; out_s a bf16
