@@ -65,25 +65,25 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int) -> tuple[tuple, 
     b, h, d, p3, vp3 = 1, cfg.heads, cfg.head_dim, 3 * cfg.query_points, 3 * cfg.value_points
     rec = Recorder()
     rec.configs = getattr(bb, name).configs
+    bias = torch.zeros(b, h, n, n, dtype=dtype)
+    pair_weight = torch.zeros(h, cfg.pair_dim, dtype=dtype)
+    if name == "_pair":
+        with standing_in([(bb, name, rec), (bb, "sm_count", lambda device: 132)]):
+            bb.pair_gradients(bias, torch.zeros(b, n, n, cfg.pair_dim, dtype=dtype), pair_weight)
+        return rec.args, rec.kwargs
     f32 = torch.float32
     q, k, v, grad_s, out_s = (torch.zeros(b, n, h, d, dtype=dtype) for _ in range(5))
     q_pts, k_pts = (torch.zeros(b, h, p3, n, dtype=f32) for _ in range(2))
     v_pts = torch.zeros(b, h, n, vp3, dtype=f32)
     grad_p, out_p = (torch.zeros(b, n, h, vp3, dtype=f32) for _ in range(2))
     stats = torch.zeros(b, n, h, 3, dtype=f32)
-    bias = torch.zeros(b, h, n, n, dtype=dtype)
-    if name == "_pair":
-        with standing_in([(bb, name, rec), (bb, "sm_count", lambda device: 132)]):
-            bb.pair_gradients(bias, torch.zeros(b, n, n, cfg.pair_dim, dtype=dtype),
-                              torch.zeros(h, cfg.pair_dim, dtype=dtype))
-        return rec.args, rec.kwargs
     key_kernel = "_key_3xtf32" if dtype == torch.float32 else "_key_16bit"
     key_rec = Recorder()
     key_rec.configs = getattr(bb, key_kernel).configs
     stand_ins = [(bb, key_kernel, key_rec), (bb, "_query", Recorder()), (bb, name, rec),
                  (bb, "pair_gradients", lambda *a: (None, torch.zeros(1)))]
     with standing_in(stand_ins), torch.no_grad():
-        bb.launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, None, bias,
+        bb.launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, None, pair_weight,
                                 torch.zeros(h), out_s, out_p, stats, bias,
                                 common.dot_modes(dtype, "ieee"))
     return rec.args, rec.kwargs

@@ -297,7 +297,8 @@ def default_split(batch: int, heads: int, length: int, device: torch.device) -> 
     is not split (the merge would cost more than the fuller waves gain); a smaller one is split
     to about five programs per SM, ranges of at least 64 keys. Measured on the H200 (B = 1,
     H = 12, replayed forward; docs/perf-notes.md, tenth session): N = 256 and 1024 gain 4-10 %
-    from 4 ranges, N = 2048 (384 programs) loses 3-6 % from 2, N = 4096 gains nothing."""
+    from 4 ranges, N = 2048 (384 programs) loses 2 % (fp32) to 7-8 % (bf16) from 2, N = 4096
+    gains nothing."""
     programs = batch * heads * triton.cdiv(length, 64)
     if device.type == "cuda" and programs >= 2 * sm_count(device):
         return 1
