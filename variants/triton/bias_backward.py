@@ -86,8 +86,7 @@ def _key_kernel(
     DOP,  # (B, N, H, 3*Vp) fp32 contiguous: d loss / d out_p
     STATS,  # (B, N, H, 3) fp32, the forward's: row max m, log2 l, mean distance dbar
     DELTA,  # (B, N, H) fp32: D_i = dO_s . out_s + dO_p . out_p
-    DK, DV,  # (S, B, N, H, D) fp32: one partial sum per query range
-    DKP,  # (S, B, H, 3*Qp, N) fp32
+    DV,  # (S, B, N, H, D) fp32: one partial sum per query range
     DVP,  # (S, B, H, N, 3*Vp) fp32
     DPW,  # (S, B, H, N) fp32: each key's sum over the range's queries of d point_weight
     N,
@@ -116,11 +115,9 @@ def _key_kernel(
     bh = b * H + h
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
-    offs_p = tl.arange(0, P3_PAD)
     offs_e = tl.arange(0, VP3_PAD)
     n_ok = offs_n < N
     d_ok = offs_d < D
-    p_ok = offs_p < P3
     e_ok = offs_e < VP3
     nd_ok = n_ok[:, None] & d_ok[None, :]
 
@@ -135,24 +132,16 @@ def _key_kernel(
     SPLIT: tl.constexpr = DOT_PRECISION == "tf32x3"  # fp32: every dot as 3xTF32 (`tf32.py`)
     k_hi, k_lo = tf32_parts(k, SPLIT)
     v_hi, v_lo = tf32_parts(v, SPLIT)
-    # Point products run on coordinates centred on this block's first key point (small
+    # Value-point products run on coordinates centred on this block's first key point (small
     # numbers: the sums they enter cancel at the 10-100 A of the global frame otherwise).
-    n0 = pid_n * BLOCK_N
-    centre_p = tl.load(KP + (bh * P3 + offs_p % 3) * N + n0)  # (P3_PAD,): x, y, z, x, ...
-    centre_e = tl.load(KP + (bh * P3 + offs_e % 3) * N + n0)  # (VP3_PAD,)
-    kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
-                 mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
-    kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre_p[None, :], 0.0)
+    centre_e = tl.load(KP + (bh * P3 + offs_e % 3) * N + pid_n * BLOCK_N)  # (VP3_PAD,)
     vp = tl.load(VP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :],
                  mask=n_ok[:, None] & e_ok[None, :], other=0.0)  # (BN, VP3_PAD)
     vp = tl.where(n_ok[:, None] & e_ok[None, :], vp - centre_e[None, :], 0.0)
     vp_hi, vp_lo = tf32_parts(vp, SPLIT)
 
-    acc_dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     acc_dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    acc_dkp = tl.zeros([BLOCK_N, P3_PAD], dtype=tl.float32)  # sum_i dS qp_i
     acc_dvp = tl.zeros([BLOCK_N, VP3_PAD], dtype=tl.float32)
-    colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_dpw = tl.zeros([BLOCK_N], dtype=tl.float32)
     bias_rows = BIAS + bh * N * N + offs_n[:, None]  # tiles keys x queries: dS^T in place
     i_start = pid_s * split_len
@@ -207,45 +196,31 @@ def _key_kernel(
         dst = pt * (dpt - delta[None, :])  # d loss / d logit (natural units), transposed
         tl.store(tile, dst.to(BIAS.dtype.element_ty), mask=tile_ok)
 
-        # Keys: dk += dS^T q, the point sums, dS's column sums; d pw.
-        dst_hi, dst_lo = tf32_parts(dst, SPLIT)
-        acc_dk = dot_parts(dst_hi.to(q.dtype), dst_lo.to(q.dtype), q_hi, q_lo, acc_dk,
-                           DOT_PRECISION)
-        qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
-                     mask=m_ok[:, None] & p_ok[None, :], other=0.0)  # (BM, P3_PAD)
-        qp = tl.where(m_ok[:, None] & p_ok[None, :], qp - centre_p[None, :], 0.0)
-        qp_hi, qp_lo = tf32_parts(qp, SPLIT)
-        acc_dkp = dot_parts(dst_hi, dst_lo, qp_hi, qp_lo, acc_dkp, PTS_PRECISION)
-        colsum += tl.sum(dst, 1)
+        # d pw (dk and dkp: `_ds_sums_kernel`, from the dS written here).
         dbar = tl.load(STATS + row_h * 3 + 2, mask=m_ok, other=0.0)
         acc_dpw += tl.sum(dst * (dist - dbar[None, :]), 1)
 
     # This range's partial sums, in slice pid_s of each output (B * H = programs along axis 1).
     rows = pid_s * tl.num_programs(1) * N  # key rows (b, h, j) before this slice
-    DK, DV, DKP = DK + rows * D, DV + rows * D, DKP + rows * P3
-    DVP, DPW = DVP + rows * VP3, DPW + rows
+    DV, DVP, DPW = DV + rows * D, DVP + rows * VP3, DPW + rows
     key_h = (b * N + offs_n) * H + h
-    tl.store(DK + key_h[:, None] * D + offs_d[None, :], acc_dk * (q_scale * LN2), mask=nd_ok)
     tl.store(DV + key_h[:, None] * D + offs_d[None, :], acc_dv, mask=nd_ok)
-    dkp = pw * (kp * colsum[:, None] - acc_dkp) * (2.0 * LN2)
-    tl.store(DKP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None], dkp,
-             mask=n_ok[:, None] & p_ok[None, :])
     tl.store(DVP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :], acc_dvp,
              mask=n_ok[:, None] & e_ok[None, :])
     tl.store(DPW + bh * N + offs_n, acc_dpw * LN2, mask=n_ok)
 
 
 @triton.jit(do_not_specialize=["N", "N_KEY"])
-def _query_kernel(
-    K,  # (B, N, H, D) view: strides (sb, sn, D, 1), input dtype
-    QP, KP,  # (B, H, 3*Qp, N) fp32
-    DS,  # (B, H, N, N) input dtype: d loss / d logit, from the key kernel
+def _ds_sums_kernel(
+    OTHER,  # (B, N, H, D) view, strides (sb, sn, D, 1), input dtype: k (query side) or q
+    OWN_P, OTHER_P,  # (B, H, 3*Qp, N) fp32: this side's points and the other side's
+    DS,  # (B, H, N, N) input dtype: dS[b, h, query, key], from the key kernel
     PW,  # (H,) fp32
-    DQ,  # (B, N, H, D) fp32
-    DQP,  # (B, H, 3*Qp, N) fp32
+    OUT,  # (B, N, H, D) fp32: dq (query side) or dk
+    OUT_P,  # (B, H, 3*Qp, N) fp32: dqp or dkp
     N,
     q_scale,
-    stride_kb, stride_kn,
+    stride_ob, stride_on,
     N_KEY,
     H: tl.constexpr,
     D: tl.constexpr,
@@ -255,9 +230,16 @@ def _query_kernel(
     DOT_PRECISION: tl.constexpr,
     PTS_PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
+    KEY_SIDE: tl.constexpr,  # rows are keys (dS read transposed) instead of queries
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    """The sums of dS along one side: a program owns BLOCK_M rows (queries, or keys with
+    KEY_SIDE) of one (b, h) and walks the other side's blocks, BLOCK_N at a time:
+    dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp), and with KEY_SIDE the same sums
+    of dS^T, dk = dS^T q / sqrt(d), dkp = 2 w (kp colsum(dS) - dS^T qp). No atomics and no
+    recomputation; the point products run on coordinates centred on the program's first row
+    point."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -271,41 +253,47 @@ def _query_kernel(
     p_ok = offs_p < P3
 
     SPLIT: tl.constexpr = DOT_PRECISION == "tf32x3"  # fp32: every dot as 3xTF32 (`tf32.py`)
-    # Points centred on this block's first query point, as in the key kernel.
-    centre = tl.load(QP + (bh * P3 + offs_p % 3) * N + pid_m * BLOCK_M)  # (P3_PAD,)
-    acc_dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    acc_dqp = tl.zeros([BLOCK_M, P3_PAD], dtype=tl.float32)  # sum_j dS (kp_j - centre)
+    centre = tl.load(OWN_P + (bh * P3 + offs_p % 3) * N + pid_m * BLOCK_M)  # (P3_PAD,)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    acc_p = tl.zeros([BLOCK_M, P3_PAD], dtype=tl.float32)  # sum dS (other points - centre)
     rowsum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    ds_rows = DS + bh * N * N + offs_m[:, None].to(tl.int64) * N
+    if KEY_SIDE:  # dS^T: a row is a column of dS
+        ds_rows = DS + bh * N * N + offs_m[:, None]
+    else:
+        ds_rows = DS + bh * N * N + offs_m[:, None].to(tl.int64) * N
     for j0 in range(0, N, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        ds = tl.load(ds_rows + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0.0)
-        k = tl.load(K + b * stride_kb + h * D + offs_n[:, None] * stride_kn + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BN, D_PAD)
+        if KEY_SIDE:
+            ds_tile = ds_rows + offs_n[None, :].to(tl.int64) * N
+        else:
+            ds_tile = ds_rows + offs_n[None, :]
+        ds = tl.load(ds_tile, mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+        other = tl.load(OTHER + b * stride_ob + h * D + offs_n[:, None] * stride_on
+                        + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if CAST_F32:
-            k = k.to(tl.float32)
+            other = other.to(tl.float32)
         ds = ds.to(tl.float32)
         ds_hi, ds_lo = tf32_parts(ds, SPLIT)  # split once for both dots
-        k_hi, k_lo = tf32_parts(k, SPLIT)
-        acc_dq = dot_parts(ds_hi.to(k.dtype), ds_lo.to(k.dtype), k_hi, k_lo, acc_dq,
-                           DOT_PRECISION)
-        kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
-                     mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
-        kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre[None, :], 0.0)
-        kp_hi, kp_lo = tf32_parts(kp, SPLIT)
-        acc_dqp = dot_parts(ds_hi, ds_lo, kp_hi, kp_lo, acc_dqp, PTS_PRECISION)
+        other_hi, other_lo = tf32_parts(other, SPLIT)
+        acc = dot_parts(ds_hi.to(other.dtype), ds_lo.to(other.dtype), other_hi, other_lo, acc,
+                        DOT_PRECISION)
+        other_p = tl.load(OTHER_P + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
+                          mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
+        other_p = tl.where(n_ok[:, None] & p_ok[None, :], other_p - centre[None, :], 0.0)
+        other_p_hi, other_p_lo = tf32_parts(other_p, SPLIT)
+        acc_p = dot_parts(ds_hi, ds_lo, other_p_hi, other_p_lo, acc_p, PTS_PRECISION)
         rowsum += tl.sum(ds, 1)
 
     pw = tl.load(PW + h)
     row_h = (b * N + offs_m) * H + h
-    tl.store(DQ + row_h[:, None] * D + offs_d[None, :], acc_dq * (q_scale * LN2),
+    tl.store(OUT + row_h[:, None] * D + offs_d[None, :], acc * (q_scale * LN2),
              mask=m_ok[:, None] & d_ok[None, :])
-    qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
-                 mask=m_ok[:, None] & p_ok[None, :], other=0.0)
-    qp = tl.where(m_ok[:, None] & p_ok[None, :], qp - centre[None, :], 0.0)
-    dqp = pw * (qp * rowsum[:, None] - acc_dqp) * (2.0 * LN2)
-    tl.store(DQP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None], dqp,
+    own_p = tl.load(OWN_P + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
+                    mask=m_ok[:, None] & p_ok[None, :], other=0.0)
+    own_p = tl.where(m_ok[:, None] & p_ok[None, :], own_p - centre[None, :], 0.0)
+    out_p = pw * (own_p * rowsum[:, None] - acc_p) * (2.0 * LN2)
+    tl.store(OUT_P + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None], out_p,
              mask=m_ok[:, None] & p_ok[None, :])
 
 
@@ -397,13 +385,15 @@ _key_16bit = autotuned(
                                 (16, 64, 2, 1)]],
     key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
 )
-_query = autotuned(  # reads dS only: trials are harmless
-    "bias_backward_queries", _query_kernel,
-    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-             for m, n, w, s in [(64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2),
-                                (32, 64, 4, 2)]],
-    key=_KEY, interpreted=_INTERPRETED,
-)
+# The sums of dS read it only: trials are harmless. One autotuned form per side (the key
+# side reads dS transposed).
+_SUMS_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+                 for m, n, w, s in [(64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2),
+                                    (32, 64, 4, 2)]]
+_query = autotuned("bias_backward_queries", _ds_sums_kernel, configs=_SUMS_CONFIGS,
+                   key=_KEY, interpreted=_INTERPRETED)
+_key_sums = autotuned("bias_backward_key_sums", _ds_sums_kernel, configs=_SUMS_CONFIGS,
+                      key=_KEY, interpreted=_INTERPRETED)
 
 _pair = autotuned(
     "bias_backward_pairs", _pair_kernel,
@@ -435,13 +425,11 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     key_kernel = (_key_16bit if not fp32 else _key_3xtf32 if modes.split_dots else _key_fp32)
     split, split_len = split_range(n, key_split(b * h, n, dev) if split is None else split,
                                    largest_meta(key_kernel, "BLOCK_M"))
-    dk = torch.empty(split, b, n, h, d, dtype=f32, device=dev)
-    dv = torch.empty_like(dk)
-    dk_pts = torch.empty(split, *k_pts.shape, dtype=f32, device=dev)
+    dv = torch.empty(split, b, n, h, d, dtype=f32, device=dev)
     dv_pts = torch.empty(split, *v_pts.shape, dtype=f32, device=dev)
     d_point = torch.empty(split, b, h, n, dtype=f32, device=dev)
-    dq = torch.empty(b, n, h, d, dtype=f32, device=dev)
-    dq_pts = torch.empty_like(q_pts)
+    dq, dk = (torch.empty(b, n, h, d, dtype=f32, device=dev) for _ in range(2))
+    dq_pts, dk_pts = torch.empty_like(q_pts), torch.empty_like(k_pts)
     # fp32 inputs run every dot fp32-accurate: as 3xTF32 in "ieee" mode (`modes.split_dots`),
     # as IEEE FMAs in tf32 mode (dS = P (dP - D) subtracts nearly equal numbers; tf32 gradients
     # miss their tolerance either way, docs/perf-notes.md). 16-bit inputs: the scalar dots on
@@ -453,17 +441,20 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     q_scale = base2.LOG2E / math.sqrt(d)
     key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h, split)](
         q, k, v, q_pts, k_pts, v_pts, bias, point_weight, grad_s, grad_p, stats, delta,
-        dk, dv, dk_pts, dv_pts, d_point, n, split_len, q_scale,
+        dv, dv_pts, d_point, n, split_len, q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), **shared,
     )
     ds = bias  # overwritten by the key kernel
-    _query[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
-        k, q_pts, k_pts, ds, point_weight, dq, dq_pts, n, q_scale, k.stride(0), k.stride(1),
-        pow2(n, 64), **shared,
-    )
+    for sums, other, own_p, other_p, out, out_p, key_side in (
+            (_query, k, q_pts, k_pts, dq, dq_pts, False),
+            (_key_sums, q, k_pts, q_pts, dk, dk_pts, True)):
+        sums[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
+            other, own_p, other_p, ds, point_weight, out, out_p, n, q_scale, other.stride(0),
+            other.stride(1), pow2(n, 64), KEY_SIDE=key_side, **shared,
+        )
     d_pair, d_weight = pair_gradients(ds, pair_repr, pair_weight)
-    dk, dv, dk_pts, dv_pts = (t[0] if split == 1 else t.sum(0) for t in (dk, dv, dk_pts, dv_pts))
+    dv, dv_pts = (t[0] if split == 1 else t.sum(0) for t in (dv, dv_pts))
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_pair,
             d_weight.to(pair_weight.dtype), d_point.sum((0, 1, 3)))
 
