@@ -1,5 +1,5 @@
 """The backward of the `triton` forward (the pair bias as a (B, H, N, N) tensor, then the streamed
-attention kernel of `attention.py`): two per-head kernels and one pass over pair_repr.
+attention kernel of `attention.py`): three per-head kernels and one pass over pair_repr.
 
 Idea: FlashAttention-2's backward (Dao 2023, section 3.2), per (batch, head) as the forward,
 with the bias read from the tensor the forward wrote rather than recomputed from pair_repr. The
@@ -12,16 +12,21 @@ attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i preco
   partial sums are added after)
       s  = q.k log2(e)/sqrt(d) + log2(e) bias + pw |qp - kp|^2      (the forward's logits)
       P  = 2^((s - m) - log2 l);  dP = dO_s . v + dO_p . vp;  dS = P (dP - D)  (d / d logit)
-      dv += P^T dO_s, dvp += P^T dO_p, dk += dS^T q / sqrt(d),
-      dkp = 2 w (kp colsum(dS) - dS^T qp) with w = pw ln 2 = -softplus(head_weights) / 2,
-      d pw += ln 2 sum dS (|qp - kp|^2 - dbar) (a sum per key, summed by PyTorch),
+      dv += P^T dO_s, dvp += P^T dO_p,
+      d pw += ln 2 sum dS (|qp - kp|^2 - dbar) with w = pw ln 2 = -softplus(head_weights) / 2
+      (a sum per key, summed by PyTorch),
       and dS is written over the bias tile it was computed from: every tile belongs to exactly
       one program, which reads it before it writes it, so the (B, H, N, N) buffer the forward
       saved becomes the bias gradient and no second N x N x H tensor is allocated. Its tiles
       are keys x queries (S^T, P^T, dS^T, as the Triton tutorial's backward): the key-side
       dots take them as computed, and only loaded tiles are transposed.
-  query kernel (a program owns BLOCK_M queries of one (b, h)) reads dS back:
-      dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp): no atomics, no recomputation.
+  sums kernel, twice (`_ds_sums_kernel`: a program owns BLOCK_M rows of one (b, h)) reads dS
+      back, by rows for the queries and by columns for the keys:
+      dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp),
+      dk = dS^T q / sqrt(d), dkp = 2 w (kp colsum(dS) - dS^T qp): no atomics, no
+      recomputation. dk and dkp were the key kernel's until the eleventh session; without
+      their accumulators it spills a quarter as much (sm_90 proxy, fp32 32 x 64: 244 -> 56
+      words), at the cost of one more read of dS.
   pair kernel (a program owns a run of (i, j) pairs of one batch element) reads each dS and
       z tile once: d pair_repr = dS^T W_b written once (the only N x N x C tensor of the step)
       and dW_b = sum dS z into a partial sum per program (no atomic hot spot), summed by
@@ -38,7 +43,7 @@ zero, but any error that scales a row of dS is then multiplied by the spread of 
 around their mean instead of by the distances themselves (hundreds of A^2).
 
 The point products (dP's point half, dvp, dkp, dqp) run on coordinates centred on the
-program's first key (key kernel) or query (query kernel) point: dS kp is subtracted from
+program's first key (key kernel, key sums) or query (query sums) point: dS kp is subtracted from
 qp rowsum(dS), and dO_p . vp from D, which at the 10-100 A of the global frame would cancel;
 D takes dO_p . centre off to match. They run as 3xTF32 for fp32 inputs and in TF32 for
 16-bit ones; the squared distances are recomputed directly in fp32.
