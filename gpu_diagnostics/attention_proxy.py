@@ -46,7 +46,7 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
 
 
 # triton-train's backward: the key kernel (`bias_backward._key_kernel`), the sums of dS per
-# query and per key (`_ds_sums_kernel`) and the pair kernel (`_pair_kernel`, d pair_repr and
+# query and (16-bit) per key (`_ds_sums_kernel`) and the pair kernel (`_pair_kernel`, d pair_repr and
 # dW_b), label: (autotuned form, input dtype)
 KERNELS = {"_query": "_ds_sums_kernel", "_key_sums": "_ds_sums_kernel",
            "_pair": "_pair_kernel"}  # else the key kernel
@@ -54,7 +54,6 @@ BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "keys_16bit": ("_key_16bit", torch.bfloat16),
                   "queries_3xtf32": ("_query", torch.float32),
                   "queries_16bit": ("_query", torch.bfloat16),
-                  "key_sums_3xtf32": ("_key_sums", torch.float32),
                   "key_sums_16bit": ("_key_sums", torch.bfloat16),
                   "pairs_3xtf32": ("_pair", torch.float32),
                   "pairs_16bit": ("_pair", torch.bfloat16)}

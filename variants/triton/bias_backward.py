@@ -1,5 +1,5 @@
 """The backward of the `triton` forward (the pair bias as a (B, H, N, N) tensor, then the streamed
-attention kernel of `attention.py`): three per-head kernels and one pass over pair_repr.
+attention kernel of `attention.py`): per-head kernels and one pass over pair_repr.
 
 Idea: FlashAttention-2's backward (Dao 2023, section 3.2), per (batch, head) as the forward,
 with the bias read from the tensor the forward wrote rather than recomputed from pair_repr. The
@@ -14,19 +14,20 @@ attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i preco
       P  = 2^((s - m) - log2 l);  dP = dO_s . v + dO_p . vp;  dS = P (dP - D)  (d / d logit)
       dv += P^T dO_s, dvp += P^T dO_p,
       d pw += ln 2 sum dS (|qp - kp|^2 - dbar) with w = pw ln 2 = -softplus(head_weights) / 2
-      (a sum per key, summed by PyTorch),
-      and dS is written over the bias tile it was computed from: every tile belongs to exactly
+      (a sum per key, summed by PyTorch), and for fp32 inputs (KEY_GRADS) dk += dS^T q /
+      sqrt(d), dkp = 2 w (kp colsum(dS) - dS^T qp);
+      dS is written over the bias tile it was computed from: every tile belongs to exactly
       one program, which reads it before it writes it, so the (B, H, N, N) buffer the forward
       saved becomes the bias gradient and no second N x N x H tensor is allocated. Its tiles
       are keys x queries (S^T, P^T, dS^T, as the Triton tutorial's backward): the key-side
       dots take them as computed, and only loaded tiles are transposed.
-  sums kernel, twice (`_ds_sums_kernel`: a program owns BLOCK_M rows of one (b, h)) reads dS
-      back, by rows for the queries and by columns for the keys:
-      dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp),
-      dk = dS^T q / sqrt(d), dkp = 2 w (kp colsum(dS) - dS^T qp): no atomics, no
-      recomputation. dk and dkp were the key kernel's until the eleventh session; without
-      their accumulators it spills a quarter as much (sm_90 proxy, fp32 32 x 64: 244 -> 56
-      words), at the cost of one more read of dS.
+  sums kernel (`_ds_sums_kernel`: a program owns BLOCK_M rows of one (b, h)) reads dS back,
+      by rows for the queries, dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp), and for
+      16-bit inputs by columns for the keys, dk and dkp as above: no atomics, no
+      recomputation. The key kernel without dk's and dkp's accumulators spills a fraction as
+      much (sm_90 proxy, 32 x 64 tiles: bf16 156 -> 4 words, fp32 244 -> 56) and ran 3.45 ->
+      2.36 ms in bf16 at N = 4096 on the H200 (the sums by keys 0.45), but fp32's TF32 dots
+      cannot read a transposed tile (sums by keys 2.4 ms against the key kernel's 1.3 saved).
   pair kernel (a program owns a run of (i, j) pairs of one batch element) reads each dS and
       z tile once: d pair_repr = dS^T W_b written once (the only N x N x C tensor of the step)
       and dW_b = sum dS z into a partial sum per program (no atomic hot spot), summed by
@@ -91,7 +92,8 @@ def _key_kernel(
     DOP,  # (B, N, H, 3*Vp) fp32 contiguous: d loss / d out_p
     STATS,  # (B, N, H, 3) fp32, the forward's: row max m, log2 l, mean distance dbar
     DELTA,  # (B, N, H) fp32: D_i = dO_s . out_s + dO_p . out_p
-    DV,  # (S, B, N, H, D) fp32: one partial sum per query range
+    DK, DV,  # (S, B, N, H, D) fp32: one partial sum per query range (DK with KEY_GRADS)
+    DKP,  # (S, B, H, 3*Qp, N) fp32 (with KEY_GRADS)
     DVP,  # (S, B, H, N, 3*Vp) fp32
     DPW,  # (S, B, H, N) fp32: each key's sum over the range's queries of d point_weight
     N,
@@ -109,6 +111,7 @@ def _key_kernel(
     DOT_PRECISION: tl.constexpr,
     PTS_PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
+    KEY_GRADS: tl.constexpr,  # dk and dkp here (else `_ds_sums_kernel` sums them from dS)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -120,9 +123,11 @@ def _key_kernel(
     bh = b * H + h
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
+    offs_p = tl.arange(0, P3_PAD)
     offs_e = tl.arange(0, VP3_PAD)
     n_ok = offs_n < N
     d_ok = offs_d < D
+    p_ok = offs_p < P3
     e_ok = offs_e < VP3
     nd_ok = n_ok[:, None] & d_ok[None, :]
 
@@ -137,16 +142,21 @@ def _key_kernel(
     SPLIT: tl.constexpr = DOT_PRECISION == "tf32x3"  # fp32: every dot as 3xTF32 (`tf32.py`)
     k_hi, k_lo = tf32_parts(k, SPLIT)
     v_hi, v_lo = tf32_parts(v, SPLIT)
-    # Value-point products run on coordinates centred on this block's first key point (small
+    # Point products run on coordinates centred on this block's first key point (small
     # numbers: the sums they enter cancel at the 10-100 A of the global frame otherwise).
-    centre_e = tl.load(KP + (bh * P3 + offs_e % 3) * N + pid_n * BLOCK_N)  # (VP3_PAD,)
+    n0 = pid_n * BLOCK_N
+    centre_p = tl.load(KP + (bh * P3 + offs_p % 3) * N + n0)  # (P3_PAD,): x, y, z, x, ...
+    centre_e = tl.load(KP + (bh * P3 + offs_e % 3) * N + n0)  # (VP3_PAD,)
     vp = tl.load(VP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :],
                  mask=n_ok[:, None] & e_ok[None, :], other=0.0)  # (BN, VP3_PAD)
     vp = tl.where(n_ok[:, None] & e_ok[None, :], vp - centre_e[None, :], 0.0)
     vp_hi, vp_lo = tf32_parts(vp, SPLIT)
 
+    acc_dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     acc_dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    acc_dkp = tl.zeros([BLOCK_N, P3_PAD], dtype=tl.float32)  # sum_i dS qp_i
     acc_dvp = tl.zeros([BLOCK_N, VP3_PAD], dtype=tl.float32)
+    colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_dpw = tl.zeros([BLOCK_N], dtype=tl.float32)
     bias_rows = BIAS + bh * N * N + offs_n[:, None]  # tiles keys x queries: dS^T in place
     i_start = pid_s * split_len
@@ -201,7 +211,16 @@ def _key_kernel(
         dst = pt * (dpt - delta[None, :])  # d loss / d logit (natural units), transposed
         tl.store(tile, dst.to(BIAS.dtype.element_ty), mask=tile_ok)
 
-        # d pw (dk and dkp: `_ds_sums_kernel`, from the dS written here).
+        if KEY_GRADS:  # dk += dS^T q, the point sums, dS's column sums
+            dst_hi, dst_lo = tf32_parts(dst, SPLIT)
+            acc_dk = dot_parts(dst_hi.to(q.dtype), dst_lo.to(q.dtype), q_hi, q_lo, acc_dk,
+                               DOT_PRECISION)
+            qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
+                         mask=m_ok[:, None] & p_ok[None, :], other=0.0)  # (BM, P3_PAD)
+            qp = tl.where(m_ok[:, None] & p_ok[None, :], qp - centre_p[None, :], 0.0)
+            qp_hi, qp_lo = tf32_parts(qp, SPLIT)
+            acc_dkp = dot_parts(dst_hi, dst_lo, qp_hi, qp_lo, acc_dkp, PTS_PRECISION)
+            colsum += tl.sum(dst, 1)
         dbar = tl.load(STATS + row_h * 3 + 2, mask=m_ok, other=0.0)
         acc_dpw += tl.sum(dst * (dist - dbar[None, :]), 1)
 
@@ -209,6 +228,16 @@ def _key_kernel(
     rows = pid_s * tl.num_programs(1) * N  # key rows (b, h, j) before this slice
     DV, DVP, DPW = DV + rows * D, DVP + rows * VP3, DPW + rows
     key_h = (b * N + offs_n) * H + h
+    if KEY_GRADS:
+        DK, DKP = DK + rows * D, DKP + rows * P3
+        tl.store(DK + key_h[:, None] * D + offs_d[None, :], acc_dk * (q_scale * LN2),
+                 mask=nd_ok)
+        kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
+                     mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
+        kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre_p[None, :], 0.0)
+        dkp = pw * (kp * colsum[:, None] - acc_dkp) * (2.0 * LN2)
+        tl.store(DKP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None], dkp,
+                 mask=n_ok[:, None] & p_ok[None, :])
     tl.store(DV + key_h[:, None] * D + offs_d[None, :], acc_dv, mask=nd_ok)
     tl.store(DVP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :], acc_dvp,
              mask=n_ok[:, None] & e_ok[None, :])
@@ -430,11 +459,17 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     key_kernel = (_key_16bit if not fp32 else _key_3xtf32 if modes.split_dots else _key_fp32)
     split, split_len = split_range(n, key_split(b * h, n, dev) if split is None else split,
                                    largest_meta(key_kernel, "BLOCK_M"))
+    # dk and dkp: from 16-bit dS read back transposed (`_key_sums`), but in the key kernel for
+    # fp32, whose TF32 dots cannot take a transposed tile from shared memory (the H200: the
+    # transposed sums took 2.4 ms at N = 4096, the sums by rows 0.93; bf16 0.45 and 0.58).
+    key_grads = fp32
     dv = torch.empty(split, b, n, h, d, dtype=f32, device=dev)
+    dk = torch.empty(split if key_grads else 1, b, n, h, d, dtype=f32, device=dev)
     dv_pts = torch.empty(split, *v_pts.shape, dtype=f32, device=dev)
+    dk_pts = torch.empty(dk.shape[0], *k_pts.shape, dtype=f32, device=dev)
     d_point = torch.empty(split, b, h, n, dtype=f32, device=dev)
-    dq, dk = (torch.empty(b, n, h, d, dtype=f32, device=dev) for _ in range(2))
-    dq_pts, dk_pts = torch.empty_like(q_pts), torch.empty_like(k_pts)
+    dq = torch.empty(b, n, h, d, dtype=f32, device=dev)
+    dq_pts = torch.empty_like(q_pts)
     # fp32 inputs run every dot fp32-accurate: as 3xTF32 in "ieee" mode (`modes.split_dots`),
     # as IEEE FMAs in tf32 mode (dS = P (dP - D) subtracts nearly equal numbers; tf32 gradients
     # miss their tolerance either way, docs/perf-notes.md). 16-bit inputs: the scalar dots on
@@ -446,20 +481,22 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     q_scale = base2.LOG2E / math.sqrt(d)
     key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h, split)](
         q, k, v, q_pts, k_pts, v_pts, bias, point_weight, grad_s, grad_p, stats, delta,
-        dv, dv_pts, d_point, n, split_len, q_scale,
+        dk, dv, dk_pts, dv_pts, d_point, n, split_len, q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), **shared,
+        pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), KEY_GRADS=key_grads, **shared,
     )
     ds = bias  # overwritten by the key kernel
-    for sums, other, own_p, other_p, out, out_p, key_side in (
-            (_query, k, q_pts, k_pts, dq, dq_pts, False),
-            (_key_sums, q, k_pts, q_pts, dk, dk_pts, True)):
+    sums_launches = [(_query, k, q_pts, k_pts, dq, dq_pts, False)]
+    if not key_grads:
+        sums_launches.append((_key_sums, q, k_pts, q_pts, dk[0], dk_pts[0], True))
+    for sums, other, own_p, other_p, out, out_p, key_side in sums_launches:
         sums[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
             other, own_p, other_p, ds, point_weight, out, out_p, n, q_scale, other.stride(0),
             other.stride(1), pow2(n, 64), KEY_SIDE=key_side, **shared,
         )
     d_pair, d_weight = pair_gradients(ds, pair_repr, pair_weight)
-    dv, dv_pts = (t[0] if split == 1 else t.sum(0) for t in (dv, dv_pts))
+    dk, dv, dk_pts, dv_pts = (t[0] if t.shape[0] == 1 else t.sum(0)
+                              for t in (dk, dv, dk_pts, dv_pts))
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_pair,
             d_weight.to(pair_weight.dtype), d_point.sum((0, 1, 3)))
 
