@@ -147,6 +147,10 @@ def _key_kernel(
     n0 = pid_n * BLOCK_N
     centre_p = tl.load(KP + (bh * P3 + offs_p % 3) * N + n0)  # (P3_PAD,): x, y, z, x, ...
     centre_e = tl.load(KP + (bh * P3 + offs_e % 3) * N + n0)  # (VP3_PAD,)
+    if KEY_GRADS:
+        kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
+                     mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
+        kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre_p[None, :], 0.0)
     vp = tl.load(VP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :],
                  mask=n_ok[:, None] & e_ok[None, :], other=0.0)  # (BN, VP3_PAD)
     vp = tl.where(n_ok[:, None] & e_ok[None, :], vp - centre_e[None, :], 0.0)
@@ -232,9 +236,6 @@ def _key_kernel(
         DK, DKP = DK + rows * D, DKP + rows * P3
         tl.store(DK + key_h[:, None] * D + offs_d[None, :], acc_dk * (q_scale * LN2),
                  mask=nd_ok)
-        kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
-                     mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
-        kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre_p[None, :], 0.0)
         dkp = pw * (kp * colsum[:, None] - acc_dkp) * (2.0 * LN2)
         tl.store(DKP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None], dkp,
                  mask=n_ok[:, None] & p_ok[None, :])
