@@ -17,7 +17,6 @@ against the device events, the median against the memory floor.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import os
 import random
@@ -56,7 +55,7 @@ from harness.results import (
     row_key,
     variant_of_key,
 )
-from harness.runner import BuildSpec, InputRecipe
+from harness.runner import BuildSpec, InputRecipe, free_device_memory
 from harness.scan import row_flags
 from harness.worker import (
     DEFAULT_TIMEOUT_S,
@@ -137,12 +136,6 @@ def _seconds(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def _free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def this_gpu(device: torch.device) -> str:
@@ -291,7 +284,7 @@ class CellRunner:
                 worker.release()
             except (VariantRaised, WorkerFailure):
                 pass  # a broken worker is replaced at its next call
-            _free_memory()
+            free_device_memory()
 
     def _measure(self, cell, variant, references, env, modes, precision, medians,
                  worker: Worker) -> list[dict]:
@@ -308,7 +301,7 @@ class CellRunner:
                               pass_name=cell.pass_name)
         if check.gradients:
             self._write_gradients(cell, variant, check)
-        _free_memory()
+        free_device_memory()
         notes = variant.known_issues(cell.config, cell.batch, cell.length, device,
                                      precision.name)
         known = "known-issue" if notes else ""

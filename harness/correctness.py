@@ -20,6 +20,7 @@ from harness.runner import (
     InputRecipe,
     LocalRunner,
     RunOutput,
+    free_device_memory,
     input_names,
     leaf_inputs,
 )
@@ -248,7 +249,13 @@ def reference_gradients(module: torch.nn.Module, config, inputs: ForwardInputs,
             rows = slice(start, start + chunk)
             out = module(*args, query_rows=rows if chunk < inputs.length else None)
             grads = torch.autograd.grad(out, list(leaves.values()), grad_out[:, rows])
-            total = grads if total is None else [a + b for a, b in zip(total, grads, strict=True)]
+            del out
+            if total is None:  # own copies (autograd may hand out views), added to in place:
+                total = [g.clone() if chunk < inputs.length else g for g in grads]
+            else:  # each chunk's gradient of pair_repr is a whole N x N x C tensor
+                for acc, grad in zip(total, grads, strict=True):
+                    acc += grad
+            del grads
     return dict(zip(leaves, total, strict=True))
 
 
@@ -298,6 +305,8 @@ class ReferenceCache:
                          if r.any()}
             self._figures[key] = ReferenceFigures(
                 oracle, part_errs[next(iter(parts))], invariance, parts, part_errs, rows)
+            del inputs, ref_out
+            free_device_memory()  # the variant's worker allocates next
         return self._figures[key]
 
     def gradient_figures(self, recipe: InputRecipe) -> GradientFigures:
@@ -317,11 +326,14 @@ class ReferenceCache:
                                          grad_out.double(), problem.grad_inputs)
             reference = problem.make_module(self.state_dict, config, recipe.device,
                                             precision.dtype)
+            del oracle_module
             with math_mode(precision):
                 own = reference_gradients(reference, config, inputs, grad_out,
                                           problem.grad_inputs)
             self._gradients[recipe] = GradientFigures(
                 oracle, {name: rel_l2(own[name], oracle[name]) for name in oracle})
+            del own, reference, inputs, grad_out
+            free_device_memory()  # the variant's worker allocates next
         return self._gradients[recipe]
 
 

@@ -13,6 +13,7 @@ from harness.cli import build_parser
 from harness.cli import main as cli_main
 from harness.correctness import check_variant
 from harness.grid import grid_from_dict
+from harness.problems import PROBLEMS
 from harness.results import read_results
 from harness.runner import rigid_motion
 from harness.sweep import Sweep
@@ -460,3 +461,27 @@ def test_chunked_reference_equals_whole_forward(monkeypatch):
     monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 2 * 11 * 4 * 2 * 3 * 3)  # 3 rows
     assert correctness.rows_per_chunk(config, 2, 11) == 3
     torch.testing.assert_close(correctness.chunked_forward(module, inputs), whole)
+
+
+def test_chunked_reference_gradients_equal_whole(monkeypatch):
+    """The oracle's gradients summed over chunks of query rows (in place) are the whole
+    step's, and the inputs and grad_out are left as they were."""
+    import harness.correctness as correctness
+
+    config = IPAConfig(node_dim=32, pair_dim=8, heads=4, query_points=2, value_points=3)
+    module = make_module(init_state_dict(config), config, "cpu", torch.float64)
+    inputs = make_inputs(config, 2, 11, dtype=torch.float64, seed=5)
+    pristine = [t.clone() for t in inputs.as_tuple()]
+    grad_out = torch.randn(2, 11, module(*inputs.as_tuple()).shape[-1], dtype=torch.float64,
+                           generator=torch.Generator().manual_seed(3))
+    grad_copy = grad_out.clone()
+    names = PROBLEMS["simplified"].grad_inputs
+    whole = correctness.reference_gradients(module, config, inputs, grad_out, names)
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 2 * 11 * 4 * 2 * 3 * 3)  # 3 rows
+    chunked = correctness.reference_gradients(module, config, inputs, grad_out, names)
+    assert whole.keys() == chunked.keys() and "pair_repr" in whole
+    for name in whole:
+        torch.testing.assert_close(chunked[name], whole[name], msg=name)
+    for before, after in zip(pristine, inputs.as_tuple(), strict=True):
+        assert torch.equal(before, after)
+    assert torch.equal(grad_out, grad_copy)
