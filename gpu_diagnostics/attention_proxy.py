@@ -46,8 +46,8 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
 
 
 # triton-train's backward: the key kernel (`bias_backward._key_kernel`), the sums of dS per
-# query and (16-bit) per key (`_ds_sums_kernel`) and the pair kernel (`_pair_kernel`, d pair_repr and
-# dW_b), label: (autotuned form, input dtype)
+# query and (16-bit) per key (`_ds_sums_kernel`) and the pair kernel (`_pair_kernel`,
+# d pair_repr and dW_b), label: (autotuned form, input dtype)
 KERNELS = {"_query": "_ds_sums_kernel", "_key_sums": "_ds_sums_kernel",
            "_pair": "_pair_kernel"}  # else the key kernel
 BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),

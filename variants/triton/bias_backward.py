@@ -81,6 +81,20 @@ LOG2E = tl.constexpr(base2.LOG2E)
 LN2 = tl.constexpr(math.log(2.0))
 
 
+@triton.jit
+def _add_ds_sums(ds, other_hi, other_lo, other_p, acc, acc_p, rowsum, SPLIT: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, PTS_PRECISION: tl.constexpr):
+    """One block's sums of an fp32 dS tile (rows x other side): acc + dS other (from
+    `tf32_parts`), acc_p + dS other_p (centred points), rowsum + its row sums. dS is split once
+    for both dots."""
+    ds_hi, ds_lo = tf32_parts(ds, SPLIT)
+    acc = dot_parts(ds_hi.to(other_hi.dtype), ds_lo.to(other_hi.dtype), other_hi, other_lo, acc,
+                    DOT_PRECISION)
+    other_p_hi, other_p_lo = tf32_parts(other_p, SPLIT)
+    acc_p = dot_parts(ds_hi, ds_lo, other_p_hi, other_p_lo, acc_p, PTS_PRECISION)
+    return acc, acc_p, rowsum + tl.sum(ds, 1)
+
+
 @triton.jit(do_not_specialize=["N", "split_len", "N_KEY"])
 def _key_kernel(
     Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
@@ -216,15 +230,11 @@ def _key_kernel(
         tl.store(tile, dst.to(BIAS.dtype.element_ty), mask=tile_ok)
 
         if KEY_GRADS:  # dk += dS^T q, the point sums, dS's column sums
-            dst_hi, dst_lo = tf32_parts(dst, SPLIT)
-            acc_dk = dot_parts(dst_hi.to(q.dtype), dst_lo.to(q.dtype), q_hi, q_lo, acc_dk,
-                               DOT_PRECISION)
             qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
                          mask=m_ok[:, None] & p_ok[None, :], other=0.0)  # (BM, P3_PAD)
             qp = tl.where(m_ok[:, None] & p_ok[None, :], qp - centre_p[None, :], 0.0)
-            qp_hi, qp_lo = tf32_parts(qp, SPLIT)
-            acc_dkp = dot_parts(dst_hi, dst_lo, qp_hi, qp_lo, acc_dkp, PTS_PRECISION)
-            colsum += tl.sum(dst, 1)
+            acc_dk, acc_dkp, colsum = _add_ds_sums(dst, q_hi, q_lo, qp, acc_dk, acc_dkp, colsum,
+                                                   SPLIT, DOT_PRECISION, PTS_PRECISION)
         dbar = tl.load(STATS + row_h * 3 + 2, mask=m_ok, other=0.0)
         acc_dpw += tl.sum(dst * (dist - dbar[None, :]), 1)
 
@@ -308,17 +318,12 @@ def _ds_sums_kernel(
                         + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if CAST_F32:
             other = other.to(tl.float32)
-        ds = ds.to(tl.float32)
-        ds_hi, ds_lo = tf32_parts(ds, SPLIT)  # split once for both dots
         other_hi, other_lo = tf32_parts(other, SPLIT)
-        acc = dot_parts(ds_hi.to(other.dtype), ds_lo.to(other.dtype), other_hi, other_lo, acc,
-                        DOT_PRECISION)
         other_p = tl.load(OTHER_P + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
                           mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
         other_p = tl.where(n_ok[:, None] & p_ok[None, :], other_p - centre[None, :], 0.0)
-        other_p_hi, other_p_lo = tf32_parts(other_p, SPLIT)
-        acc_p = dot_parts(ds_hi, ds_lo, other_p_hi, other_p_lo, acc_p, PTS_PRECISION)
-        rowsum += tl.sum(ds, 1)
+        acc, acc_p, rowsum = _add_ds_sums(ds.to(tl.float32), other_hi, other_lo, other_p, acc,
+                                          acc_p, rowsum, SPLIT, DOT_PRECISION, PTS_PRECISION)
 
     pw = tl.load(PW + h)
     row_h = (b * N + offs_m) * H + h
