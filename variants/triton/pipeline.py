@@ -125,7 +125,7 @@ class Operands:
     v_pts: torch.Tensor
     centred_t: torch.Tensor
     point_weight: torch.Tensor
-    out_s: torch.Tensor
+    out_s: torch.Tensor  # where the kernels write o_s, or (training) the op's own o_s
     # The TF32 low parts (k_pts, v_pts, v) when the fused prologue wrote the points in a
     # `frames.Layout` other than the default (`FusedCore`'s), else None.
     lows: tuple | None = None
@@ -182,7 +182,10 @@ def _around_kernels(
     # Prologue: LayerNorm, one GEMM for all six projections, frames in fp32.
     x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
     proj = F.linear(x, weights.w_in)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
-    q, k, v = (proj[..., i * hd:(i + 1) * hd].view(bsz, n, h, d) for i in range(3))
+    # Split, not sliced: under autograd one split's backward is one concatenation, where each
+    # slice's is a zero fill and a copy, added up (14 launches more per training step).
+    q, k, v, local_pts = proj.split([hd, hd, hd, proj.shape[-1] - 3 * hd], dim=-1)
+    q, k, v = (t.view(bsz, n, h, d) for t in (q, k, v))
     # The frames' origin, each batch element's mean translation (B, 3), by one op in both forms
     mean = translations.mean(dim=1, dtype=torch.float32)
     if fused:
@@ -197,26 +200,29 @@ def _around_kernels(
     else:
         rot = rotations.float()
         centred_t = (translations.float() - mean.unsqueeze(1)).contiguous()
-        pts = _frames(proj[..., 3 * hd:].float().reshape(bsz, n, -1, 3), rot, centred_t)
-        q_pts = pts[:, :, : h * qp].reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1).contiguous()
-        k_pts = pts[:, :, h * qp: 2 * h * qp].reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1)
-        k_pts = k_pts.contiguous()
-        v_pts = pts[:, :, 2 * h * qp:].reshape(bsz, n, h, 3 * vp).transpose(1, 2).contiguous()
+        pts = _frames(local_pts.float().reshape(bsz, n, -1, 3), rot, centred_t)
+        q_pts, k_pts, v_pts = pts.split([h * qp, h * qp, h * vp], dim=2)
+        q_pts, k_pts = (t.reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1).contiguous()
+                        for t in (q_pts, k_pts))
+        v_pts = v_pts.reshape(bsz, n, h, 3 * vp).transpose(1, 2).contiguous()
         lows = None
     cat = torch.empty(bsz, n, hd + 3 * h * vp, dtype=node_repr.dtype, device=node_repr.device)
     out_s = cat[..., :hd].view(bsz, n, h, d)
 
     # (x, and in the PyTorch form pts, stay alive through the kernels, as in the version whose
     # peak memory was published; freeing them first would lower the peak by their size.)
-    out_p = kernels(Operands(q, k, v, q_pts, k_pts, v_pts, centred_t, weights.point_weight,
-                             out_s, lows))
+    ops = Operands(q, k, v, q_pts, k_pts, v_pts, centred_t, weights.point_weight, out_s, lows)
+    out_p = kernels(ops)
 
     # Epilogue: value points back to each query's frame, out_proj of [o_s | o_p local].
     if fused:
+        if ops.out_s is not out_s:  # the kernels returned o_s in a tensor of their own
+            out_s.copy_(ops.out_s)
         frames.epilogue(out_p, rotations, centred_t, cat, hd)  # one launch
-    else:
+    else:  # concatenated, not written into `cat`: a copy's backward is several launches
         local = _inverse_frames(out_p.view(bsz, n, h * vp, 3), rot, centred_t)
-        cat[..., hd:] = local.reshape(bsz, n, 3 * h * vp)
+        cat = torch.cat([ops.out_s.reshape(bsz, n, hd),
+                         local.reshape(bsz, n, 3 * h * vp).to(node_repr.dtype)], dim=-1)
     return F.linear(cat, weights.w_out, weights.b_out)
 
 
@@ -384,7 +390,7 @@ def triton_train_ipa(
         out_s, out_p = op(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
                           ops.centred_t.detach(), pair_repr, weights.w_pair, ops.point_weight,
                           math_mode)[:2]
-        ops.out_s.copy_(out_s)
+        ops.out_s = out_s  # the op's own tensor (autograd's), for `_around_kernels`
         return out_p
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
