@@ -306,7 +306,7 @@ class ReferenceCache:
             self._figures[key] = ReferenceFigures(
                 oracle, part_errs[next(iter(parts))], invariance, parts, part_errs, rows)
             del inputs, ref_out
-            free_device_memory()  # the variant's worker allocates next
+            free_device_memory(collect=False)  # the variant's worker allocates next
         return self._figures[key]
 
     def gradient_figures(self, recipe: InputRecipe) -> GradientFigures:
@@ -333,7 +333,7 @@ class ReferenceCache:
             self._gradients[recipe] = GradientFigures(
                 oracle, {name: rel_l2(own[name], oracle[name]) for name in oracle})
             del own, reference, inputs, grad_out
-            free_device_memory()  # the variant's worker allocates next
+            free_device_memory(collect=False)  # the variant's worker allocates next
         return self._gradients[recipe]
 
 
