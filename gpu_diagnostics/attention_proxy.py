@@ -10,7 +10,9 @@ kernel (whose venv it needs: see there). Configs that spill are the ones to drop
 Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
 `triton_ipa(fp32_dots="ieee")`), bf16 with its point dots as 3xBF16 (`_attention_bf16_split`,
 the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`); the
-backward's key, query and pair kernels in fp32 (3xTF32) and 16-bit (`BACKWARD_FORMS`). FORM
+backward's key, query and pair kernels in fp32 (3xTF32) and 16-bit (`BACKWARD_FORMS`); problem
+openfold's `triton-bias` kernels, its attention kernel writing the logits and its pair values
+(`OPENFOLD_BIAS_FORMS`). FORM
 names the labels to compile (default: all). One line per config on stdout: registers, spills,
 shared bytes, and the main loop's warp-instructions per (query, key) pair (the pair kernel's:
 per (i, j) pair) with its shared-memory loads and stores (LDS, STS) per warp and block.
@@ -110,22 +112,68 @@ def launch_args(name: str, dtype: torch.dtype, options: dict, n: int) -> tuple[t
     return rec.args, rec.kwargs
 
 
+# problem openfold's `triton-bias` (`variants/openfold/triton_bias.py`): its attention kernel
+# writing the logits, and its pair-value kernel, label: (kernel, input dtype)
+OPENFOLD_BIAS_FORMS = {"openfold_logits_fp32": ("logits", torch.float32),
+                       "openfold_logits_bf16": ("logits", torch.bfloat16),
+                       "openfold_pair_values_fp32": ("pair_values", torch.float32),
+                       "openfold_pair_values_bf16": ("pair_values", torch.bfloat16)}
+
+
+def openfold_bias_launch_args(kernel: str, dtype: torch.dtype, n: int
+                              ) -> tuple[object, tuple, dict]:
+    """(the autotuned kernel, the arguments `triton-bias`'s forward passes it) at the default
+    openfold layer; the other kernels only stand still."""
+    from variants.openfold import pair_values as pv
+    from variants.openfold.problem import OpenFoldConfig, make_inputs
+    from variants.openfold.problem import init_state_dict as openfold_state_dict
+    from variants.openfold.reference import make_module
+    from variants.openfold.triton_bias import BiasForward
+
+    cfg = OpenFoldConfig()
+    fwd = BiasForward(make_module(openfold_state_dict(cfg), cfg, "cpu", dtype),
+                      torch.device("cpu"), dtype, "ieee")
+    recorders = {form: Recorder() for form in att._LOGITS_TWIN}
+    for form, rec in recorders.items():
+        rec.configs = att._LOGITS_TWIN[form].configs
+    values = Recorder()
+    stand_ins = [(att, "_LOGITS_TWIN", recorders), (pv, "_pair_values", values),
+                 (pair_bias, "_pair_bias", Recorder()),
+                 (frames, "_prologue_kernel", Recorder()),
+                 (frames, "_epilogue_kernel", Recorder()),
+                 (common, "check_runnable", lambda *a: None)]
+    inputs = make_inputs(cfg, 1, n, dtype=dtype, device="cpu", seed=1)
+    with standing_in(stand_ins), torch.no_grad():
+        fwd(*inputs.as_tuple())
+    if kernel == "pair_values":
+        return pv._pair_values, values.args, values.kwargs
+    form, rec = next((f, r) for f, r in recorders.items() if hasattr(r, "args"))
+    return att._LOGITS_TWIN[form], rec.args, rec.kwargs
+
+
 def main(argv: list[str]) -> int:
     warn_version()
     n = int(argv[0]) if argv else 1024
-    chosen = set(argv[1:]) or set(FORMS) | set(BACKWARD_FORMS)
-    forms = [(label, att, name, att._attention_kernel, launch_args(name, dtype, options, n))
+    chosen = set(argv[1:]) or set(FORMS) | set(BACKWARD_FORMS) | set(OPENFOLD_BIAS_FORMS)
+    forms = [(label, getattr(att, name), att._attention_kernel,
+              launch_args(name, dtype, options, n))
              for label, (name, dtype, options) in FORMS.items() if label in chosen]
-    forms += [(label, bb, name, getattr(bb, KERNELS.get(name, "_key_kernel")),
+    forms += [(label, getattr(bb, name), getattr(bb, KERNELS.get(name, "_key_kernel")),
                backward_launch_args(name, dtype, n))
               for label, (name, dtype) in BACKWARD_FORMS.items() if label in chosen]
-    for label, module, name, fn, (args, kwargs) in forms:
-        for config in getattr(module, name).configs:
+    for label, (kernel, dtype) in OPENFOLD_BIAS_FORMS.items():
+        if label in chosen:
+            tuned, args, kwargs = openfold_bias_launch_args(kernel, dtype, n)
+            forms.append((label, tuned, tuned.fn, (args, kwargs)))
+    for label, tuned, fn, (args, kwargs) in forms:
+        for config in tuned.configs:
             kernel = compile_config(args, kwargs, config, fn=fn)
             regs, stack, sass = sass_stats(kernel.asm["cubin"])
             loop = key_loop(sass)
             tile = config.kwargs.get("BLOCK_P") or (config.kwargs["BLOCK_M"]
                                                      * config.kwargs["BLOCK_N"])
+            if "BLOCK_C" in config.kwargs:  # the pair values: per pair and channel slice
+                tile *= config.kwargs["BLOCK_C"] / kwargs["C"]
             per_pair = loop["loop"] * config.num_warps / tile
             cap = f" maxnreg {config.maxnreg}" if config.maxnreg else ""
             print(f"{label} {config.kwargs} warps {config.num_warps} stages "

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# One device call for problem `openfold`'s fused Triton forward (issue #18): its GPU tests,
-# the variant timed at N = 1024 / 2048 / 4096 in fp32 and bf16 with every autotune config's
-# time (the best one recorded), the compiled kernels' registers and spills (no ncu), then the
-# `openfold-default` sweep for triton and torch-compile and its report. Each stage runs under
-# its own limit (LIM_TEST, LIM_BENCH, LIM_SWEEP seconds; 130 + 170 + 180 + 20 s < 9 min:
-# the sweep is resumable and fsyncs each cell, so a cut one still reports what finished).
-# Writes gpu-tests.log, bench.log, sweep.log, report.md and the sweep (results.csv,
-# metadata.json) in $OUT/openfold: 6 files, under the device's 8.
+# One device call for problem `openfold`'s Triton forwards (issue #18): the GPU tests of
+# `triton` (fused) and `triton-bias` (three kernels), torch.profiler on one `triton-bias`
+# forward at N = 2048 in fp32 and bf16 (time per kernel, each autotuned kernel's configs),
+# then the `openfold-default` sweep for triton, triton-bias and torch-compile and its report.
+# With OF_BENCH=1 also the fused kernel timed at N = 1024 / 2048 / 4096 with every autotune
+# config's time and the compiled kernels' registers and spills (kernel_bench.py). Each stage
+# runs under its own limit (LIM_TEST, LIM_PROF per profile, LIM_BENCH, LIM_SWEEP seconds;
+# 150 + 2 x 55 + 300 + 20 s < 10 min without the bench: the sweep is resumable and fsyncs
+# each cell, so a cut one still reports what finished). Writes gpu-tests.log, profile.log,
+# sweep.log, report.md (bench.log) and the sweep (results.csv, metadata.json) in
+# $OUT/openfold: 7 files, under the device's 8.
 #
 #   OUT=DIR bash gpu_diagnostics/openfold_session.sh
 #
@@ -19,21 +22,28 @@ if [ -n "${OF_DRY:-}" ]; then
 fi
 
 if [ -z "${OF_DRY:-}" ]; then
-    timeout -s INT "${LIM_TEST:-130}" python3 -m pytest -q -m gpu tests/test_openfold_triton.py \
+    timeout -s INT "${LIM_TEST:-150}" python3 -m pytest -q -m gpu tests/test_openfold_triton.py \
         -p no:cacheprovider -rfE --tb=short 2>&1 | tail -40 > "$OUT/gpu-tests.log"
+    for precision in fp32 bf16; do
+        timeout -s INT "${LIM_PROF:-55}" python3 gpu_diagnostics/profile_call.py 2048 \
+            "$precision" triton-bias --problem openfold --pass forward
+    done > "$OUT/profile.log" 2>&1
 fi
-timeout -s INT "${LIM_BENCH:-170}" python3 gpu_diagnostics/kernel_bench.py openfold \
-    --device "${OF_DEVICE:-cuda}" --lengths ${OF_LENGTHS:-1024 2048 4096} 2>&1 \
-    | grep -v Warn > "$OUT/bench.log"
+if [ -n "${OF_DRY:-}${OF_BENCH:-}" ]; then
+    timeout -s INT "${LIM_BENCH:-170}" python3 gpu_diagnostics/kernel_bench.py openfold \
+        --device "${OF_DEVICE:-cuda}" --lengths ${OF_LENGTHS:-1024 2048 4096} 2>&1 \
+        | grep -v Warn > "$OUT/bench.log"
+fi
 if [ -z "${OF_DRY:-}" ]; then
-    timeout -s INT "${LIM_SWEEP:-180}" python3 -m harness.cli sweep --preset openfold-default \
+    timeout -s INT "${LIM_SWEEP:-300}" python3 -m harness.cli sweep --preset openfold-default \
         --problem openfold --device cuda -o "$OUT/openfold" --no-plots --no-progress \
-        --variant triton --variant torch-compile > "$OUT/sweep.log" 2>&1
+        --variant triton --variant triton-bias --variant torch-compile > "$OUT/sweep.log" 2>&1
     timeout -s INT 20 python3 -m harness.cli report "$OUT/openfold/results.csv" \
         > "$OUT/report.md" 2>&1
     rm -f "$OUT/openfold/.ipa-bench.lock"
     tail -5 "$OUT/gpu-tests.log"
 fi
-cat "$OUT/bench.log"
+[ -f "$OUT/bench.log" ] && cat "$OUT/bench.log"
+[ -f "$OUT/profile.log" ] && grep -E "_kernel " "$OUT/profile.log"
 [ -f "$OUT/report.md" ] && head -40 "$OUT/report.md"
 exit 0

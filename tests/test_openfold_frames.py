@@ -66,10 +66,8 @@ def pytorch_forward(forward, s, z, translations, rotations, mask, sqrt=torch.sqr
     B, N, _ = s.shape
     H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
     with torch.no_grad():
-        qkv = F.linear(s, forward.w_qkv, forward.b_qkv)
-        q = qkv[..., :H * C].view(B, N, H, C)
-        kv = qkv[..., H * C:].view(B, N, H, 2 * C)
-        k, v = kv[..., :C], kv[..., C:]
+        qkv = F.linear(s, forward.w_qkv, forward.b_qkv)  # [q | k | v] (`Projections`)
+        q, k, v = (qkv[..., i * H * C:(i + 1) * H * C].view(B, N, H, C) for i in range(3))
         rot = rotations.float()
         trans = translations.float()
         trans = trans - trans.mean(dim=1, keepdim=True)

@@ -1,4 +1,6 @@
-"""Problem `openfold`'s fused Triton variant (`variants/openfold/triton_fused.py`).
+"""Problem `openfold`'s Triton variants: the fused `triton` (`variants/openfold/triton_fused.py`)
+and `triton-bias` (`triton_bias.py`: pair bias, attention and pair values as three kernels);
+every test of the function runs on both (`NAMES`).
 
 What the generated tests do not cover: awkward lengths (N = 1, 17, 33, 70, single and
 multiple key blocks, partial last blocks), padded batches with B > 1 and different lengths, a
@@ -14,6 +16,7 @@ to N = 1000, and the extra memory is O(N).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 
 import pytest
@@ -38,7 +41,7 @@ needs_interpreter = pytest.mark.skipif(
 needs_cuda = pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA),
                                 reason="needs a CUDA device and triton")
 
-VARIANT = OpenFoldTriton()
+NAMES = ["triton", "triton-bias"]
 # Awkward sizes: nothing a power of two (every padded axis of the kernel is exercised).
 SMALL = OpenFoldConfig(c_s=24, c_z=20, c_hidden=6, no_heads=5, no_qk_points=3, no_v_points=2)
 # The AF2 layer's heads and points with narrower features (the interpreter's cost is in z).
@@ -48,12 +51,14 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _BUILT: dict = {}
 
 
-def built(config: OpenFoldConfig, precision: str = "fp32", device: str = "cpu"):
-    """(state_dict, the variant's callable, the reference module), once per configuration."""
-    key = (config, precision, device)
+def built(config: OpenFoldConfig, precision: str = "fp32", device: str = "cpu",
+          name: str = "triton"):
+    """(state_dict, variant `name`'s callable, the reference module), once per
+    configuration."""
+    key = (config, precision, device, name)
     if key not in _BUILT:
         sd = init_state_dict(config, seed=7)
-        _BUILT[key] = (sd, VARIANT.build(sd, config, device, precision),
+        _BUILT[key] = (sd, get_variant(name, "openfold").build(sd, config, device, precision),
                        make_module(sd, config, device, DTYPES[precision]))
     return _BUILT[key]
 
@@ -78,8 +83,8 @@ def assert_within_protocol(out, ref, oracle, mask, precision: str):
         assert err <= tol, f"{part} rows: rel_l2 {err:.3e} > tol {tol:.3e} (ref {ref_err:.3e})"
 
 
-def run(config, inputs: OpenFoldInputs, precision="fp32", device="cpu"):
-    sd, fn, module = built(config, precision, device)
+def run(config, inputs: OpenFoldInputs, precision="fp32", device="cpu", name="triton"):
+    sd, fn, module = built(config, precision, device, name)
     x = inputs.to(device=device, dtype=DTYPES[precision])
     with torch.no_grad():
         return fn(*x.as_tuple()), module(*x.as_tuple()), oracle_forward(sd, config, x), x
@@ -103,6 +108,41 @@ def test_registered_for_openfold_only_with_its_capabilities():
     wide = OpenFoldConfig(no_heads=17, c_z=256)
     reasons = " | ".join(variant.not_supported_reasons(wide, "cuda", "fp32"))
     assert "heads=17 outside" in reasons and "pair_dim=256 outside" in reasons
+
+
+def test_triton_bias_is_registered_with_its_math_mode():
+    """fp32 `ieee` rows run every dot as 3xTF32 and say so; the rest as `triton`'s."""
+    variant = get_variant("triton-bias", "openfold")
+    assert variant.problems == ("openfold",) and not variant.supports_backward
+    assert variant.math_mode_label(get_precision("fp32")) == "fp32-3xtf32"
+    wide = OpenFoldConfig(no_heads=17)
+    assert any("heads=17 outside" in r
+               for r in variant.not_supported_reasons(wide, "cuda", "fp32"))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pair_values_kernel_matches_einsum(dtype):
+    """o_pair[b, i, h] = sum_j 2^(s - m - log2 l) z[b, i, j] from logits and row statistics,
+    through strided z and into a strided output; padded heads and keys contribute nothing."""
+    from variants.openfold.pair_values import launch_pair_values
+
+    gen = torch.Generator().manual_seed(13)
+    b, h, n, c = 2, 5, 37, 20
+    logits = torch.randn(b, h, n, n, generator=gen) * 4
+    m = logits.amax(-1)
+    l_sum = torch.exp2(logits - m[..., None]).sum(-1)
+    stats = torch.stack([m, l_sum.log2(), torch.zeros_like(m)], -1).permute(0, 2, 1, 3)
+    z = torch.randn(b, n, n, c + 3, generator=gen)[..., 1:1 + c].to(dtype)
+    out = torch.zeros(b, n, h * c + 7)
+    launch_pair_values(logits, stats.contiguous(), z, out[..., 7:].view(b, n, h, c),
+                       "tf32x3" if dtype == torch.float32 else "ieee")
+    a = torch.softmax(logits.double() * math.log(2), -1)
+    if dtype != torch.float32:
+        a = a.float().to(dtype).double()  # the probabilities rounded as the reference's are
+    expect = torch.einsum("bhij,bijc->bihc", a, z.double()).reshape(b, n, h * c)
+    assert rel_l2(out[..., 7:].double(), expect) < 1e-6
+    assert (out[..., :7] == 0).all()
 
 
 def test_dot_precisions_keep_fp32_accurate():
@@ -129,10 +169,11 @@ CASES = [  # (config, lengths): N = max(lengths)
 @pytest.mark.parametrize("config, lengths", CASES,
                          ids=[f"{'af2ish' if c is AF2ISH else 'small'}-{'-'.join(map(str, n))}"
                               for c, n in CASES])
-def test_fp32_matches_oracle_and_beats_the_reference(config, lengths):
+@pytest.mark.parametrize("name", NAMES)
+def test_fp32_matches_oracle_and_beats_the_reference(config, lengths, name):
     inputs = make_inputs(config, len(lengths), max(lengths), dtype=torch.float64, seed=3,
                          lengths=lengths)
-    out, ref, oracle, x = run(config, inputs)
+    out, ref, oracle, x = run(config, inputs, name=name)
     assert out.shape == ref.shape and out.dtype == torch.float32
     assert_within_protocol(out, ref, oracle, x.mask, "fp32")
     errors = parts_errors(out, ref, oracle, x.mask)
@@ -145,9 +186,10 @@ def test_fp32_matches_oracle_and_beats_the_reference(config, lengths):
 @needs_interpreter
 @pytest.mark.parametrize("precision, config", [("bf16", SMALL), ("fp16", OpenFoldConfig(
     c_s=24, c_z=20, c_hidden=6, no_heads=5, no_qk_points=3, no_v_points=2, inf=1e4))])
-def test_16bit_matches_oracle(precision, config):
+@pytest.mark.parametrize("name", NAMES)
+def test_16bit_matches_oracle(precision, config, name):
     inputs = make_inputs(config, 2, 17, dtype=torch.float64, seed=4, lengths=[17, 11])
-    out, ref, oracle, x = run(config, inputs, precision)
+    out, ref, oracle, x = run(config, inputs, precision, name=name)
     assert out.dtype == DTYPES[precision]
     assert_within_protocol(out, ref, oracle, x.mask, precision)
     assert parts_errors(out, ref, oracle, x.mask)["present"][0] < 0.2 * rel_l2(
@@ -201,48 +243,52 @@ def _with_mask(x: OpenFoldInputs, mask: torch.Tensor) -> OpenFoldInputs:
 
 
 @needs_interpreter
-def test_fully_masked_batch_element():
+@pytest.mark.parametrize("name", NAMES)
+def test_fully_masked_batch_element(name):
     """Every residue of element 1 masked: all its rows are masked query rows, computed as if
     unmasked (softmax over every key, no NaN); element 0 is unaffected by it."""
     x = make_inputs(SMALL, 2, 19, dtype=torch.float64, seed=5, lengths=[19, 12])
     mask = x.mask.clone()
     mask[1] = 0
-    out, ref, oracle, xm = run(SMALL, _with_mask(x, mask))
+    out, ref, oracle, xm = run(SMALL, _with_mask(x, mask), name=name)
     assert torch.isfinite(out).all()
     assert_within_protocol(out, ref, oracle, xm.mask, "fp32")
-    unmasked, _, _, _ = run(SMALL, _with_mask(x, torch.ones_like(mask)))
+    unmasked, _, _, _ = run(SMALL, _with_mask(x, torch.ones_like(mask)), name=name)
     assert rel_l2(out[1], unmasked[1]) < 1e-5
-    alone, _, _, _ = run(SMALL, OpenFoldInputs(*(t[:1] for t in x.as_tuple())))
+    alone, _, _, _ = run(SMALL, OpenFoldInputs(*(t[:1] for t in x.as_tuple())), name=name)
     assert rel_l2(out[0], alone[0]) < 1e-5
 
 
 @needs_interpreter
-def test_masked_query_rows_come_out_as_if_unmasked():
+@pytest.mark.parametrize("name", NAMES)
+def test_masked_query_rows_come_out_as_if_unmasked(name):
     """SPEC step 5: a masked query row attends to every key, the masked ones included."""
     x = make_inputs(SMALL, 2, 21, dtype=torch.float64, seed=6, lengths=[21, 13])
-    out, _, _, _ = run(SMALL, x)
+    out, _, _, _ = run(SMALL, x, name=name)
     masked = x.mask == 0
-    as_if, _, _, _ = run(SMALL, _with_mask(x, torch.ones_like(x.mask)))
+    as_if, _, _, _ = run(SMALL, _with_mask(x, torch.ones_like(x.mask)), name=name)
     assert rel_l2(out[masked], as_if[masked]) < 1e-5
     assert rel_l2(out[~masked], as_if[~masked]) > 1e-2  # present rows do see the mask
 
 
 @needs_interpreter
-def test_inf_comes_from_the_config():
+@pytest.mark.parametrize("name", NAMES)
+def test_inf_comes_from_the_config(name):
     """inf = 2: masked keys keep a weight of about e^-2, which -inf or a hard-coded 1e5 would
     remove; the oracle (the reference in float64) uses the config's inf too."""
     config = OpenFoldConfig(c_s=24, c_z=20, c_hidden=6, no_heads=5, no_qk_points=3,
                             no_v_points=2, inf=2.0)
     x = make_inputs(config, 2, 17, dtype=torch.float64, seed=8, lengths=[17, 8])
-    out, ref, oracle, xm = run(config, x)
+    out, ref, oracle, xm = run(config, x, name=name)
     assert_within_protocol(out, ref, oracle, xm.mask, "fp32")
-    big, _, _, _ = run(SMALL, x)  # the same layer and weights at inf = 1e5
+    big, _, _, _ = run(SMALL, x, name=name)  # the same layer and weights at inf = 1e5
     present = xm.mask != 0
     assert rel_l2(out[present], big[present]) > 1e-3
 
 
 @needs_interpreter
-def test_padded_tails_do_not_matter():
+@pytest.mark.parametrize("name", NAMES)
+def test_padded_tails_do_not_matter(name):
     """Finite junk in every masked residue's s, z rows and columns (1e3) and translations
     (+40 A) leaves the present rows unchanged, up to the rounding of the frame the kernel
     centres on each element's mean translation: masked keys get no weight."""
@@ -253,19 +299,20 @@ def test_padded_tails_do_not_matter():
     t[pad] += 40.0
     z[pad] = 1e3
     z.transpose(1, 2)[pad] = 1e3
-    out, _, _, _ = run(SMALL, x)
-    spoiled, _, _, _ = run(SMALL, OpenFoldInputs(s, z, t, x.rotations, x.mask))
+    out, _, _, _ = run(SMALL, x, name=name)
+    spoiled, _, _, _ = run(SMALL, OpenFoldInputs(s, z, t, x.rotations, x.mask), name=name)
     assert rel_l2(spoiled[~pad], out[~pad]) < 2e-6
 
 
 # ---- inputs ---------------------------------------------------------------------------------
 
 @needs_interpreter
-def test_z_is_read_through_its_strides():
+@pytest.mark.parametrize("name", NAMES)
+def test_z_is_read_through_its_strides(name):
     """z as a strided view (a channel slice of a wider tensor, and a transposed one): the
     same result as its contiguous copy."""
     x = make_inputs(SMALL, 2, 17, seed=10, lengths=[17, 10])
-    _, fn, _ = built(SMALL)
+    _, fn, _ = built(SMALL, name=name)
     wide = torch.randn(2, 17, 17, SMALL.c_z + 5)
     wide[..., 2:2 + SMALL.c_z] = x.z
     transposed = x.z.transpose(1, 2).contiguous().transpose(1, 2)
@@ -293,12 +340,19 @@ BAD = [
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("spoil, message", BAD, ids=[m.split(":")[0] for _, m in BAD])
-def test_bad_input_is_refused_before_any_launch(spoil, message, monkeypatch):
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_input_is_refused_before_any_launch(spoil, message, name, monkeypatch):
     from variants.openfold import triton_kernel
+    from variants.openfold.triton_bias import BiasForward
+    from variants.openfold.triton_fused import FusedForward
+    from variants.triton import frames
 
     launches = []
     monkeypatch.setattr(triton_kernel, "launch", lambda *a, **k: launches.append(a))
-    fn = FusedForwardOnCpu.build()
+    monkeypatch.setattr(frames, "prologue", lambda *a, **k: launches.append(a))
+    module = make_module(init_state_dict(SMALL), SMALL, "cpu", torch.float32)
+    forward = FusedForward if name == "triton" else BiasForward
+    fn = forward(module, torch.device("cpu"), torch.float32, "ieee")
     x = make_inputs(SMALL, 2, 9, seed=11)
     fields = dict(zip(("s", "z", "translations", "rotations", "mask"), x.as_tuple(),
                       strict=True))
@@ -307,21 +361,11 @@ def test_bad_input_is_refused_before_any_launch(spoil, message, monkeypatch):
     assert launches == []
 
 
-class FusedForwardOnCpu:
-    """The callable without the interpreter (checks run before anything Triton does)."""
-
-    @staticmethod
-    def build():
-        from variants.openfold.triton_fused import FusedForward
-
-        module = make_module(init_state_dict(SMALL), SMALL, "cpu", torch.float32)
-        return FusedForward(module, torch.device("cpu"), torch.float32, "ieee")
-
-
 @needs_interpreter
-def test_build_refuses_what_it_cannot_run():
+@pytest.mark.parametrize("name", NAMES)
+def test_build_refuses_what_it_cannot_run(name):
     with pytest.raises(IPAInputError, match="precision 'fp64' not supported"):
-        VARIANT.build(init_state_dict(SMALL), SMALL, "cpu", "fp64")
+        get_variant(name, "openfold").build(init_state_dict(SMALL), SMALL, "cpu", "fp64")
 
 
 # ---- GPU ------------------------------------------------------------------------------------
@@ -330,11 +374,12 @@ def test_build_refuses_what_it_cannot_run():
 @needs_cuda
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("batch, length", [(2, 97), (1, 1000)])
-def test_protocol_on_the_gpu(precision, batch, length):
+@pytest.mark.parametrize("name", NAMES)
+def test_protocol_on_the_gpu(precision, batch, length, name):
     """The harness's protocol (5 seeds, padded batches, invariance) at the AF2 layer."""
     config = OpenFoldConfig()
-    result = check_variant(VARIANT, config, batch=batch, length=length, device="cuda",
-                           precision=precision, seeds=3)
+    result = check_variant(get_variant(name, "openfold"), config, batch=batch, length=length,
+                           device="cuda", precision=precision, seeds=3)
     assert result.passed, (result.failures, result.rel_l2, result.tol)
 
 

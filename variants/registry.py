@@ -33,6 +33,7 @@ from variants.cuda_hybrid import CudaHybrid
 from variants.flex_attention import FlexAttention
 from variants.openfold.reference import Compiled as OpenFoldCompiled
 from variants.openfold.reference import Reference as OpenFoldReference
+from variants.openfold.triton_bias import OpenFoldTritonBias
 from variants.openfold.triton_fused import OpenFoldTriton
 from variants.problem import IPAInputError
 from variants.reference import Reference
@@ -64,6 +65,7 @@ BUILTIN: list[type[Variant]] = [
     OpenFoldCompiled,
     OpenFoldTriton,
     TritonPairDot,
+    OpenFoldTritonBias,
 ]
 
 

@@ -287,13 +287,13 @@ class FusedCore:
                pair_values=self.pair_values, bias_scale=self.bias_scale)
 
 
-class FusedForward:
-    """The callable a build returns: the reference module's projections (O(N), two GEMMs), the
-    frames by `frames.prologue`, the fused kernel (O(N^2)), the inverse frame and the norms by
-    `frames.epilogue`, then the reference's linear_out."""
+class Projections:
+    """What the Triton forwards of this problem share around their O(N^2) kernels: the
+    module's four input projections as two GEMMs, the logit factors in base-2 units, the frame
+    prologue (global points, centred per batch element) and the epilogue (the inverse frame
+    and the norms, then linear_out)."""
 
-    def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
-                 math_mode: str):
+    def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype):
         cfg = module.config
         self.module, self.config, self.device, self.dtype = module, cfg, device, dtype
         with torch.no_grad():
@@ -302,26 +302,26 @@ class FusedForward:
             # point projections q_pts | kv_pts in fp32 in every dtype (their weights as the
             # module holds them, upcast), so that global coordinates at 100 A are not rounded
             # to the input dtype (a bf16 ulp there is 0.5 A).
-            self.w_qkv = torch.cat([module.linear_q.weight, module.linear_kv.weight])
-            self.b_qkv = torch.cat([module.linear_q.bias, module.linear_kv.bias])
+            # linear_kv's rows interleave k and v per head (SPEC step 1); taken as [k | v]
+            # here, so that q, k and v are (B, N, H, C) views with head stride C.
+            H, C = cfg.no_heads, cfg.c_hidden
+            kv_rows = torch.arange(2 * H * C, device=module.linear_kv.weight.device).view(
+                H, 2, C).transpose(0, 1).reshape(-1)
+            self.w_qkv = torch.cat([module.linear_q.weight, module.linear_kv.weight[kv_rows]])
+            self.b_qkv = torch.cat([module.linear_q.bias, module.linear_kv.bias[kv_rows]])
             points = (module.linear_q_points.linear, module.linear_kv_points.linear)
             self.w_points = torch.cat([p.weight for p in points]).float()
             self.b_points = torch.cat([p.bias for p in points]).float()
-            # Logit factors in base-2 units (the kernel's softmax runs on exp2), from float64.
+            # Logit factors in base-2 units (the kernels' softmax runs on exp2), from float64.
             pq = cfg.no_qk_points
             w = F.softplus(module.head_weights.double()) * math.sqrt(1.0 / (3 * (pq * 9.0 / 2)))
-            point_weight = (-0.5 * w * LOG2E).float()
-            b_b = (module.linear_b.bias.double() * math.sqrt(1.0 / 3) * LOG2E).float()
-            self.core = FusedCore(
-                module.linear_b.weight, b_b, point_weight, dtype=dtype, math_mode=math_mode,
-                q_scale=math.sqrt(1.0 / (3 * cfg.c_hidden)) * LOG2E,
-                bias_scale=math.sqrt(1.0 / 3), inf=cfg.inf, pair_values=True)
-        # What the frame prologue writes: every point operand as the kernel reads it
-        # (`FusedCore.__call__`'s preparation, which it then skips)
-        self.layout = self.core.operand_layout()
+            self.point_weight = (-0.5 * w * LOG2E).float()
+            self.q_scale = math.sqrt(1.0 / (3 * cfg.c_hidden)) * LOG2E
 
-    @torch.no_grad()
-    def __call__(self, s, z, translations, rotations, mask):
+    def project(self, s, z, translations, rotations, mask, layout):
+        """Checks the inputs (`validate_inputs`, no value scan) and runs SPEC steps 1-2:
+        returns q, k, v (B, N, H, C) views, the prologue's `frames.Points` in `layout`, and
+        linear_out's input `cat` (B, N, H (C + 4 Pv + c_z)) fp32, uninitialised."""
         from variants.triton import frames
         from variants.triton.common import check_runnable
 
@@ -331,35 +331,62 @@ class FusedForward:
         check_runnable("s", s)
         B, N, _ = s.shape
         H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
-
-        # Prologue, O(N): the module's projections (SPEC steps 1-2); points in fp32, in a
-        # frame centred on each batch element's mean translation (the output is invariant to
-        # that shift, and the kernel's point sums and products stay small).
-        qkv = F.linear(s, self.w_qkv, self.b_qkv)  # (B, N, 3 H C): [q | kv]
-        q = qkv[..., :H * C].view(B, N, H, C)
-        kv = qkv[..., H * C:].view(B, N, H, 2 * C)
-        k, v = kv[..., :C], kv[..., C:]
+        # Points in fp32, in a frame centred on each batch element's mean translation (the
+        # output is invariant to that shift, and the kernels' point sums stay small).
+        qkv = F.linear(s, self.w_qkv, self.b_qkv)  # (B, N, 3 H C): [q | k | v]
+        q, k, v = (qkv[..., i * H * C:(i + 1) * H * C].view(B, N, H, C) for i in range(3))
         s_pts = s if self.dtype == torch.float32 else s.float()
         # Each projection's output is [X | Y | Z] blocks of H * P (PointProjection's layout)
         y = F.linear(s_pts, self.w_points, self.b_points)
         mean = translations.mean(dim=1, dtype=torch.float32)  # (B, 3)
-        # One launch: R p + (t - mean) of every point, in the kernel's layouts (distance rows,
-        # padding, TF32 splits: `self.layout`), and the centred translations.
+        # One launch: R p + (t - mean) of every point, in the kernel's layouts, and the
+        # centred translations.
         pts = frames.prologue(y, rotations, translations, mean, heads=H, head_dim=C,
-                              query_points=Pq, value_points=Pv, layout=self.layout,
-                              point_weight=self.core.point_weight, convention=frames.OPENFOLD,
+                              query_points=Pq, value_points=Pv, layout=layout,
+                              point_weight=self.point_weight, convention=frames.OPENFOLD,
                               values=v)
-        # linear_out's input, fp32: [o | X | Y | Z | o_pt_norm | o_pair] (SPEC step 12).
+        # linear_out's input: [o | X | Y | Z | o_pt_norm | o_pair] (SPEC step 12).
         cat = torch.empty(B, N, cfg.out_in_features, dtype=torch.float32, device=s.device)
+        return q, k, v, pts, cat
+
+    def finish(self, o_pt, rotations, pts, cat):
+        """Epilogue, O(N), one launch: o_pt (B, N, H, 3 Pv) back to each residue's frame (as
+        the module's to_local), X | Y | Z and the norms into cat; then linear_out."""
+        from variants.triton import frames
+
+        cfg = self.config
+        frames.epilogue(o_pt, rotations, pts.centred_t, cat, cfg.no_heads * cfg.c_hidden,
+                        convention=frames.OPENFOLD, eps=cfg.eps)
+        return self.module.linear_out(cat.to(self.dtype))
+
+
+class FusedForward(Projections):
+    """The callable `triton`'s build returns: the projections (O(N), two GEMMs), the frames
+    by `frames.prologue`, the fused kernel (O(N^2)), the inverse frame and the norms by
+    `frames.epilogue`, then the reference's linear_out."""
+
+    def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
+                 math_mode: str):
+        super().__init__(module, device, dtype)
+        with torch.no_grad():
+            b_b = (module.linear_b.bias.double() * math.sqrt(1.0 / 3) * LOG2E).float()
+            self.core = FusedCore(
+                module.linear_b.weight, b_b, self.point_weight, dtype=dtype,
+                math_mode=math_mode, q_scale=self.q_scale, bias_scale=math.sqrt(1.0 / 3),
+                inf=self.config.inf, pair_values=True)
+        # What the frame prologue writes: every point operand as the kernel reads it
+        # (`FusedCore.__call__`'s preparation, which it then skips)
+        self.layout = self.core.operand_layout()
+
+    @torch.no_grad()
+    def __call__(self, s, z, translations, rotations, mask):
+        cfg = self.config
+        q, k, v, pts, cat = self.project(s, z, translations, rotations, mask, self.layout)
+        B, N, H, Pv = s.shape[0], s.shape[1], cfg.no_heads, cfg.no_v_points
         o_pt = torch.empty(B, N, H, 3 * Pv, dtype=torch.float32, device=s.device)
         self.core(q, k, v if pts.v is None else pts.v, pts.q_pts, pts.k_pts, pts.v_pts, z,
                   mask.float().contiguous(), cat, o_pt, lows=pts.lows)
-
-        # Epilogue, O(N), one launch: back to each residue's frame (as the module's to_local),
-        # X | Y | Z and the norms into cat; then linear_out.
-        frames.epilogue(o_pt, rotations, pts.centred_t, cat, H * C, convention=frames.OPENFOLD,
-                        eps=cfg.eps)
-        return self.module.linear_out(cat.to(self.dtype))
+        return self.finish(o_pt, rotations, pts, cat)
 
 
 class OpenFoldTriton(Variant):

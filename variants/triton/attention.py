@@ -34,6 +34,7 @@ import triton.language as tl
 
 from variants import base2
 from variants.triton.common import (
+    TUNED,
     Modes,
     autotuned,
     cast_f32,
@@ -59,7 +60,8 @@ def _attention_kernel(
     QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
     VP,  # (B, H, N, 3*Vp) fp32 global-frame value points
     TC,  # (B, N, 3) fp32 centred translations
-    BIAS,  # (B, H, N, N) pair bias, input dtype
+    BIAS,  # (B, H, N, N) pair bias, input dtype or fp32 (natural units); WRITE_LOGITS: fp32,
+    # overwritten with the base-2 logits (bias included)
     PW,  # (H,) fp32 point weight: -softplus(head_weights) / 2 * log2(e) (negative)
     OS,  # (S, B, N, H, D): strides (ss, sb, sn, D, 1), input dtype (S = 1) or fp32
     OP,  # (S, B, N, H, 3*Vp) fp32 aggregated global-frame value points
@@ -87,6 +89,7 @@ def _attention_kernel(
     CAST_F32: tl.constexpr,
     STORE_STATS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    WRITE_LOGITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -186,6 +189,8 @@ def _attention_kernel(
                 dist += diff * diff
         bias = tl.load(bias_rows + offs_n[None, :], mask=n_ok[None, :], other=float("-inf"))
         s = s + bias.to(tl.float32) * LOG2E + pw * dist  # -inf past N
+        if WRITE_LOGITS:  # each (row, key) belongs to this program alone: read, then written
+            tl.store(bias_rows + offs_n[None, :], s, mask=m_ok[:, None] & n_ok[None, :])
         # online softmax (fp32)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -253,12 +258,21 @@ _INTERPRETED = {"BLOCK_M": 64, "BLOCK_N": 64}
 
 
 def _tuned(name: str, blocks: list[tuple[int, ...]]):
-    """The kernel autotuned over (BLOCK_M, BLOCK_N, warps, stages[, register cap]) `blocks`."""
-    return autotuned(name, _attention_kernel, key=_ATTENTION_KEY, interpreted=_INTERPRETED,
-                     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w,
-                                            num_stages=st, maxnreg=cap)
-                              for m, n, w, st, cap in (b + (None,) * (5 - len(b))
-                                                       for b in blocks)])
+    """The kernel autotuned over (BLOCK_M, BLOCK_N, warps, stages[, register cap]) `blocks`,
+    and its twin that writes the logits over its bias (`_LOGITS_TWIN`)."""
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st,
+                             maxnreg=cap)
+               for m, n, w, st, cap in (b + (None,) * (5 - len(b)) for b in blocks)]
+    tuned = autotuned(name, _attention_kernel, key=_ATTENTION_KEY, interpreted=_INTERPRETED,
+                      configs=configs)
+    # The autotuner's trial runs would read each other's logits as the bias: it restores it.
+    _LOGITS_TWIN[name] = autotuned(f"{name}_logits", _attention_kernel, key=_ATTENTION_KEY,
+                                   interpreted=_INTERPRETED, configs=configs,
+                                   restore_value=["BIAS"])
+    return tuned
+
+
+_LOGITS_TWIN: dict = {}  # form name -> the same form autotuned with WRITE_LOGITS
 
 
 # Register caps (`maxnreg`): uncapped, the 16-bit and 3xTF32 forms take 200-255 registers, so an
@@ -306,19 +320,24 @@ def default_split(batch: int, heads: int, length: int, device: torch.device) -> 
 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
-                     modes: Modes, stats: torch.Tensor | None = None, split: int = 1):
+                     modes: Modes, stats: torch.Tensor | None = None, split: int = 1, *,
+                     q_scale: float | None = None, write_logits: bool = False):
     """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
     `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
     kernel's STATS). `split` > 1 (not with `stats`): that many key ranges per query block, each
     its own program, merged after (`merge.merge_key_ranges`): more programs at moderate N.
     `modes.split_dots`: q.k, p.v and p.v_pts as 3xTF32 on tensor cores (fp32 IEEE);
-    `modes.split_bf16`: 16-bit inputs' point cross term and p.v_pts as 3xBF16."""
+    `modes.split_bf16`: 16-bit inputs' point cross term and p.v_pts as 3xBF16. `q_scale`: the
+    q.k factor in base-2 units (default log2(e) / sqrt(D)). `write_logits` (an fp32 `bias`):
+    each row's base-2 logits, bias included, overwrite the bias (problem openfold's
+    `triton-bias`, whose pair values read them)."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     split_dots = modes.split_dots and q.dtype == torch.float32
     split_bf16 = modes.split_bf16 and q.dtype != torch.float32
-    kernel = (_attention_split if split_dots else _attention_bf16_split if split_bf16 else
-              _attention_dot if modes.points_dot else _attention_direct)
+    form = ("attention_split" if split_dots else "attention_bf16_split" if split_bf16 else
+            "attention_dot" if modes.points_dot else "attention_direct")
+    kernel = _LOGITS_TWIN[form] if write_logits else TUNED[form]
     split, split_len = split_range(n, split, largest_meta(kernel, "BLOCK_N"))
     assert split == 1 or stats is None, "the training forward's statistics are not merged"
     out_p = torch.empty(split, b, n, h, vp3, dtype=torch.float32, device=q.device)
@@ -330,14 +349,15 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h, split)
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, os_buf, out_p,
-        out_p if lse_buf is None else lse_buf, n, split_len, base2.LOG2E / math.sqrt(d),
+        out_p if lse_buf is None else lse_buf, n, split_len,
+        base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), os_buf.stride(0), os_buf.stride(1), os_buf.stride(2),
         pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
         VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
         POINTS_DOT=modes.points_dot, SPLIT_DOTS=split_dots, CAST_F32=cast_f32(q.dtype),
         SPLIT_BF16=split_bf16,
-        STORE_STATS=stats is not None, WRITE_LSE=split > 1,
+        STORE_STATS=stats is not None, WRITE_LSE=split > 1, WRITE_LOGITS=write_logits,
     )
     if split == 1:
         return out_p[0]

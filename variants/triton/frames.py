@@ -56,7 +56,7 @@ import triton.language as tl
 
 from variants.openfold.triton_kernel import KEY_PAD
 from variants.triton.common import pow2
-from variants.triton.tf32 import tf32_hi
+from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 BLOCK_ROWS = 32  # rows (residues) per program: N = 1024, 12 heads -> 384 programs
 NUM_WARPS = 4
@@ -137,17 +137,6 @@ def _centred(t_rows, MEAN, b, x, ok, x_ok, stride_tx):
     """t_x - mean_x in fp32 for the tile's coordinates x."""
     return (tl.load(t_rows + x * stride_tx, mask=ok, other=0.0).to(tl.float32)
             - tl.load(MEAN + b * 3 + x, mask=x_ok, other=0.0))
-
-
-@triton.jit
-def _to_bf16(x):
-    """fp32 -> bf16 rounded to nearest, ties to even (torch's rounding, and the GPU's
-    cvt.rn.bf16.f32) by integer ops, so that the interpreter, whose own conversion truncates,
-    computes it too; NaN stays NaN."""
-    bits = x.to(tl.int32, bitcast=True)
-    bits += 0x7FFF + ((bits >> 16) & 1)
-    rounded = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return tl.where(x == x, rounded, x.to(tl.bfloat16))
 
 
 @triton.jit
@@ -302,9 +291,9 @@ def _to_local(d0, d1, d2, r_row, stride_rc, row_ok):
 
 @triton.jit
 def _store(CAT, offs, x, ok):
-    """fp32 x into CAT at offs, cast to CAT's dtype (bf16 by `_to_bf16`)."""
+    """fp32 x into CAT at offs, cast to CAT's dtype (bf16 by `to_bf16_rn`)."""
     if CAT.dtype.element_ty == tl.bfloat16:
-        x = _to_bf16(x)
+        x = to_bf16_rn(x)
     tl.store(CAT + offs, x.to(CAT.dtype.element_ty), mask=ok)
 
 

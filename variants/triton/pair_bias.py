@@ -7,7 +7,8 @@ cuBLAS ran it as a SIMT sgemm at half of the memory bandwidth, and Triton's IEEE
 (`tf32.py`), not Triton's own tf32x3 split (five; Nsight Compute, ninth session: the ALU pipe
 46 % busy and DRAM 55 % at N = 4096, so the split, not the memory, set the pace). It reads
 `pair_repr` once, through its strides: a non-contiguous pair_repr is never copied first.
-`cublas_pair_bias` is the same bias by cuBLAS, kept for comparison.
+`cublas_pair_bias` is the same bias by cuBLAS, kept for comparison. Problem openfold's
+`triton-bias` adds its residue mask here (`mask`) and has the bias written in fp32.
 """
 
 from __future__ import annotations
@@ -37,18 +38,22 @@ from variants.triton.tf32 import dot_split_tf32, tf32_hi
 def _pair_bias_kernel(
     Z,  # (B, N, N, C) pair_repr, strides (stride_zb, stride_zi, stride_zj, stride_zc)
     WB,  # (H, C) pair_bias.weight, contiguous
-    OUT,  # (B, H, N, N) bias, contiguous, input dtype
+    OUT,  # (B, H, N, N) bias, contiguous, input dtype or fp32
+    MASK,  # (B, N) fp32 residue mask when HAS_MASK (1 = present)
     ROWS,  # B*N*N
     NN,  # N*N
     N,
     C,
     stride_zb, stride_zi, stride_zj, stride_zc,
+    scale,  # the bias is scale * z.W_b^T (fp32)
+    mask_inf,  # HAS_MASK: plus mask_i * mask_inf * (mask_j - 1)
     ROWS_KEY,  # autotune bucket, unused in the body
     H: tl.constexpr,
     H_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
     SPLIT_Z: tl.constexpr,  # with DOT_PRECISION "tf32x3": split by `tf32.py`, not by Triton
+    HAS_MASK: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -60,7 +65,8 @@ def _pair_bias_kernel(
     b = offs_r // NN
     rem = offs_r - b * NN  # i * N + j
     i = rem // N
-    z_rows = Z + b * stride_zb + i * stride_zi + (rem - i * N) * stride_zj
+    j = rem - i * N
+    z_rows = Z + b * stride_zb + i * stride_zi + j * stride_zj
     acc = tl.zeros([BLOCK_R, H_PAD], dtype=tl.float32)
     for c0 in range(0, C, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
@@ -81,6 +87,11 @@ def _pair_bias_kernel(
             acc = dot_split_tf32(z_hi, z - z_hi, w_hi, w - w_hi, acc)
         else:
             acc = tl.dot(z, w, acc, input_precision=DOT_PRECISION)
+    acc *= scale  # one FMUL an output element (1.0 but for openfold's sqrt(1/3))
+    if HAS_MASK:
+        mask_i = tl.load(MASK + b * N + i, mask=r_ok, other=1.0)
+        mask_j = tl.load(MASK + b * N + j, mask=r_ok, other=1.0)
+        acc += (mask_i * mask_inf * (mask_j - 1.0))[:, None]
     out = OUT + (b * H)[:, None] * NN + offs_h[None, :] * NN + rem[:, None]
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=r_ok[:, None] & h_ok[None, :])
 
@@ -98,25 +109,32 @@ _pair_bias = autotuned(
             (256, 32, 8, 3), (256, 64, 8, 2), (128, 128, 8, 2), (64, 128, 4, 2),
         ]
     ],
-    key=["ROWS_KEY", "C", "H_PAD", "DOT_PRECISION", "SPLIT_Z"],
+    key=["ROWS_KEY", "C", "H_PAD", "DOT_PRECISION", "SPLIT_Z", "HAS_MASK"],
     interpreted={"BLOCK_R": 1024, "BLOCK_C": 64},
 )
 
 
 def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: str, *,
-                     own_split: bool = True):
+                     own_split: bool = True, mask: torch.Tensor | None = None,
+                     scale: float = 1.0, mask_inf: float = 0.0,
+                     dtype: torch.dtype | None = None):
     """The Triton bias GEMM, unchecked (callers check): (B, N, N, C) any strides, (H, C)
-    -> (B, H, N, N) contiguous in pair_repr's dtype. `own_split` (precision "tf32x3"): the
-    operands split by `tf32.py` (default), else by Triton's tf32x3 (for comparison)."""
+    -> (B, H, N, N) contiguous in `dtype` (default pair_repr's). `own_split` (precision
+    "tf32x3"): the operands split by `tf32.py` (default), else by Triton's tf32x3 (for
+    comparison). The bias is scaled by `scale`; `mask` ((B, N) fp32 contiguous) adds
+    mask_i * mask_inf * (mask_j - 1), problem
+    openfold's inf * (mask_i mask_j - 1) less a shift uniform over a masked query row's keys,
+    which the softmax cancels (`variants/openfold/triton_fused.py`, "Deviations")."""
     b, n, _, c = pair_repr.shape
     h = weight.shape[0]
-    out = torch.empty(b, h, n, n, dtype=pair_repr.dtype, device=pair_repr.device)
+    out = torch.empty(b, h, n, n, dtype=dtype or pair_repr.dtype, device=pair_repr.device)
     rows = b * n * n
     grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]),)
     _pair_bias[grid](
-        pair_repr, weight, out, rows, n * n, n, c, *pair_repr.stride(), pow2(rows, 1 << 16),
+        pair_repr, weight, out, out if mask is None else mask, rows, n * n, n, c,
+        *pair_repr.stride(), scale, mask_inf, pow2(rows, 1 << 16),
         H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
-        SPLIT_Z=own_split and precision == "tf32x3",
+        SPLIT_Z=own_split and precision == "tf32x3", HAS_MASK=mask is not None,
     )
     return out
 

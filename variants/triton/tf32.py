@@ -68,3 +68,14 @@ def dot_split_bf16(a_hi, a_lo, b_hi, b_lo, acc):
     acc = tl.dot(a_lo, b_hi, acc, input_precision="ieee")
     acc = tl.dot(a_hi, b_lo, acc, input_precision="ieee")
     return tl.dot(a_hi, b_hi, acc, input_precision="ieee")
+
+
+@triton.jit
+def to_bf16_rn(x):
+    """fp32 -> bf16 rounded to nearest, ties to even (torch's rounding, and the GPU's
+    cvt.rn.bf16.f32) by integer ops, so that the interpreter, whose own conversion truncates,
+    computes it too; NaN stays NaN."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    rounded = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.where(x == x, rounded, x.to(tl.bfloat16))
