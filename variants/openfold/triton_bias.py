@@ -43,10 +43,8 @@ from pathlib import Path
 
 import torch
 
-from variants.openfold.problem import OpenFoldConfig
-from variants.openfold.reference import OpenFoldIPA, make_module
+from variants.openfold.reference import OpenFoldIPA
 from variants.openfold.triton_fused import OpenFoldTriton, Projections
-from variants.problem import IPAInputError, Precision, get_precision
 
 
 class BiasForward(Projections):
@@ -92,6 +90,7 @@ class OpenFoldTritonBias(OpenFoldTriton):
     name = "triton-bias"
     description = ("pair bias, attention and pair values as three Triton kernels: z read "
                    "twice, the logits as a (B, H, N, N) fp32 tensor")
+    forward_class = BiasForward
 
     def code_paths(self):
         here = Path(__file__).resolve().parent
@@ -100,18 +99,6 @@ class OpenFoldTritonBias(OpenFoldTriton):
                                                        "common.py", "frames.py", "tf32.py")),
                 here.parent / "base2.py"]
 
-    def build(self, state_dict, config: OpenFoldConfig, device, precision: str | Precision):
-        precision = get_precision(precision)
-        reasons = self.not_supported_reasons(config, device, precision)
-        if reasons:
-            raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
-        # Imports Triton and defines the kernels now, not when timed.
+    def import_kernels(self) -> None:
         from variants.openfold import pair_values  # noqa: F401
         from variants.triton import attention, pair_bias  # noqa: F401
-        from variants.triton.common import chosen_configs
-
-        module = make_module(state_dict, config, device, precision.dtype)
-        forward = BiasForward(module, torch.device(device), precision.dtype,
-                              precision.math_mode)
-        forward.kernel_info = chosen_configs
-        return forward

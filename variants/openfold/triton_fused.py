@@ -397,6 +397,7 @@ class OpenFoldTriton(Variant):
     devices = ("cpu", "cuda")
     precisions = ("fp32", "bf16", "fp16")
     requires = ("triton",)
+    forward_class = FusedForward  # what `build` returns, given the module
 
     def code_paths(self):
         here = Path(__file__).resolve().parent  # the kernel, and the modules it reuses
@@ -423,12 +424,15 @@ class OpenFoldTriton(Variant):
         reasons = self.not_supported_reasons(config, device, precision)
         if reasons:
             raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
-        # Imports Triton and defines the kernel now, not when timed.
-        from variants.openfold import triton_kernel  # noqa: F401
+        self.import_kernels()
         from variants.triton.common import chosen_configs
 
         module = make_module(state_dict, config, device, precision.dtype)
-        forward = FusedForward(module, torch.device(device), precision.dtype,
-                               precision.math_mode)
+        forward = self.forward_class(module, torch.device(device), precision.dtype,
+                                     precision.math_mode)
         forward.kernel_info = chosen_configs
         return forward
+
+    def import_kernels(self) -> None:
+        """Imports Triton and defines the kernels now, not when timed."""
+        from variants.openfold import triton_kernel  # noqa: F401
