@@ -5,7 +5,7 @@ base-2 logits and softmax statistics behind.
 
 One program per (BLOCK_M query rows, BLOCK_C channels of z, batch element), all heads; it
 walks the key blocks: a (BLOCK_M, H_PAD, BLOCK_N) tile of logits becomes the final
-probabilities a = 2^(s - m - log2 l) (no online rescaling: the statistics are final) and meets
+probabilities a = 2^((s - m) - log2 l) (no online rescaling: the statistics are final) and meets
 the (BLOCK_M, BLOCK_N, BLOCK_C) tile of z in one dot batched over the query rows, (H_PAD,
 BLOCK_N) @ (BLOCK_N, BLOCK_C) per row, on tensor cores: 3xTF32 for fp32 inputs (fp32-accurate,
 both operands split by `tf32.py`), TF32 in math mode tf32, and for 16-bit inputs the
@@ -61,8 +61,11 @@ def _pair_values_kernel(
     c_ok = offs_c < C
     row_ok = m_ok[:, None] & h_ok[None, :]  # (BM, H_PAD)
 
+    # a = 2^((s - m) - log2 l), not 2^(s - (m + log2 l)): the rounding of m + log2 l at large
+    # |m| would scale whole rows (`variants/triton/bias_backward.py`)
     stats = STATS + ((b * N + offs_m[:, None]) * H + offs_h[None, :]) * 3
-    lse = tl.load(stats, mask=row_ok, other=0.0) + tl.load(stats + 1, mask=row_ok, other=0.0)
+    row_max = tl.load(stats, mask=row_ok, other=0.0)[:, :, None]
+    log_sum = tl.load(stats + 1, mask=row_ok, other=0.0)[:, :, None]
     s_rows = LOGITS + ((b * H + offs_h[None, :, None]) * N + offs_m[:, None, None]) * N
     s_ok = row_ok[:, :, None]
     z_rows = (Z + b * stride_zb + offs_m[:, None, None] * stride_zi
@@ -74,7 +77,7 @@ def _pair_values_kernel(
         n_ok = offs_n < N
         s = tl.load(s_rows + offs_n[None, None, :], mask=s_ok & n_ok[None, None, :],
                     other=float("-inf"))
-        a = tl.exp2(s - lse[:, :, None])  # (BM, H_PAD, BN); 0 past N and in padded heads
+        a = tl.exp2((s - row_max) - log_sum)  # (BM, H_PAD, BN); 0 past N and in padded heads
         z = tl.load(z_rows + offs_n[None, :, None] * stride_zj,
                     mask=z_ok & n_ok[None, :, None], other=0.0)  # (BM, BN, BC)
         if CAST_F32:
