@@ -12,7 +12,7 @@ Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_att
 the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`); the
 backward's key, query and pair kernels in fp32 (3xTF32) and 16-bit (`BACKWARD_FORMS`); problem
 openfold's `triton-bias` kernels, its attention kernel writing the logits and its pair values
-(`OPENFOLD_BIAS_FORMS`). FORM
+(`OPENFOLD_BIAS_FORMS`), and its backward's (`OPENFOLD_BACKWARD_FORMS`). FORM
 names the labels to compile (default: all). One line per config on stdout: registers, spills,
 shared bytes, and the main loop's warp-instructions per (query, key) pair (the pair kernel's:
 per (i, j) pair) with its shared-memory loads and stores (LDS, STS) per warp and block.
@@ -151,10 +151,57 @@ def openfold_bias_launch_args(kernel: str, dtype: torch.dtype, n: int
     return att._LOGITS_TWIN[form], rec.args, rec.kwargs
 
 
+# problem openfold's `triton-bias` backward (`variants/openfold/bias_backward.py`): the pair
+# terms (G), the key kernel on the saved logits, the pair pass (d z, dW_b), label: (kernel
+# module attribute, input dtype)
+OPENFOLD_BACKWARD_FORMS = {"openfold_pair_terms_fp32": ("_pair_terms", torch.float32),
+                           "openfold_pair_terms_bf16": ("_pair_terms", torch.bfloat16),
+                           "openfold_keys_fp32": ("_key_3xtf32", torch.float32),
+                           "openfold_keys_bf16": ("_key_16bit", torch.bfloat16),
+                           "openfold_pair_backward_fp32": ("_pair_backward", torch.float32),
+                           "openfold_pair_backward_bf16": ("_pair_backward", torch.bfloat16)}
+
+
+def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
+                                  ) -> tuple[object, tuple, dict]:
+    """(the autotuned kernel, the arguments `bias_backward.launch_backward` of problem openfold
+    passes it) at the default layer, B = 1; the other kernels only stand still."""
+    from variants.openfold import bias_backward as ob
+    from variants.openfold.core_op import _modes
+    from variants.openfold.problem import OpenFoldConfig
+
+    cfg = OpenFoldConfig()
+    b, h, c, p3, vp3 = 1, cfg.no_heads, cfg.c_hidden, 3 * cfg.no_qk_points, 3 * cfg.no_v_points
+    f32 = torch.float32
+    q, k, v, grad_o, o = (torch.zeros(b, n, h, c, dtype=dtype) for _ in range(5))
+    q_pts, k_pts = (torch.zeros(b, h, p3, n, dtype=f32) for _ in range(2))
+    v_pts = torch.zeros(b, h, n, vp3, dtype=f32)
+    grad_o_pt, o_pt = (torch.zeros(b, n, h, vp3, dtype=f32) for _ in range(2))
+    grad_o_pair, o_pair = (torch.zeros(b, n, h, cfg.c_z, dtype=f32) for _ in range(2))
+    z = torch.zeros(b, n, n, cfg.c_z, dtype=dtype)
+    w_b = torch.zeros(h, cfg.c_z, dtype=dtype)
+    stats, logits = torch.zeros(b, n, h, 3), torch.zeros(b, h, n, n)
+    recorders = {}
+    stand_ins = []
+    for module, attr in [(ob, "_pair_terms"), (ob, "_pair_backward"), (bb, "_key_3xtf32"),
+                         (bb, "_key_16bit"), (bb, "_query"), (bb, "_key_sums")]:
+        rec = Recorder()
+        rec.configs = getattr(module, attr).configs
+        recorders[attr] = (getattr(module, attr), rec)
+        stand_ins.append((module, attr, rec))
+    with standing_in(stand_ins), torch.no_grad():
+        ob.launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z,
+                           w_b, torch.zeros(h), o, o_pt, o_pair, stats, logits,
+                           _modes(dtype, "ieee"), q_scale=0.2, bias_scale=0.577)
+    tuned, rec = recorders[name]
+    return tuned, rec.args, rec.kwargs
+
+
 def main(argv: list[str]) -> int:
     warn_version()
     n = int(argv[0]) if argv else 1024
-    chosen = set(argv[1:]) or set(FORMS) | set(BACKWARD_FORMS) | set(OPENFOLD_BIAS_FORMS)
+    chosen = set(argv[1:]) or (set(FORMS) | set(BACKWARD_FORMS) | set(OPENFOLD_BIAS_FORMS)
+                               | set(OPENFOLD_BACKWARD_FORMS))
     forms = [(label, getattr(att, name), att._attention_kernel,
               launch_args(name, dtype, options, n))
              for label, (name, dtype, options) in FORMS.items() if label in chosen]
@@ -165,12 +212,17 @@ def main(argv: list[str]) -> int:
         if label in chosen:
             tuned, args, kwargs = openfold_bias_launch_args(kernel, dtype, n)
             forms.append((label, tuned, tuned.fn, (args, kwargs)))
+    for label, (name, dtype) in OPENFOLD_BACKWARD_FORMS.items():
+        if label in chosen:
+            tuned, args, kwargs = openfold_backward_launch_args(name, dtype, n)
+            forms.append((label, tuned, tuned.fn, (args, kwargs)))
     for label, tuned, fn, (args, kwargs) in forms:
         for config in tuned.configs:
             kernel = compile_config(args, kwargs, config, fn=fn)
             regs, stack, sass = sass_stats(kernel.asm["cubin"])
             loop = key_loop(sass)
-            tile = config.kwargs.get("BLOCK_P") or (config.kwargs["BLOCK_M"]
+            # (query, key) pairs a loop trip covers (one query row without BLOCK_M)
+            tile = config.kwargs.get("BLOCK_P") or (config.kwargs.get("BLOCK_M", 1)
                                                      * config.kwargs["BLOCK_N"])
             if "BLOCK_C" in config.kwargs:  # the pair values: per pair and channel slice
                 tile *= config.kwargs["BLOCK_C"] / kwargs["C"]

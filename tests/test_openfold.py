@@ -736,3 +736,19 @@ def test_every_openfold_variant_passes_the_protocol(name, precision):
         pytest.skip("; ".join(reasons))
     result = check_variant(variant, CFG, batch=3, length=13, seeds=2, precision=precision)
     assert result.passed, result.failures
+
+
+@pytest.mark.parametrize("name", [name for name, variant in all_variants("openfold").items()
+                                  if variant.supports_backward])
+def test_every_openfold_training_variant_passes_the_gradient_protocol(name):
+    """Generated from the registry: a training step of each variant with a backward, every
+    gradient against the float64 oracle's, on a padded batch with three true lengths."""
+    from harness.correctness import check_variant
+
+    variant = get_variant(name, "openfold")
+    reasons = variant.not_supported_reasons(CFG, "cpu", "fp32")
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    result = check_variant(variant, CFG, batch=3, length=13, seeds=1, precision="fp32",
+                           pass_name="forward+backward")
+    assert result.passed, (result.failures, result.grad_worst, result.grad_rel_l2)

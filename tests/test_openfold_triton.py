@@ -1,6 +1,7 @@
 """Problem `openfold`'s Triton variants: the fused `triton` (`variants/openfold/triton_fused.py`)
-and `triton-bias` (`triton_bias.py`: pair bias, attention and pair values as three kernels);
-every test of the function runs on both (`NAMES`).
+and `triton-bias` (`triton_bias.py`: pair bias, attention and pair values as three kernels,
+and a training step through `core_op.py` and `bias_backward.py`); every test of the forward
+runs on both (`NAMES`).
 
 What the generated tests do not cover: awkward lengths (N = 1, 17, 33, 70, single and
 multiple key blocks, partial last blocks), padded batches with B > 1 and different lengths, a
@@ -113,7 +114,7 @@ def test_registered_for_openfold_only_with_its_capabilities():
 def test_triton_bias_is_registered_with_its_math_mode():
     """fp32 `ieee` rows run every dot as 3xTF32 and say so; the rest as `triton`'s."""
     variant = get_variant("triton-bias", "openfold")
-    assert variant.problems == ("openfold",) and not variant.supports_backward
+    assert variant.problems == ("openfold",) and variant.supports_backward
     assert variant.math_mode_label(get_precision("fp32")) == "fp32-3xtf32"
     wide = OpenFoldConfig(no_heads=17)
     assert any("heads=17 outside" in r
@@ -368,6 +369,82 @@ def test_build_refuses_what_it_cannot_run(name):
         get_variant(name, "openfold").build(init_state_dict(SMALL), SMALL, "cpu", "fp64")
 
 
+# ---- triton-bias's training step --------------------------------------------------------------
+
+@needs_interpreter
+@pytest.mark.parametrize("config, lengths, precision", [
+    (SMALL, [17, 9], "fp32"), (SMALL, [1], "fp32"), (AF2ISH, [33, 20], "fp32"),
+    (SMALL, [17, 9], "bf16"), (AF2ISH, [21, 21], "bf16")],
+    ids=["small-17-9-fp32", "small-1-fp32", "af2ish-33-20-fp32", "small-17-9-bf16",
+         "af2ish-21-bf16"])
+def test_triton_bias_gradients_match_the_oracle(config, lengths, precision):
+    """The harness's gradient protocol (every input but the mask, every parameter; masked tails,
+    padded batches) on the custom op's backward (`bias_backward.py`). fp32 gradients stay
+    under the reference's own error: the interpreter's dots are fp32, so TF32's truncation of
+    the split parts is the GPU test's to judge."""
+    result = check_variant(get_variant("triton-bias", "openfold"), config, batch=len(lengths),
+                           length=max(lengths), precision=precision, seeds=1,
+                           pass_name="forward+backward")
+    assert result.passed, (result.failures, result.grad_worst, result.grad_rel_l2)
+    assert "linear_b.bias" in result.gradients  # exactly zero: the softmax cancels it
+    if precision == "fp32" and max(lengths) > 1:
+        worst = max(g["rel_l2"] / g["reference_rel_l2"] for name, g in result.gradients.items()
+                    if name not in ("linear_b.bias", "linear_out.bias"))
+        assert worst < 1.0, result.gradients
+
+
+@needs_interpreter
+def test_triton_bias_ops_pass_opcheck():
+    """torch.library.opcheck of the forward and the backward custom op (schema, autograd
+    registration, fake tensors, AOT dispatch)."""
+    from variants.openfold import core_op
+
+    gen = torch.Generator().manual_seed(5)
+    b, n, h, c, pq, pv, cz = 2, 17, 3, 8, 2, 3, 20
+    rand = lambda *shape: torch.randn(*shape, generator=gen)
+    mask = torch.ones(b, n)
+    mask[1, 12:] = 0
+    operands = [rand(b, n, h, c), rand(b, n, h, c), rand(b, n, h, c), rand(b, h, 3 * pq, n),
+                rand(b, h, 3 * pq, n), rand(b, h, n, 3 * pv), rand(b, n, 3), rand(b, n, n, cz),
+                rand(h, cz), rand(h), -rand(h).abs(), mask]
+    grads = [True] * 6 + [False] + [True] * 4 + [False]  # not the centre, not the mask
+    args = [t.clone().requires_grad_(r) for t, r in zip(operands, grads, strict=True)]
+    options = ("ieee", 0.2, 0.577, 1e5)
+    results = torch.library.opcheck(core_op.bias_core_op, (*args, *options))
+    assert set(results.values()) == {"SUCCESS"}, results
+    with torch.no_grad():
+        saved = core_op.bias_core_op(*operands, *options)
+    backward_args = (rand(*saved[0].shape), rand(*saved[1].shape), rand(*saved[2].shape),
+                     *operands[:6], *operands[7:11], *saved, *options[:3])
+    results = torch.library.opcheck(torch.ops.ipa_bench.openfold_bias_core_backward,
+                                    backward_args)
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+@needs_interpreter
+def test_triton_bias_reads_its_parameters_on_every_call():
+    """An in-place parameter update (an optimizer step) reaches the next no-grad forward, which
+    then agrees with the differentiable path and with the reference module."""
+    sd = init_state_dict(SMALL, seed=7)
+    fn = get_variant("triton-bias", "openfold").build(sd, SMALL, "cpu", "fp32")
+    x = make_inputs(SMALL, 2, 11, seed=12, lengths=[11, 6])
+    before = fn(*x.as_tuple())
+    with torch.no_grad():
+        for name, p in fn.module.named_parameters():
+            if name in ("linear_q.weight", "linear_kv.bias", "linear_b.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    after = fn(*x.as_tuple())
+    assert rel_l2(after, before) > 1e-3
+    ref = fn.module(*x.as_tuple())
+    present = x.mask != 0
+    assert rel_l2(after[present], ref[present]) < 2e-5
+    for p in fn.module.parameters():
+        p.requires_grad_(True)
+    differentiable = fn(*x.as_tuple())
+    assert differentiable.requires_grad
+    assert rel_l2(differentiable.detach(), after) < 1e-6
+
+
 # ---- GPU ------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -381,6 +458,19 @@ def test_protocol_on_the_gpu(precision, batch, length, name):
     result = check_variant(get_variant(name, "openfold"), config, batch=batch, length=length,
                            device="cuda", precision=precision, seeds=3)
     assert result.passed, (result.failures, result.rel_l2, result.tol)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch, length", [(2, 97), (1, 1000)])
+def test_triton_bias_training_protocol_on_the_gpu(precision, batch, length):
+    """triton-bias's gradients at the AF2 layer against the float64 oracle (TF32 truncation of
+    the 3xTF32 parts included, which the interpreter cannot show)."""
+    result = check_variant(get_variant("triton-bias", "openfold"), OpenFoldConfig(),
+                           batch=batch, length=length, device="cuda", precision=precision,
+                           seeds=2, pass_name="forward+backward")
+    assert result.passed, (result.failures, result.grad_worst, result.grad_rel_l2)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """Problem `openfold`'s `triton-bias` variant: the layer's O(N^2) part as three Triton kernels
-with the logits held as a (B, H, N, N) fp32 tensor, z read twice. The design problem
-simplified's `triton` and `triton-train` use, and the forward a fused backward of this problem
-will build on (issue #18, deliverable 6).
+with the logits held as a (B, H, N, N) fp32 tensor, z read twice, and a training step: the same
+kernels as a custom op (`core_op.py`) with an exact backward (`bias_backward.py`, two more
+passes over z). The design problem simplified's `triton` and `triton-train` use (issue #18,
+deliverables 3 and 6).
 
 Why a second design. The fused `triton` (`triton_fused.py`) reads z once and writes nothing
 N x N, but its one kernel carries every per-pair term of every head at once and runs at 255
@@ -20,10 +21,12 @@ pair, 5.4 ms at N = 2048 on the H200 against torch.compile's 4.15 for the whole 
 Cost: z twice (the fused kernel: once), the logits written twice and read twice (H / c_z of z's
 bytes each, at fp32: 9 % of fp32 z, 19 % of bf16 z), and B H N^2 x 4 bytes of extra memory
 (192 MiB at N = 2048, B = 1, H = 12): O(N^2), where the fused kernel's is O(N). The sweep says
-which wins where.
+which wins where. A training step keeps the logits and adds a second buffer of that size (G,
+then dS) to d z; it reads z four times and writes d z once (`bias_backward.py`).
 
 Deviations from the reference (none changes the function): linear_b's bias is dropped (a
-constant per head, the same for every (i, j): the softmax cancels it); the mask adds
+constant per head, the same for every (i, j): the softmax cancels it; its gradient is exactly
+zero, and the training step returns that); the mask adds
 m_i * inf * (m_j - 1), as the fused kernel does (`triton_fused.py`, "Deviations"); points in
 fp32, centred per batch element, value points relative to each query block's first frame
 origin (`attention.py`). Dots: fp32 `ieee` rows run every dot as 3xTF32 on tensor cores (the
@@ -37,57 +40,116 @@ Triton is a reason (`requires`), not an ImportError.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+from variants.base2 import LOG2E
+from variants.openfold.problem import validate_inputs
 from variants.openfold.reference import OpenFoldIPA
 from variants.openfold.triton_fused import OpenFoldTriton, Projections
 
 
 class BiasForward(Projections):
-    """The callable `triton-bias`'s build returns: the projections and frames as `triton`'s,
-    then the bias, attention and pair-value kernels, then the epilogue and linear_out."""
+    """The callable `triton-bias`'s build returns. Without autograd: the projections and frames
+    as `triton`'s (two GEMMs, the frame prologue), the core's three kernels writing into
+    linear_out's input, the epilogue and linear_out. When a gradient is needed (an input or
+    the module's parameters require grad): the same core as a custom op with an exact backward
+    (`core_op.py`), the O(N) work around it in PyTorch from the module's parameters,
+    differentiated by autograd. `module` holds the parameters (`harness.runner` finds them
+    there), read on every call."""
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
                  math_mode: str):
-        from variants.triton.common import dot_modes
-
+        self.math_mode = math_mode
+        self.bias_scale = math.sqrt(1.0 / 3)
+        self._snapshot_of = None
         super().__init__(module, device, dtype)
-        modes = dot_modes(dtype, math_mode)
-        # 16-bit inputs: the point cross term and p.v_pts as 3xBF16 (`triton_ipa`'s default)
-        self.modes = dataclasses.replace(modes, split_bf16=dtype != torch.float32)
-        self.value_precision = modes.bias  # the pair values' dot: as the bias GEMM's
-        self.w_b = module.linear_b.weight.detach().contiguous()
+
+    def _weights(self) -> None:
+        """The no-grad path's concatenated weights (`Projections`), taken again after any
+        in-place change of the module's parameters (an optimizer step)."""
+        versions = tuple(p._version for p in self.module.parameters())
+        if versions != self._snapshot_of:
+            Projections.__init__(self, self.module, self.device, self.dtype)
+            self._snapshot_of = versions
+
+    def __call__(self, s, z, translations, rotations, mask):
+        if torch.is_grad_enabled() and (
+                any(t.requires_grad for t in (s, z, translations, rotations))
+                or any(p.requires_grad for p in self.module.parameters())):
+            return self._differentiable(s, z, translations, rotations, mask)
+        return self._no_grad(s, z, translations, rotations, mask)
 
     @torch.no_grad()
-    def __call__(self, s, z, translations, rotations, mask):
-        from variants.openfold.pair_values import launch_pair_values
+    def _no_grad(self, s, z, translations, rotations, mask):
+        from variants.openfold.core_op import run_core
         from variants.triton import frames
-        from variants.triton.attention import launch_attention
-        from variants.triton.pair_bias import launch_pair_bias
 
+        self._weights()
         cfg = self.config
         q, k, v, pts, cat = self.project(s, z, translations, rotations, mask, frames.OPERANDS)
         B, N = s.shape[:2]
         H, C = cfg.no_heads, cfg.c_hidden
-        logits = launch_pair_bias(z, self.w_b, self.modes.bias, mask=mask.float().contiguous(),
-                                  scale=math.sqrt(1.0 / 3), mask_inf=cfg.inf,
-                                  dtype=torch.float32)
-        stats = torch.empty(B, N, H, 3, dtype=torch.float32, device=s.device)
         o = cat[..., :H * C].view(B, N, H, C)
-        o_pt = launch_attention(q, k, v, pts.q_pts, pts.k_pts, pts.v_pts, pts.centred_t,
-                                self.point_weight, o, logits, self.modes, stats=stats,
-                                q_scale=self.q_scale, write_logits=True)
         o_pair = cat[..., cat.shape[2] - H * cfg.c_z:].view(B, N, H, cfg.c_z)
-        launch_pair_values(logits, stats, z, o_pair, self.value_precision)
+        o_pt, _, _ = run_core(q, k, v, pts.q_pts, pts.k_pts, pts.v_pts, pts.centred_t, z,
+                              self.module.linear_b.weight, self.point_weight,
+                              mask.float().contiguous(), o, o_pair, math_mode=self.math_mode,
+                              q_scale=self.q_scale, bias_scale=self.bias_scale, inf=cfg.inf)
         return self.finish(o_pt, rotations, pts, cat)
+
+    def _differentiable(self, s, z, translations, rotations, mask):
+        """SPEC steps 1-2 and 8-12 in PyTorch around `core_op.bias_core_op`."""
+        from variants.openfold.core_op import bias_core_op
+        from variants.openfold.reference import local_points
+        from variants.triton.common import check_runnable
+
+        cfg, mod = self.config, self.module
+        validate_inputs(cfg, s, z, translations, rotations, mask, dtypes=(self.dtype,),
+                        device=self.device, check_values=False)
+        check_runnable("s", s)
+        B, N, _ = s.shape
+        H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
+        rows = self.kv_rows
+        qkv = F.linear(s, torch.cat([mod.linear_q.weight, mod.linear_kv.weight[rows]]),
+                       torch.cat([mod.linear_q.bias, mod.linear_kv.bias[rows]]))
+        q, k, v = (qkv[..., i * H * C:(i + 1) * H * C].view(B, N, H, C) for i in range(3))
+        # Points in fp32, in a frame centred on each batch element's mean translation (the
+        # output does not depend on the mean: no gradient through it).
+        s_pts = s.float()
+        rot = rotations.float()
+        centred_t = translations.float() - translations.detach().float().mean(1, keepdim=True)
+
+        def global_points(projection):  # (B, N, H, P, 3): R p + t, centred
+            local = local_points(F.linear(s_pts, projection.linear.weight.float(),
+                                          projection.linear.bias.float()), H)
+            return (torch.einsum("bnxy,bnhpy->bnhpx", rot, local)
+                    + centred_t[:, :, None, None, :])
+
+        q_pts = global_points(mod.linear_q_points)
+        k_pts, v_pts = global_points(mod.linear_kv_points).split([Pq, Pv], dim=3)
+        rows_of = lambda p: p.reshape(B, N, H, -1).permute(0, 2, 3, 1).contiguous()
+        w = F.softplus(mod.head_weights.float()) * math.sqrt(1.0 / (3 * (Pq * 9.0 / 2)))
+        o, o_pt, o_pair, _, _ = bias_core_op(
+            q, k, v, rows_of(q_pts), rows_of(k_pts),
+            v_pts.reshape(B, N, H, 3 * Pv).transpose(1, 2).contiguous(),
+            centred_t.detach().contiguous(), z, mod.linear_b.weight, mod.linear_b.bias,
+            -0.5 * LOG2E * w, mask.float().contiguous(), self.math_mode, self.q_scale,
+            self.bias_scale, cfg.inf)
+        o_pt = mod.to_local(o_pt.view(B, N, H, Pv, 3), rot, centred_t)  # SPEC steps 8-10
+        norms = torch.sqrt((o_pt ** 2).sum(dim=-1) + cfg.eps).reshape(B, N, H * Pv)
+        o_x, o_y, o_z = o_pt.reshape(B, N, H * Pv, 3).unbind(dim=-1)
+        cat = torch.cat([o.reshape(B, N, H * C).float(), o_x, o_y, o_z, norms,
+                         o_pair.reshape(B, N, H * cfg.c_z)], dim=-1)
+        return mod.linear_out(cat.to(self.dtype))
 
 
 class OpenFoldTritonBias(OpenFoldTriton):
     name = "triton-bias"
+    supports_backward = True
     description = ("pair bias, attention and pair values as three Triton kernels: z read "
                    "twice, the logits as a (B, H, N, N) fp32 tensor")
     forward_class = BiasForward

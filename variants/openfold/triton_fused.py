@@ -305,10 +305,11 @@ class Projections:
             # linear_kv's rows interleave k and v per head (SPEC step 1); taken as [k | v]
             # here, so that q, k and v are (B, N, H, C) views with head stride C.
             H, C = cfg.no_heads, cfg.c_hidden
-            kv_rows = torch.arange(2 * H * C, device=module.linear_kv.weight.device).view(
+            self.kv_rows = torch.arange(2 * H * C, device=module.linear_kv.weight.device).view(
                 H, 2, C).transpose(0, 1).reshape(-1)
-            self.w_qkv = torch.cat([module.linear_q.weight, module.linear_kv.weight[kv_rows]])
-            self.b_qkv = torch.cat([module.linear_q.bias, module.linear_kv.bias[kv_rows]])
+            self.w_qkv = torch.cat([module.linear_q.weight,
+                                    module.linear_kv.weight[self.kv_rows]])
+            self.b_qkv = torch.cat([module.linear_q.bias, module.linear_kv.bias[self.kv_rows]])
             points = (module.linear_q_points.linear, module.linear_kv_points.linear)
             self.w_points = torch.cat([p.weight for p in points]).float()
             self.b_points = torch.cat([p.bias for p in points]).float()

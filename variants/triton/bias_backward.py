@@ -52,6 +52,12 @@ D takes dO_p . centre off to match. They run as 3xTF32 for fp32 inputs and in TF
 The forward's buffer is mutated: the op declares it (`mutates_args`), and autograd's version
 counter turns a second backward through the same graph (retain_graph) into PyTorch's in-place
 error rather than a wrong gradient.
+
+Problem openfold's `triton-bias` reuses the key kernel and the sums (`attention_gradients`)
+with two constexpr paths: LOGITS, the buffer holds the forward's base-2 logits (its attention
+kernel wrote them; nothing to recompute but the distances that d point_weight needs), which
+stay; HAS_G, a second (B, H, N, N) fp32 buffer brings the pair values' term of dP and
+receives dS (`variants/openfold/bias_backward.py`).
 """
 
 from __future__ import annotations
@@ -100,7 +106,11 @@ def _key_kernel(
     Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
     QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
     VP,  # (B, H, N, 3*Vp) fp32 global-frame value points
-    BIAS,  # (B, H, N, N) input dtype: the pair bias (natural units) in, dS out (in place)
+    BIAS,  # (B, H, N, N) input dtype: the pair bias (natural units) in; with LOGITS fp32,
+    # the forward's base-2 logits, bias, mask and all (problem openfold's `triton-bias`)
+    DS,  # with HAS_G, (B, H, N, N) fp32: G in, a term of dP per (row, key) besides the
+    # values' (openfold's pair values, do_pair_i . z_ij), dS out (each tile read, then
+    # written); else unused and dS goes over BIAS
     PW,  # (H,) fp32 point weight: -softplus(head_weights) / 2 * log2(e) (negative)
     DOS,  # (B, N, H, D) contiguous, input dtype: d loss / d out_s
     DOP,  # (B, N, H, 3*Vp) fp32 contiguous: d loss / d out_p
@@ -126,6 +136,8 @@ def _key_kernel(
     PTS_PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
     KEY_GRADS: tl.constexpr,  # dk and dkp here (else `_ds_sums_kernel` sums them from dS)
+    LOGITS: tl.constexpr,
+    HAS_G: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -187,14 +199,18 @@ def _key_kernel(
         tile_ok = n_ok[:, None] & m_ok[None, :]
         row_h = (b * N + offs_m) * H + h  # (B, N, H) row index
 
-        # The forward's base-2 logits, recomputed (distances directly, in fp32).
-        q = tl.load(Q + b * stride_qb + h * D + offs_m[:, None] * stride_qn + offs_d[None, :],
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # (BM, D_PAD)
-        if CAST_F32:
-            q = q.to(tl.float32)
-        q_hi, q_lo = tf32_parts(q, SPLIT)
-        st = dot_parts(k_hi, k_lo, tl.trans(q_hi), tl.trans(q_lo),
-                       tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PRECISION) * q_scale
+        # The forward's base-2 logits, recomputed (distances directly, in fp32) or read.
+        if KEY_GRADS or not LOGITS:
+            q = tl.load(Q + b * stride_qb + h * D + offs_m[:, None] * stride_qn
+                        + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                        other=0.0)  # (BM, D_PAD)
+            if CAST_F32:
+                q = q.to(tl.float32)
+            q_hi, q_lo = tf32_parts(q, SPLIT)
+        if not LOGITS:
+            st = dot_parts(k_hi, k_lo, tl.trans(q_hi), tl.trans(q_lo),
+                           tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32),
+                           DOT_PRECISION) * q_scale
         dist = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for c in tl.static_range(P3):
             qc = tl.load(QP + (bh * P3 + c) * N + offs_m, mask=m_ok, other=0.0)
@@ -203,7 +219,10 @@ def _key_kernel(
             dist += diff * diff
         tile = bias_rows + offs_m[None, :].to(tl.int64) * N
         bias = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)
-        st = st + bias * LOG2E + pw * dist
+        if LOGITS:
+            st = bias
+        else:
+            st = st + bias * LOG2E + pw * dist
         row_max = tl.load(STATS + row_h * 3, mask=m_ok, other=0.0)
         log_sum = tl.load(STATS + row_h * 3 + 1, mask=m_ok, other=0.0)
         pt = tl.where(tile_ok, tl.exp2((st - row_max[None, :]) - log_sum[None, :]), 0.0)
@@ -226,8 +245,14 @@ def _key_kernel(
         # centred vp: dP - c.dO_p
         dpt = dot_parts(vp_hi, vp_lo, tl.trans(dop_hi), tl.trans(dop_lo), dpt, PTS_PRECISION)
         delta = tl.load(DELTA + row_h, mask=m_ok, other=0.0) - tl.sum(dop * centre_e[None, :], 1)
-        dst = pt * (dpt - delta[None, :])  # d loss / d logit (natural units), transposed
-        tl.store(tile, dst.to(BIAS.dtype.element_ty), mask=tile_ok)
+        if HAS_G:  # dS goes over G, the logits stay
+            ds_tile = DS + bh * N * N + offs_n[:, None] + offs_m[None, :].to(tl.int64) * N
+            dpt += tl.load(ds_tile, mask=tile_ok, other=0.0)
+            dst = pt * (dpt - delta[None, :])  # d loss / d logit (natural units), transposed
+            tl.store(ds_tile, dst, mask=tile_ok)
+        else:  # dS goes over the bias
+            dst = pt * (dpt - delta[None, :])
+            tl.store(tile, dst.to(BIAS.dtype.element_ty), mask=tile_ok)
 
         if KEY_GRADS:  # dk += dS^T q, the point sums, dS's column sums
             qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
@@ -391,8 +416,10 @@ def _pair_kernel(
 
 
 _KEY = ["N_KEY", "H", "D_PAD", "P3_PAD", "DOT_PRECISION", "PTS_PRECISION"]
+_KEY_KERNEL = [*_KEY, "LOGITS"]
 _INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16}
-# The key kernel writes dS over its input: the autotuner restores it after every trial run.
+# The key kernel writes dS over its input (or over G): the autotuner restores both after every
+# trial run.
 # fp32: one stage. At N = 1024 on the H200 (BLOCK_M, BLOCK_N, warps) (32, 32, 4) took 1.05 ms
 # in one stage, 5.70 in two and 1.78 in three; (64, 64, 8) and (32, 64, 4) 5.9-7.3 ms.
 _key_fp32 = autotuned(
@@ -400,7 +427,7 @@ _key_fp32 = autotuned(
     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
              for m, n, w, s in [(16, 32, 4, 1), (16, 64, 4, 1), (32, 32, 4, 1), (32, 64, 8, 1),
                                 (16, 128, 4, 1), (32, 128, 8, 1)]],
-    key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
+    key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["BIAS", "DS"],
 )
 # fp32 with every dot as 3xTF32 (`Modes.split_dots`): tensor-core tiles. The one-stage configs
 # issue the fewest instructions per pair (sm_90 proxy, `gpu_diagnostics/attention_proxy.py
@@ -412,7 +439,7 @@ _key_3xtf32 = autotuned(
              for m, n, w, s in [(32, 32, 4, 1), (32, 64, 4, 1), (32, 64, 4, 2), (64, 64, 4, 2),
                                 (64, 64, 8, 2), (64, 32, 4, 2), (32, 128, 8, 2), (16, 64, 4, 1),
                                 (16, 128, 4, 1)]],
-    key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
+    key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["BIAS", "DS"],
 )
 # 16-bit: one stage as in fp32 issues 25-35 % fewer instructions per pair than two (proxy,
 # `keys_16bit`: (16, 64, 2, 1) 3.9, (16, 128, 4, 1) 4.0, (32, 64, 4, 1) 4.8 against 4.4-12.9).
@@ -423,7 +450,7 @@ _key_16bit = autotuned(
                                 (32, 128, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
                                 (32, 32, 4, 2), (16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1),
                                 (16, 64, 2, 1)]],
-    key=_KEY, interpreted=_INTERPRETED, restore_value=["BIAS"],
+    key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["BIAS", "DS"],
 )
 # The sums of dS read it only: trials are harmless. One autotuned form per side (the key
 # side reads dS transposed).
@@ -452,15 +479,33 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     key block of the key kernel (None: `key_split`'s choice), whose partial sums are then
     added. Returns the gradients of q, k, v (their dtype), q_pts, k_pts, v_pts (fp32),
     pair_repr, pair_weight (their dtype) and point_weight (fp32)."""
-    b, n, h, d = q.shape
-    if n == 1:
+    if q.shape[1] == 1:
         return single_key_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
                                     pair_weight, point_weight)
+    # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
+    delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
+    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point = attention_gradients(
+        grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, bias, delta, modes,
+        split=split)
+    d_pair, d_weight = pair_gradients(bias, pair_repr, pair_weight)  # bias now holds dS
+    return (dq, dk, dv, dq_pts, dk_pts, dv_pts, d_pair, d_weight.to(pair_weight.dtype),
+            d_point)
+
+
+def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats,
+                        bias, delta, modes: Modes, *, split: int | None = None,
+                        q_scale: float | None = None, ds: torch.Tensor | None = None):
+    """The per-head kernels of the backward (the key kernel, then the sums of dS), unchecked:
+    the gradients of q, k, v (their dtype), q_pts, k_pts, v_pts and point_weight (fp32); dS is
+    left in `ds`. `delta` (B, N, H) fp32: D_i = sum_j P_ij dP_ij. `q_scale`: the forward's
+    (default log2(e) / sqrt(D)). `ds` None: `bias` holds the pair bias and is overwritten with
+    dS; else `bias` holds the forward's base-2 logits (problem openfold's `triton-bias`), kept,
+    and `ds` (B, H, N, N) fp32 a term of dP per (row, key) (its pair values' do_pair . z),
+    overwritten with dS."""
+    b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     dev, f32 = q.device, torch.float32
     grad_s, grad_p = grad_s.contiguous(), grad_p.contiguous()
-    # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
-    delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
     fp32 = q.dtype == torch.float32
     key_kernel = (_key_16bit if not fp32 else _key_3xtf32 if modes.split_dots else _key_fp32)
     split, split_len = split_range(n, key_split(b * h, n, dev) if split is None else split,
@@ -484,14 +529,15 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     dots = "tf32x3" if modes.split_dots else "ieee"
     shared = dict(H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), DOT_PRECISION=dots,
                   PTS_PRECISION=dots if fp32 else "tf32", CAST_F32=cast_f32(q.dtype))
-    q_scale = base2.LOG2E / math.sqrt(d)
+    q_scale = base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale
     key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h, split)](
-        q, k, v, q_pts, k_pts, v_pts, bias, point_weight, grad_s, grad_p, stats, delta,
-        dk, dv, dk_pts, dv_pts, d_point, n, split_len, q_scale,
+        q, k, v, q_pts, k_pts, v_pts, bias, bias if ds is None else ds, point_weight, grad_s,
+        grad_p, stats, delta, dk, dv, dk_pts, dv_pts, d_point, n, split_len, q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), KEY_GRADS=key_grads, **shared,
+        pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), KEY_GRADS=key_grads, LOGITS=ds is not None,
+        HAS_G=ds is not None, **shared,
     )
-    ds = bias  # overwritten by the key kernel
+    ds = bias if ds is None else ds  # dS, written by the key kernel
     sums_launches = [(_query, k, q_pts, k_pts, dq, dq_pts, False)]
     if not key_grads:
         sums_launches.append((_key_sums, q, k_pts, q_pts, dk[0], dk_pts[0], True))
@@ -500,11 +546,10 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
             other, own_p, other_p, ds, point_weight, out, out_p, n, q_scale, other.stride(0),
             other.stride(1), pow2(n, 64), KEY_SIDE=key_side, **shared,
         )
-    d_pair, d_weight = pair_gradients(ds, pair_repr, pair_weight)
     dk, dv, dk_pts, dv_pts = (t[0] if t.shape[0] == 1 else t.sum(0)
                               for t in (dk, dv, dk_pts, dv_pts))
-    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_pair,
-            d_weight.to(pair_weight.dtype), d_point.sum((0, 1, 3)))
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts,
+            d_point.sum((0, 1, 3)))
 
 
 def key_split(programs_per_block: int, length: int, device: torch.device) -> int:

@@ -1,0 +1,218 @@
+"""The backward of problem openfold's `triton-bias` core (`core_op.py`): the simplified problem's
+per-head kernels (`variants/triton/bias_backward.py`) with the pair values' two extra terms, and
+two passes over z.
+
+The forward left the (B, H, N, N) fp32 base-2 logits s (bias and mask included) and each row's
+statistics. With P = 2^((s - m) - log2 l), the gradients of the outputs dO (o), dO_p (o_pt,
+global frame) and dO_z (o_pair), and D_i = dO . o + dO_p . o_pt + dO_z . o_pair per row and
+head (the softmax's row term, o_pair's included):
+
+  pair terms (`_pair_terms_kernel`, pass 1 over z): G[h, i, j] = dO_z[i, h] . z[i, j], the
+      pair values' part of dP, into a (B, H, N, N) fp32 buffer;
+  key kernel and sums of dS (`variants/triton/bias_backward.attention_gradients`, its LOGITS
+      and HAS_G paths): P from the saved logits (nothing recomputed but the distances for
+      d point_weight), dP = dO . v + dO_p . v_pts + G, dS = P (dP - D) written over G; dv,
+      dv_pts, d point_weight, and dq, dk and the points' gradients from dS;
+  pair pass (`_pair_backward_kernel`, pass 2 over z): d z[i, j] = bias_scale dS[:, i, j] W_b
+      + P[:, i, j] dO_z[i] (written once), and dW_b = bias_scale sum dS z as one partial sum
+      per program, added by PyTorch (no atomics).
+
+So the step reads z four times (forward: the bias and the pair values; backward: the two
+passes) and writes d z once, against a floor of two reads and a write; it holds the logits and
+the G / dS buffer, 2 B H N^2 x 4 bytes, besides d z. linear_b's bias gets its exact gradient,
+zero: a per-head constant in every logit of a row, which the softmax cancels.
+
+Both passes own one query row of one batch element per program (and its key blocks in turn):
+every (2-D) dot is one tensor-core product, (H, c_z) @ (c_z, BLOCK_N) for G, (BLOCK_N, H) @
+(H, c_z) twice for d z and (H, BLOCK_N) @ (BLOCK_N, c_z) for dW_b; fp32 runs them as 3xTF32
+of operands split once (`tf32.py`), 16-bit inputs in their dtype with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, pow2
+from variants.triton.tf32 import dot_parts, tf32_parts
+
+
+@triton.jit
+def _operand(x, SPLIT: tl.constexpr, CAST_F32: tl.constexpr, DTYPE: tl.constexpr):
+    """(hi, lo) of a dot operand: fp32 split for 3xTF32 (SPLIT), else x in the dot's dtype
+    (fp32 under the interpreter) and lo unused."""
+    if SPLIT:
+        hi, lo = tf32_parts(x.to(tl.float32), True)
+    elif CAST_F32:
+        hi = x.to(tl.float32)
+        lo = hi
+    else:
+        hi = x.to(DTYPE)
+        lo = hi
+    return hi, lo
+
+
+@triton.jit
+def _row_setup(DOZ, b, i, N, H: tl.constexpr, H_PAD: tl.constexpr, C: tl.constexpr,
+               C_PAD: tl.constexpr, SPLIT: tl.constexpr, CAST_F32: tl.constexpr, DTYPE):
+    """Query row i of batch element b, as both passes start it: the head and channel offsets
+    and masks, and the row's d loss / d o_pair (H_PAD, C_PAD) as a dot operand (`_operand`)."""
+    offs_h = tl.arange(0, H_PAD)
+    offs_c = tl.arange(0, C_PAD)
+    h_ok = offs_h < H
+    c_ok = offs_c < C
+    doz = tl.load(DOZ + ((b * N + i) * H + offs_h[:, None]) * C + offs_c[None, :],
+                  mask=h_ok[:, None] & c_ok[None, :], other=0.0)
+    doz_hi, doz_lo = _operand(doz, SPLIT, CAST_F32, DTYPE)
+    return offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo
+
+
+@triton.jit(do_not_specialize=["N"])
+def _pair_terms_kernel(
+    Z,  # (B, N, N, C) pair_repr, strides (stride_zb, stride_zi, stride_zj, stride_zc)
+    DOZ,  # (B, N, H, C) fp32 contiguous: d loss / d o_pair
+    G,  # (B, H, N, N) fp32: receives G[b, h, i, j] = DOZ[b, i, h] . Z[b, i, j]
+    N,
+    stride_zb, stride_zi, stride_zj, stride_zc,
+    H: tl.constexpr,
+    H_PAD: tl.constexpr,
+    C: tl.constexpr,
+    C_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    i = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    SPLIT: tl.constexpr = PRECISION == "tf32x3"
+    offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
+        DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
+    z_row = Z + b * stride_zb + i * stride_zi + offs_c[:, None] * stride_zc
+    g_row = G + (b * H + offs_h[:, None]) * N * N + i * N
+    for j0 in range(0, N, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        zt = tl.load(z_row + offs_n[None, :] * stride_zj, mask=c_ok[:, None] & n_ok[None, :],
+                     other=0.0)  # (C_PAD, BN): z_i^T
+        zt_hi, zt_lo = _operand(zt, SPLIT, CAST_F32, Z.dtype.element_ty)
+        g = dot_parts(doz_hi, doz_lo, zt_hi, zt_lo,
+                      tl.zeros([H_PAD, BLOCK_N], dtype=tl.float32), PRECISION)
+        tl.store(g_row + offs_n[None, :], g, mask=h_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["N"])
+def _pair_backward_kernel(
+    DS,  # (B, H, N, N) fp32: dS (natural units)
+    LOGITS,  # (B, H, N, N) fp32: the forward's base-2 logits
+    STATS,  # (B, N, H, 3) fp32: row max m, log2 l (, mean distance)
+    Z,  # (B, N, N, C) pair_repr, strides (stride_zb, stride_zi, stride_zj, stride_zc)
+    DOZ,  # (B, N, H, C) fp32 contiguous: d loss / d o_pair
+    W,  # (H, C) linear_b.weight, contiguous, z's dtype
+    DZ,  # (B, N, N, C) contiguous, z's dtype: d loss / d z, written once
+    DW,  # (B, N, H_PAD, C_PAD) fp32: each program's partial sum of dS z (one row i)
+    N,
+    bias_scale,
+    stride_zb, stride_zi, stride_zj, stride_zc,
+    H: tl.constexpr,
+    H_PAD: tl.constexpr,
+    C: tl.constexpr,
+    C_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    i = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    SPLIT: tl.constexpr = PRECISION == "tf32x3"
+    offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
+        DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
+    w = tl.load(W + offs_h[:, None] * C + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :],
+                other=0.0)
+    w_hi, w_lo = _operand(w, SPLIT, CAST_F32, Z.dtype.element_ty)
+    stats = STATS + ((b * N + i) * H + offs_h) * 3
+    row_max = tl.load(stats, mask=h_ok, other=0.0)[:, None]
+    log_sum = tl.load(stats + 1, mask=h_ok, other=0.0)[:, None]
+    rows = (b * H + offs_h[:, None]) * N * N + i * N  # (H_PAD, 1): row i of each head
+    z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
+    dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
+    acc_w = tl.zeros([H_PAD, C_PAD], dtype=tl.float32)
+    for j0 in range(0, N, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        tile_ok = h_ok[:, None] & n_ok[None, :]
+        ds = tl.load(DS + rows + offs_n[None, :], mask=tile_ok, other=0.0)  # (H_PAD, BN)
+        s = tl.load(LOGITS + rows + offs_n[None, :], mask=tile_ok, other=float("-inf"))
+        p = tl.exp2((s - row_max) - log_sum)  # 0 past N and in padded heads
+        z = tl.load(z_row + offs_n[:, None] * stride_zj, mask=n_ok[:, None] & c_ok[None, :],
+                    other=0.0)  # (BN, C_PAD)
+        ds_hi, ds_lo = _operand(ds, SPLIT, CAST_F32, Z.dtype.element_ty)
+        p_hi, p_lo = _operand(p, SPLIT, CAST_F32, Z.dtype.element_ty)
+        z_hi, z_lo = _operand(z, SPLIT, CAST_F32, Z.dtype.element_ty)
+        dz = dot_parts(tl.trans(ds_hi), tl.trans(ds_lo), w_hi, w_lo,
+                       tl.zeros([BLOCK_N, C_PAD], dtype=tl.float32), PRECISION) * bias_scale
+        dz = dot_parts(tl.trans(p_hi), tl.trans(p_lo), doz_hi, doz_lo, dz, PRECISION)
+        tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty),
+                 mask=n_ok[:, None] & c_ok[None, :])
+        acc_w = dot_parts(ds_hi, ds_lo, z_hi, z_lo, acc_w, PRECISION)
+    tl.store(DW + ((b * N + i) * H_PAD + offs_h[:, None]) * C_PAD + offs_c[None, :], acc_w)
+
+
+_pair_terms = autotuned(
+    "openfold_pair_terms", _pair_terms_kernel,
+    configs=[triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
+             for n, w, s in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (32, 2, 3)]],
+    key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
+)
+_pair_backward = autotuned(
+    "openfold_pair_backward", _pair_backward_kernel,
+    configs=[triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
+             for n, w, s in [(16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 8, 2), (16, 2, 3)]],
+    key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
+)
+
+
+def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z, w_b,
+                    point_weight, o, o_pt, o_pair, stats, logits, modes: Modes, *,
+                    q_scale: float, bias_scale: float):
+    """The backward, unchecked (the custom op's operands, `core_op.bias_core_op`). Returns the
+    gradients of q, k, v (their dtype), q_pts, k_pts, v_pts (fp32), z and w_b (their dtype)
+    and point_weight (fp32)."""
+    from variants.triton.bias_backward import attention_gradients
+
+    b, n, h, _ = q.shape
+    c = z.shape[3]
+    if n == 1:
+        return _single_key_gradients(grad_o, grad_o_pt, grad_o_pair, q, k, q_pts, k_pts, z,
+                                     w_b, point_weight)
+    f32 = torch.float32
+    grad_o_pair = grad_o_pair.float().contiguous()
+    delta = ((grad_o.float() * o.float()).sum(-1) + (grad_o_pt * o_pt).sum(-1)
+             + (grad_o_pair * o_pair).sum(-1))
+    precision = modes.bias  # the pair dots: as the forward's bias GEMM
+    shared = dict(H=h, H_PAD=pow2(h, HEADS_PAD), C=c, C_PAD=pow2(c), PRECISION=precision,
+                  CAST_F32=cast_f32(z.dtype))
+    g = torch.empty(b, h, n, n, dtype=f32, device=z.device)
+    _pair_terms[(n, b)](z, grad_o_pair, g, n, *z.stride(), **shared)
+    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point = attention_gradients(
+        grad_o, grad_o_pt, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
+        modes, q_scale=q_scale, ds=g)
+    dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
+    partial = torch.empty(b, n, shared["H_PAD"], shared["C_PAD"], dtype=f32, device=z.device)
+    _pair_backward[(n, b)](g, logits, stats, z, grad_o_pair, w_b.contiguous(), dz, partial, n,
+                           bias_scale, *z.stride(), **shared)
+    dw = (partial.sum((0, 1))[:h, :c] * bias_scale).to(w_b.dtype)
+    return dq, dk, dv, dq_pts, dk_pts, dv_pts, dz, dw, d_point
+
+
+def _single_key_gradients(grad_o, grad_o_pt, grad_o_pair, q, k, q_pts, k_pts, z, w_b,
+                          point_weight):
+    """N = 1, without a kernel: the softmax is the constant 1, so every logit gradient is exactly
+    zero (the oracle's too; a kernel's P (dP - D) would leave rounding noise), the values'
+    gradients are the outputs' and d z = sum_h dO_z[h]."""
+    zero = lambda t: torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+    b, _, h, d = q.shape
+    dz = grad_o_pair.float().sum(2).view(z.shape).to(z.dtype)
+    return (zero(q), zero(k), grad_o.to(q.dtype).clone(), zero(q_pts), zero(k_pts),
+            grad_o_pt.permute(0, 2, 1, 3).clone(memory_format=torch.contiguous_format), dz,
+            zero(w_b), zero(point_weight))
