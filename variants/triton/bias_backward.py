@@ -531,8 +531,10 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
                   PTS_PRECISION=dots if fp32 else "tf32", CAST_F32=cast_f32(q.dtype))
     q_scale = base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale
     key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h, split)](
-        q, k, v, q_pts, k_pts, v_pts, bias, bias if ds is None else ds, point_weight, grad_s,
-        grad_p, stats, delta, dk, dv, dk_pts, dv_pts, d_point, n, split_len, q_scale,
+        # (without G a one-element stand-in for DS: the autotuner's restore copies each)
+        q, k, v, q_pts, k_pts, v_pts, bias, bias.new_empty(1) if ds is None else ds,
+        point_weight, grad_s, grad_p, stats, delta, dk, dv, dk_pts, dv_pts, d_point, n,
+        split_len, q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), KEY_GRADS=key_grads, LOGITS=ds is not None,
         HAS_G=ds is not None, **shared,
