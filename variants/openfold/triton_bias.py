@@ -65,16 +65,20 @@ class BiasForward(Projections):
                  math_mode: str):
         self.math_mode = math_mode
         self.bias_scale = math.sqrt(1.0 / 3)
-        self._snapshot_of = None
         super().__init__(module, device, dtype)
 
-    def _weights(self) -> None:
+    def take_weights(self) -> None:
+        super().take_weights()
+        self._taken_at = self._versions()
+
+    def _versions(self) -> tuple[int, ...]:
+        return tuple(p._version for p in self.module.parameters())
+
+    def _current_weights(self) -> None:
         """The no-grad path's concatenated weights (`Projections`), taken again after any
         in-place change of the module's parameters (an optimizer step)."""
-        versions = tuple(p._version for p in self.module.parameters())
-        if versions != self._snapshot_of:
-            Projections.__init__(self, self.module, self.device, self.dtype)
-            self._snapshot_of = versions
+        if self._versions() != self._taken_at:
+            self.take_weights()
 
     def __call__(self, s, z, translations, rotations, mask):
         if torch.is_grad_enabled() and (
@@ -88,7 +92,7 @@ class BiasForward(Projections):
         from variants.openfold.core_op import run_core
         from variants.triton import frames
 
-        self._weights()
+        self._current_weights()
         cfg = self.config
         q, k, v, pts, cat = self.project(s, z, translations, rotations, mask, frames.OPERANDS)
         B, N = s.shape[:2]

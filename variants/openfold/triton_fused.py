@@ -294,19 +294,24 @@ class Projections:
     and the norms, then linear_out)."""
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype):
-        cfg = module.config
-        self.module, self.config, self.device, self.dtype = module, cfg, device, dtype
+        self.module, self.config, self.device, self.dtype = module, module.config, device, dtype
+        H, C = module.config.no_heads, module.config.c_hidden
+        # linear_kv's rows interleave k and v per head (SPEC step 1); taken as [k | v] here,
+        # so that q, k and v are (B, N, H, C) views with head stride C.
+        self.kv_rows = torch.arange(2 * H * C, device=module.linear_kv.weight.device).view(
+            H, 2, C).transpose(0, 1).reshape(-1)
+        self.q_scale = math.sqrt(1.0 / (3 * C)) * LOG2E
+        self.take_weights()
+
+    def take_weights(self) -> None:
+        """The weights as the forward reads them, from the module's parameters now."""
+        module, cfg = self.module, self.config
         with torch.no_grad():
             # The four input projections as two GEMMs (concatenated weights: the same dot
             # products, two fewer cuBLAS calls on the host): q | kv in the input dtype, and the
             # point projections q_pts | kv_pts in fp32 in every dtype (their weights as the
             # module holds them, upcast), so that global coordinates at 100 A are not rounded
             # to the input dtype (a bf16 ulp there is 0.5 A).
-            # linear_kv's rows interleave k and v per head (SPEC step 1); taken as [k | v]
-            # here, so that q, k and v are (B, N, H, C) views with head stride C.
-            H, C = cfg.no_heads, cfg.c_hidden
-            self.kv_rows = torch.arange(2 * H * C, device=module.linear_kv.weight.device).view(
-                H, 2, C).transpose(0, 1).reshape(-1)
             self.w_qkv = torch.cat([module.linear_q.weight,
                                     module.linear_kv.weight[self.kv_rows]])
             self.b_qkv = torch.cat([module.linear_q.bias, module.linear_kv.bias[self.kv_rows]])
@@ -317,7 +322,6 @@ class Projections:
             pq = cfg.no_qk_points
             w = F.softplus(module.head_weights.double()) * math.sqrt(1.0 / (3 * (pq * 9.0 / 2)))
             self.point_weight = (-0.5 * w * LOG2E).float()
-            self.q_scale = math.sqrt(1.0 / (3 * cfg.c_hidden)) * LOG2E
 
     def project(self, s, z, translations, rotations, mask, layout):
         """Checks the inputs (`validate_inputs`, no value scan) and runs SPEC steps 1-2:
