@@ -160,9 +160,11 @@ class OpenFoldTritonBias(OpenFoldTriton):
 
     def code_paths(self):
         here = Path(__file__).resolve().parent
-        return [here / "triton_bias.py", here / "pair_values.py", here / "triton_fused.py",
-                *(here.parent / "triton" / f for f in ("attention.py", "pair_bias.py",
-                                                       "common.py", "frames.py", "tf32.py")),
+        return [*(here / f for f in ("triton_bias.py", "pair_values.py", "triton_fused.py",
+                                     "core_op.py", "bias_backward.py")),
+                *(here.parent / "triton" / f for f in (
+                    "attention.py", "pair_bias.py", "bias_backward.py", "backward.py",
+                    "common.py", "frames.py", "tf32.py")),
                 here.parent / "base2.py"]
 
     def import_kernels(self) -> None:
