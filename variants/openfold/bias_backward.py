@@ -183,8 +183,8 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
     b, n, h, _ = q.shape
     c = z.shape[3]
     if n == 1:
-        return _single_key_gradients(grad_o, grad_o_pt, grad_o_pair, q, k, q_pts, k_pts, z,
-                                     w_b, point_weight)
+        return _single_key_gradients(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts,
+                                     v_pts, z, w_b, point_weight)
     f32 = torch.float32
     grad_o_pair = grad_o_pair.float().contiguous()
     delta = ((grad_o.float() * o.float()).sum(-1) + (grad_o_pt * o_pt).sum(-1)
@@ -205,14 +205,14 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
     return dq, dk, dv, dq_pts, dk_pts, dv_pts, dz, dw, d_point
 
 
-def _single_key_gradients(grad_o, grad_o_pt, grad_o_pair, q, k, q_pts, k_pts, z, w_b,
-                          point_weight):
-    """N = 1, without a kernel: the softmax is the constant 1, so every logit gradient is exactly
-    zero (the oracle's too; a kernel's P (dP - D) would leave rounding noise), the values'
-    gradients are the outputs' and d z = sum_h dO_z[h]."""
-    zero = lambda t: torch.zeros(t.shape, dtype=t.dtype, device=t.device)
-    b, _, h, d = q.shape
+def _single_key_gradients(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z,
+                          w_b, point_weight):
+    """N = 1, without a kernel: the simplified problem's (`backward.single_key_gradients`:
+    every logit gradient exactly zero, the values' gradients the outputs'), with
+    d z = sum_h dO_z[h] (the one probability is 1)."""
+    from variants.triton.backward import single_key_gradients
+
+    grads = single_key_gradients(grad_o, grad_o_pt, q, k, v, q_pts, k_pts, v_pts, z, w_b,
+                                 point_weight)
     dz = grad_o_pair.float().sum(2).view(z.shape).to(z.dtype)
-    return (zero(q), zero(k), grad_o.to(q.dtype).clone(), zero(q_pts), zero(k_pts),
-            grad_o_pt.permute(0, 2, 1, 3).clone(memory_format=torch.contiguous_format), dz,
-            zero(w_b), zero(point_weight))
+    return (*grads[:6], dz, *grads[7:])

@@ -16,8 +16,8 @@ fp32 into linear_out's input.
 
 Register budget: the accumulator is BLOCK_M x 16 x BLOCK_C fp32 (at 8, 64 and 8 warps: 32 a
 thread), the z tile BLOCK_M x BLOCK_N x BLOCK_C (with its TF32 halves, twice that). Compiled
-for sm_90 (triton 3.6) the configs below take 123-174 registers without spills: ~41-47
-warp-instructions per (query, key) pair in fp32 and 11-19 in bf16, against the fused kernel's
+for sm_90 (triton 3.6) the configs below take 96-204 registers without spills (one: 12 words):
+~41-48 warp-instructions per (query, key) pair in fp32 and 12-20 in bf16, against the fused kernel's
 ~184 with 250-370 words spilled (fp32) and ~33 (bf16), which do everything else as well.
 """
 
@@ -82,7 +82,8 @@ def _pair_values_kernel(
                     mask=z_ok & n_ok[None, :, None], other=0.0)  # (BM, BN, BC)
         if CAST_F32:
             z = z.to(tl.float32)
-        if PRECISION == "tf32x3":
+        if PRECISION == "tf32x3":  # `tf32.dot_split_tf32`'s products, inline: through the
+            # helper ptxas spills 30 words instead of 12 in (8, 16, 128, 4 warps) (sm_90 proxy)
             a_hi, z_hi = tf32_hi(a), tf32_hi(z)
             acc = tl.dot(a - a_hi, z_hi, acc, input_precision="tf32")
             acc = tl.dot(a_hi, z - z_hi, acc, input_precision="tf32")
@@ -104,9 +105,9 @@ def _pair_values_kernel(
 # BLOCK_M >= num_warps: triton 3.6 puts every warp of a batched dot on its batch axis (the
 # query rows), so fewer rows than warps would compute each row more than once
 # (docs/perf-notes.md, fifth session). Chosen on the sm_90 proxy (`attention_proxy.py`,
-# `openfold_pair_values_*`; triton 3.6): 123-174 registers, no spills, 41-47 warp-instructions
-# per pair in fp32 (11-19 in bf16), from one 8-warp program per SM to four 4-warp ones; and
-# (8, 16, 128, 4 warps), 34 in fp32 with 8 words spilled. Dropped there: BLOCK_N 64 and
+# `openfold_pair_values_*`; triton 3.6): 128-204 registers, no spills, 41-48 warp-instructions
+# per pair in fp32 (12-20 in bf16), from one 8-warp program per SM to four 4-warp ones; and
+# (8, 16, 128, 4 warps), 35 in fp32 with 12 words spilled. Dropped there: BLOCK_N 64 and
 # (4, 32, 128) spill 110-116 words in fp32; (16, 16, 128) and (16, 32, 64) 8-26 words at
 # 164-197 KiB of shared memory.
 _pair_values = autotuned(

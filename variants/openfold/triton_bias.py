@@ -46,10 +46,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from variants.base2 import LOG2E
 from variants.openfold.problem import validate_inputs
 from variants.openfold.reference import OpenFoldIPA
-from variants.openfold.triton_fused import OpenFoldTriton, Projections
+from variants.openfold.triton_fused import OpenFoldTriton, Projections, point_weight
 
 
 class BiasForward(Projections):
@@ -117,32 +116,25 @@ class BiasForward(Projections):
         check_runnable("s", s)
         B, N, _ = s.shape
         H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
-        rows = self.kv_rows
-        qkv = F.linear(s, torch.cat([mod.linear_q.weight, mod.linear_kv.weight[rows]]),
-                       torch.cat([mod.linear_q.bias, mod.linear_kv.bias[rows]]))
+        qkv = F.linear(s, *self.qkv_weights())  # [q | k | v]
         q, k, v = (qkv[..., i * H * C:(i + 1) * H * C].view(B, N, H, C) for i in range(3))
         # Points in fp32, in a frame centred on each batch element's mean translation (the
         # output does not depend on the mean: no gradient through it).
-        s_pts = s.float()
+        y = F.linear(s.float(), *self.point_projection_weights())  # [q_pts | kv_pts]
         rot = rotations.float()
         centred_t = translations.float() - translations.detach().float().mean(1, keepdim=True)
-
-        def global_points(projection):  # (B, N, H, P, 3): R p + t, centred
-            local = local_points(F.linear(s_pts, projection.linear.weight.float(),
-                                          projection.linear.bias.float()), H)
-            return (torch.einsum("bnxy,bnhpy->bnhpx", rot, local)
-                    + centred_t[:, :, None, None, :])
-
-        q_pts = global_points(mod.linear_q_points)
-        k_pts, v_pts = global_points(mod.linear_kv_points).split([Pq, Pv], dim=3)
+        local = torch.cat([local_points(part, H)
+                           for part in y.split([3 * H * Pq, 3 * H * (Pq + Pv)], dim=-1)],
+                          dim=3)  # (B, N, H, Pq + Pq + Pv, 3)
+        pts = torch.einsum("bnxy,bnhpy->bnhpx", rot, local) + centred_t[:, :, None, None, :]
+        q_pts, k_pts, v_pts = pts.split([Pq, Pq, Pv], dim=3)
         rows_of = lambda p: p.reshape(B, N, H, -1).permute(0, 2, 3, 1).contiguous()
-        w = F.softplus(mod.head_weights.float()) * math.sqrt(1.0 / (3 * (Pq * 9.0 / 2)))
         o, o_pt, o_pair, _, _ = bias_core_op(
             q, k, v, rows_of(q_pts), rows_of(k_pts),
             v_pts.reshape(B, N, H, 3 * Pv).transpose(1, 2).contiguous(),
             centred_t.detach().contiguous(), z, mod.linear_b.weight, mod.linear_b.bias,
-            -0.5 * LOG2E * w, mask.float().contiguous(), self.math_mode, self.q_scale,
-            self.bias_scale, cfg.inf)
+            point_weight(mod.head_weights.float(), Pq), mask.float().contiguous(),
+            self.math_mode, self.q_scale, self.bias_scale, cfg.inf)
         o_pt = mod.to_local(o_pt.view(B, N, H, Pv, 3), rot, centred_t)  # SPEC steps 8-10
         norms = torch.sqrt((o_pt ** 2).sum(dim=-1) + cfg.eps).reshape(B, N, H * Pv)
         o_x, o_y, o_z = o_pt.reshape(B, N, H * Pv, 3).unbind(dim=-1)

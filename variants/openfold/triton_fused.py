@@ -287,6 +287,14 @@ class FusedCore:
                pair_values=self.pair_values, bias_scale=self.bias_scale)
 
 
+def point_weight(head_weights: torch.Tensor, query_points: int) -> torch.Tensor:
+    """The distance term's factor per head in base-2 units (the kernels' softmax runs on exp2):
+    -w_h / 2 * log2(e), w_h = softplus(head_weights_h) * sqrt(1 / (3 Pq 9/2)) (SPEC step 4),
+    in head_weights' dtype; differentiable."""
+    w = F.softplus(head_weights) * math.sqrt(1.0 / (3 * (query_points * 9.0 / 2)))
+    return -0.5 * LOG2E * w
+
+
 class Projections:
     """What the Triton forwards of this problem share around their O(N^2) kernels: the
     module's four input projections as two GEMMs, the logit factors in base-2 units, the frame
@@ -304,24 +312,30 @@ class Projections:
         self.take_weights()
 
     def take_weights(self) -> None:
-        """The weights as the forward reads them, from the module's parameters now."""
-        module, cfg = self.module, self.config
+        """The weights as the no-grad forward reads them, from the module's parameters now."""
         with torch.no_grad():
-            # The four input projections as two GEMMs (concatenated weights: the same dot
-            # products, two fewer cuBLAS calls on the host): q | kv in the input dtype, and the
-            # point projections q_pts | kv_pts in fp32 in every dtype (their weights as the
-            # module holds them, upcast), so that global coordinates at 100 A are not rounded
-            # to the input dtype (a bf16 ulp there is 0.5 A).
-            self.w_qkv = torch.cat([module.linear_q.weight,
-                                    module.linear_kv.weight[self.kv_rows]])
-            self.b_qkv = torch.cat([module.linear_q.bias, module.linear_kv.bias[self.kv_rows]])
-            points = (module.linear_q_points.linear, module.linear_kv_points.linear)
-            self.w_points = torch.cat([p.weight for p in points]).float()
-            self.b_points = torch.cat([p.bias for p in points]).float()
-            # Logit factors in base-2 units (the kernels' softmax runs on exp2), from float64.
-            pq = cfg.no_qk_points
-            w = F.softplus(module.head_weights.double()) * math.sqrt(1.0 / (3 * (pq * 9.0 / 2)))
-            self.point_weight = (-0.5 * w * LOG2E).float()
+            self.w_qkv, self.b_qkv = self.qkv_weights()
+            self.w_points, self.b_points = self.point_projection_weights()
+            # from float64: the softplus and the factors in the precision the oracle has
+            self.point_weight = point_weight(self.module.head_weights.double(),
+                                             self.config.no_qk_points).float()
+
+    def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The three input projections as one GEMM's weight and bias, in the module's dtype
+        (concatenated weights: the same dot products, two fewer cuBLAS calls on the host),
+        output [q | k | v] (`kv_rows`). Differentiable in the module's parameters."""
+        m = self.module
+        return (torch.cat([m.linear_q.weight, m.linear_kv.weight[self.kv_rows]]),
+                torch.cat([m.linear_q.bias, m.linear_kv.bias[self.kv_rows]]))
+
+    def point_projection_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two point projections as one GEMM's weight and bias, output [q_pts | kv_pts],
+        each [X | Y | Z] blocks (PointProjection's layout), upcast to fp32 in every dtype, so
+        that global coordinates at 100 A are not rounded to the input dtype (a bf16 ulp there
+        is 0.5 A). Differentiable in the module's parameters."""
+        points = (self.module.linear_q_points.linear, self.module.linear_kv_points.linear)
+        return (torch.cat([p.weight for p in points]).float(),
+                torch.cat([p.bias for p in points]).float())
 
     def project(self, s, z, translations, rotations, mask, layout):
         """Checks the inputs (`validate_inputs`, no value scan) and runs SPEC steps 1-2:
