@@ -1,17 +1,20 @@
-"""The fused frame kernels around the Triton IPA kernels (`variants/triton/frames.py`) against
-the PyTorch form they replace where no autograd is needed (`pipeline._around_kernels`).
+"""The frame kernels around the Triton IPA kernels (`variants/triton/frames.py`) against the
+PyTorch form that defines them (`frames_definition`, `inverse_frames_definition` below: what
+`pipeline._around_kernels` spelled in PyTorch before), in both of its routes: grad mode off
+(the kernels, writing the attention kernels' layouts and into out_proj's input) and autograd
+(the same kernels as the custom ops of `frames_op.py`).
 
 CPU, under the Triton interpreter (`TRITON_INTERPRET=1`, as `make test` sets it without a GPU),
 at awkward sizes (B = 2, N = 37, H = 3, Qp = 2, Vp = 5: nothing a power of two, one partial
 row block) and the default layer at a small N, fp32 and bf16 projections: the prologue's point
-operands and centred translations equal the PyTorch form's (through strided frames too); the
-layouts it writes for `triton-pairdot` equal those `FusedCore` builds (every argument of the
-openfold kernel's launch); the epilogue equals `_inverse_frames` cast into out_proj's input
-and writes nothing else; the whole forward of `triton`, `triton-fullfuse`, `triton-pairdot`
-and the training forward without autograd (the kernels) equals it with autograd (PyTorch);
-with autograd the kernels are not used. The training variants' gradients, translations and
-rotations included, through the PyTorch form: tests/test_triton_backward.py (every gradient
-against the float64 oracle) and tests/test_training.py.
+operands and centred translations equal the definition's in both routes (through strided
+frames too); the layouts it writes for `triton-pairdot` equal those `FusedCore` builds (every
+argument of the openfold kernel's launch); the epilogue equals the inverse definition cast into
+out_proj's input and writes nothing else; the whole forward of `triton`, `triton-fullfuse`,
+`triton-pairdot` and the training forward is the same in both routes; a training step runs the
+two kernels forward and their two backward kernels. The ops' gradients against autograd
+through the definition: tests/test_frame_ops.py; the training variants' gradients against the
+float64 oracle: tests/test_triton_backward.py and tests/test_training.py.
 """
 
 from __future__ import annotations
@@ -42,6 +45,40 @@ AWKWARD = IPAConfig(node_dim=24, pair_dim=8, heads=3, query_points=2, value_poin
 CASES = {"awkward": (2, 37, AWKWARD), "default": (1, 12, IPAConfig())}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TIGHT = dict(rtol=1e-6, atol=1e-6)
+
+
+def frames_definition(pts, rotations, centred_t):
+    """Local -> global: p @ R + t, elementwise in fp32 (no TF32). pts (B, N, P, 3)."""
+    return (pts.unsqueeze(-1) * rotations.unsqueeze(2)).sum(-2) + centred_t.unsqueeze(2)
+
+
+def inverse_frames_definition(pts, rotations, centred_t):
+    """Global -> local: (g - t) @ R^T, elementwise in fp32. pts (B, N, P, 3)."""
+    return ((pts - centred_t.unsqueeze(2)).unsqueeze(-2) * rotations.unsqueeze(2)).sum(-1)
+
+
+def operands_definition(local, rotations, translations, heads, query_points, value_points):
+    """The prologue's outputs by the definition: local (B, N, 3 H (2 Qp + Vp)) in any dtype
+    -> {q_pts, k_pts (B, H, 3 Qp, N), v_pts (B, H, N, 3 Vp), centred_t (B, N, 3)}, fp32."""
+    b, n, _ = local.shape
+    h, qp, vp = heads, query_points, value_points
+    centred_t = translations.float() - translations.mean(dim=1, dtype=torch.float32)[:, None]
+    pts = frames_definition(local.float().reshape(b, n, -1, 3), rotations.float(), centred_t)
+    q_pts, k_pts, v_pts = pts.split([h * qp, h * qp, h * vp], dim=2)
+    q_pts, k_pts = (t.reshape(b, n, h, 3 * qp).permute(0, 2, 3, 1) for t in (q_pts, k_pts))
+    return dict(q_pts=q_pts, k_pts=k_pts, v_pts=v_pts.reshape(b, n, h, 3 * vp).transpose(1, 2),
+                centred_t=centred_t)
+
+
+def definition_of(weights, inputs) -> dict:
+    """`operands_definition` of the layer's own local points (LayerNorm and the input GEMM as
+    `_around_kernels` computes them)."""
+    node, _, trans, rot = inputs
+    cfg = weights.config
+    x = torch.nn.functional.layer_norm(node, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+    local = torch.nn.functional.linear(x, weights.w_in)[..., 3 * cfg.heads * cfg.head_dim:]
+    return operands_definition(local, rot, trans, cfg.heads, cfg.query_points,
+                               cfg.value_points)
 
 
 def setup(case: str, precision: str, seed: int = 0):
@@ -84,35 +121,46 @@ def around(weights, inputs, *, autograd: bool, layout=None, out_p=None):
 # ---- the prologue ---------------------------------------------------------------------------
 
 
+ROUTES = {"kernels": False, "ops": True}  # `around`'s autograd flag per route
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("precision", list(DTYPES))
 @pytest.mark.parametrize("case", list(CASES))
-def test_prologue_equals_the_pytorch_form(case, precision):
+def test_prologue_equals_the_pytorch_form(case, precision, route):
     _, weights, inputs = setup(case, precision)
-    fused, _ = around(weights, inputs, autograd=False)
-    torch_form, _ = around(weights, inputs, autograd=True)
-    assert fused.lows is None and torch_form.lows is None
+    ops, _ = around(weights, inputs, autograd=ROUTES[route])
+    want = definition_of(weights, inputs)
+    assert ops.lows is None
     for name in ("q_pts", "k_pts", "v_pts", "centred_t"):
-        got, want = getattr(fused, name), getattr(torch_form, name).detach()
+        got = getattr(ops, name)
         assert got.dtype == torch.float32 and got.is_contiguous(), name
-        torch.testing.assert_close(got, want, **TIGHT, msg=name)
-    for name in ("q", "k", "v", "out_s"):  # views of the GEMM's output and of cat, as before
-        got, want = getattr(fused, name), getattr(torch_form, name)
+        torch.testing.assert_close(got.detach(), want[name], **TIGHT, msg=name)
+
+
+@pytest.mark.parametrize("precision", list(DTYPES))
+def test_both_routes_give_the_kernels_the_same_views(precision):
+    _, weights, inputs = setup("awkward", precision)
+    kernels, _ = around(weights, inputs, autograd=False)
+    ops, _ = around(weights, inputs, autograd=True)
+    for name in ("q", "k", "v", "out_s"):  # views of the GEMM's output and of cat
+        got, want = getattr(kernels, name), getattr(ops, name)
         assert got.shape == want.shape and got.stride() == want.stride(), name
 
 
+@pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("precision", list(DTYPES))
-def test_prologue_reads_frames_through_their_strides(precision):
+def test_prologue_reads_frames_through_their_strides(precision, route):
     _, weights, (node, pair, trans, rot) = setup("awkward", precision)
     s_trans, s_rot = strided(trans), strided(rot.transpose(2, 3)).transpose(2, 3)
     assert not s_trans.is_contiguous() and not s_rot.is_contiguous()
-    fused, _ = around(weights, (node, pair, s_trans, s_rot), autograd=False)
-    want, _ = around(weights, (node, pair, s_trans, s_rot), autograd=True)
+    got, _ = around(weights, (node, pair, s_trans, s_rot), autograd=ROUTES[route])
+    want = definition_of(weights, (node, pair, s_trans, s_rot))
     contiguous, _ = around(weights, (node, pair, trans, rot), autograd=False)
     for name in ("q_pts", "k_pts", "v_pts", "centred_t"):
-        torch.testing.assert_close(getattr(fused, name), getattr(want, name).detach(), **TIGHT,
-                                   msg=name)
+        torch.testing.assert_close(getattr(got, name).detach(), want[name], **TIGHT, msg=name)
         # (the mean of strided translations may be summed in another order: an ulp of 100 A)
-        torch.testing.assert_close(getattr(fused, name), getattr(contiguous, name),
+        torch.testing.assert_close(getattr(got, name).detach(), getattr(contiguous, name),
                                    rtol=1e-6, atol=1e-5, msg=name)
 
 
@@ -179,7 +227,8 @@ def assert_same_operands(fused: dict, want: dict, layout) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_pairdot_layouts_equal_what_fused_core_builds(case, precision, math_mode, monkeypatch):
     # Every operand of the openfold kernel's launch: from the fused prologue, and as
-    # FusedCore builds them from the PyTorch form's points (distance rows, padding, splits).
+    # FusedCore builds them (distance rows, padding, splits) from the default layouts' points
+    # (the autograd route's, which equal the definition's: test_prologue_equals_...).
     _, weights, (node, pair, trans, rot) = setup(case, precision)
     core = pairdot_core(weights, math_mode)
     recorder = LaunchRecorder()
@@ -217,7 +266,7 @@ def test_epilogue_equals_inverse_frames(case, dtype):
     out_p = out_p + torch.randn(b, n, h, 3 * vp, generator=g) * 5
     cat = torch.full((b, n, hd + 3 * h * vp + 5), 7.0, dtype=dtype)
     frames.epilogue(out_p, rot, centred_t, cat, hd)
-    local = pipeline._inverse_frames(out_p.view(b, n, h * vp, 3), rot.float(), centred_t)
+    local = inverse_frames_definition(out_p.view(b, n, h * vp, 3), rot.float(), centred_t)
     want = local.reshape(b, n, 3 * h * vp).to(dtype)
     torch.testing.assert_close(cat[..., hd:hd + 3 * h * vp], want, rtol=0, atol=0)
     assert (cat[..., :hd] == 7).all() and (cat[..., hd + 3 * h * vp:] == 7).all()
@@ -225,7 +274,8 @@ def test_epilogue_equals_inverse_frames(case, dtype):
 
 @pytest.mark.parametrize("precision", list(DTYPES))
 @pytest.mark.parametrize("case", list(CASES))
-def test_epilogue_path_equals_the_pytorch_form(case, precision):
+def test_both_epilogue_routes_agree(case, precision):
+    # written into out_proj's input (grad mode off), or by the op and concatenated after o_s
     _, weights, inputs = setup(case, precision)
     b, n, cfg = CASES[case]
     vp3 = 3 * cfg.value_points
@@ -259,9 +309,10 @@ FORWARDS = ["triton", "triton-fullfuse", "triton-fullfuse-split", "triton-pairdo
 @pytest.mark.parametrize("precision", list(DTYPES))
 @pytest.mark.parametrize("name", FORWARDS)
 def test_forward_without_autograd_equals_it_with_autograd(name, precision):
-    # The kernels (grad mode off) against the PyTorch form (translations require grad); the
-    # attention kernels are the same in both. Under the interpreter the two forms agree to the
-    # bit but for sums of squares in another order (triton-pairdot's distance rows in bf16).
+    # The kernels' route (grad mode off) against the ops' (translations require grad); the
+    # attention kernels are the same in both. Under the interpreter the two agree to the bit
+    # but for sums of squares in another order (triton-pairdot's distance rows in bf16, which
+    # FusedCore builds from the ops' default layouts).
     cfg, weights, (node, pair, trans, rot) = setup("awkward", precision)
     forward = _forwards(weights, cfg, precision)[name]
     with torch.no_grad():
@@ -275,9 +326,10 @@ def test_forward_without_autograd_equals_it_with_autograd(name, precision):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["triton-train", "triton-fullfuse-train"])
-def test_training_with_autograd_uses_the_pytorch_form(fused, monkeypatch):
-    # With autograd, no frame kernel runs and the frames get gradients (whose values
-    # tests/test_triton_backward.py checks); without it, both kernels run once.
+def test_a_training_step_runs_the_frame_kernels_and_their_backwards(fused, monkeypatch):
+    # With autograd: the two kernels forward, their two backward kernels, and the frames get
+    # gradients (whose values tests/test_frame_ops.py and tests/test_triton_backward.py check);
+    # without it, the two kernels once.
     cfg, _, (node, pair, trans, rot) = setup("awkward", "fp32")
     params = training_parameters(init_state_dict(cfg), cfg, "cpu", torch.float32)
     calls = []
@@ -290,17 +342,15 @@ def test_training_with_autograd_uses_the_pytorch_form(fused, monkeypatch):
             return real(*args, **kwargs)
         return call
 
-    for name in ("prologue", "epilogue"):
+    for name in ("prologue", "epilogue", "prologue_backward", "epilogue_backward"):
         monkeypatch.setattr(frames, name, spy(name))
     trans, rot = trans.clone().requires_grad_(True), rot.clone().requires_grad_(True)
     triton_train_ipa(params, cfg, node, pair, trans, rot, fused=fused).sum().backward()
-    assert calls == []
+    assert calls == ["prologue", "epilogue", "epilogue_backward", "prologue_backward"]
     assert trans.grad is not None and rot.grad is not None
     assert trans.grad.abs().sum() > 0 and rot.grad.abs().sum() > 0
-    with torch.no_grad():
-        triton_train_ipa(params, cfg, node, pair, trans, rot, fused=fused)
-    assert calls == ["prologue", "epilogue"]
-    # grad mode on, but nothing requires grad: the kernels too
-    calls.clear()
-    triton_train_ipa(params, cfg, node, pair, trans.detach(), rot.detach(), fused=fused)
-    assert calls == ["prologue", "epilogue"]
+    for grad_mode in (False, True):  # grad mode on, but nothing requires grad: the same
+        calls.clear()
+        with torch.set_grad_enabled(grad_mode):
+            triton_train_ipa(params, cfg, node, pair, trans.detach(), rot.detach(), fused=fused)
+        assert calls == ["prologue", "epilogue"]

@@ -56,9 +56,10 @@ class BiasForward(Projections):
     as `triton`'s (two GEMMs, the frame prologue), the core's three kernels writing into
     linear_out's input, the epilogue and linear_out. When a gradient is needed (an input or
     the module's parameters require grad): the same core as a custom op with an exact backward
-    (`core_op.py`), the O(N) work around it in PyTorch from the module's parameters,
-    differentiated by autograd. `module` holds the parameters (`harness.runner` finds them
-    there), read on every call."""
+    (`core_op.py`), the frames as `frames_op`'s custom ops (the same kernels, with backward
+    kernels), the rest of the O(N) work in PyTorch from the module's parameters, differentiated
+    by autograd. `module` holds the parameters (`harness.runner` finds them there), read on
+    every call."""
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
                  math_mode: str):
@@ -105,9 +106,10 @@ class BiasForward(Projections):
         return self.finish(o_pt, rotations, pts, cat)
 
     def _differentiable(self, s, z, translations, rotations, mask):
-        """SPEC steps 1-2 and 8-12 in PyTorch around `core_op.bias_core_op`."""
+        """SPEC steps 1-3 and 8-12 around `core_op.bias_core_op`: the frames by `frames_op`,
+        the rest in PyTorch."""
         from variants.openfold.core_op import bias_core_op
-        from variants.openfold.reference import local_points
+        from variants.triton import frames_op
         from variants.triton.common import check_runnable
 
         cfg, mod = self.config, self.module
@@ -118,27 +120,19 @@ class BiasForward(Projections):
         H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
         qkv = F.linear(s, *self.qkv_weights())  # [q | k | v]
         q, k, v = (qkv[..., i * H * C:(i + 1) * H * C].view(B, N, H, C) for i in range(3))
-        # Points in fp32, in a frame centred on each batch element's mean translation (the
-        # output does not depend on the mean: no gradient through it).
         y = F.linear(s.float(), *self.point_projection_weights())  # [q_pts | kv_pts]
-        rot = rotations.float()
-        centred_t = translations.float() - translations.detach().float().mean(1, keepdim=True)
-        local = torch.cat([local_points(part, H)
-                           for part in y.split([3 * H * Pq, 3 * H * (Pq + Pv)], dim=-1)],
-                          dim=3)  # (B, N, H, Pq + Pq + Pv, 3)
-        pts = torch.einsum("bnxy,bnhpy->bnhpx", rot, local) + centred_t[:, :, None, None, :]
-        q_pts, k_pts, v_pts = pts.split([Pq, Pq, Pv], dim=3)
-        rows_of = lambda p: p.reshape(B, N, H, -1).permute(0, 2, 3, 1).contiguous()
+        # Points in fp32, in a frame centred on each batch element's mean translation.
+        q_pts, k_pts, v_pts, centred_t = frames_op.prologue(
+            y, rotations, translations, heads=H, query_points=Pq, value_points=Pv,
+            convention="openfold")
         o, o_pt, o_pair, _, _ = bias_core_op(
-            q, k, v, rows_of(q_pts), rows_of(k_pts),
-            v_pts.reshape(B, N, H, 3 * Pv).transpose(1, 2).contiguous(),
-            centred_t.detach().contiguous(), z, mod.linear_b.weight, mod.linear_b.bias,
-            point_weight(mod.head_weights.float(), Pq), mask.float().contiguous(),
-            self.math_mode, self.q_scale, self.bias_scale, cfg.inf)
-        o_pt = mod.to_local(o_pt.view(B, N, H, Pv, 3), rot, centred_t)  # SPEC steps 8-10
-        norms = torch.sqrt((o_pt ** 2).sum(dim=-1) + cfg.eps).reshape(B, N, H * Pv)
-        o_x, o_y, o_z = o_pt.reshape(B, N, H * Pv, 3).unbind(dim=-1)
-        cat = torch.cat([o.reshape(B, N, H * C).float(), o_x, o_y, o_z, norms,
+            q, k, v, q_pts, k_pts, v_pts, centred_t.detach(), z, mod.linear_b.weight,
+            mod.linear_b.bias, point_weight(mod.head_weights.float(), Pq),
+            mask.float().contiguous(), self.math_mode, self.q_scale, self.bias_scale, cfg.inf)
+        # SPEC steps 8-10: o_pt to each query's frame, [X | Y | Z | norms]
+        local = frames_op.epilogue(o_pt, rotations, centred_t, torch.float32,
+                                   convention="openfold", eps=cfg.eps)
+        cat = torch.cat([o.reshape(B, N, H * C).float(), local,
                          o_pair.reshape(B, N, H * cfg.c_z)], dim=-1)
         return mod.linear_out(cat.to(self.dtype))
 
@@ -156,7 +150,7 @@ class OpenFoldTritonBias(OpenFoldTriton):
                                      "core_op.py", "bias_backward.py")),
                 *(here.parent / "triton" / f for f in (
                     "attention.py", "pair_bias.py", "bias_backward.py", "backward.py",
-                    "common.py", "frames.py", "tf32.py")),
+                    "common.py", "frames.py", "frames_op.py", "tf32.py")),
                 here.parent / "base2.py"]
 
     def import_kernels(self) -> None:

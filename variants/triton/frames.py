@@ -32,6 +32,12 @@ a constexpr and the column convention as R's strides swapped (R p = p @ R^T).
   R^T (g - ct)), cast to the output dtype, written into the out_proj input's columns; for
   openfold as [X | Y | Z] blocks, then the norms sqrt(x^2 + y^2 + z^2 + eps).
 
+* `prologue_backward`, `epilogue_backward`: their gradients, for the training steps
+  (`frames_op.py` joins each pair as a custom op): the local points', the rotations', the
+  translations' (less the mean's part, which `frames_op` adds) and the value points'. One
+  program per (block of rows, batch element) loops over the heads, so the frames' gradients,
+  sums over every head's points, need no atomics.
+
 One program per (block of BLOCK_ROWS rows, head, batch element); its tiles are a head's points
 of those rows (the prologue's: coordinates padded to a power of two, so that every output
 layout is a plain strided store; the epilogue's: points, one tile per coordinate). The bytes
@@ -435,3 +441,225 @@ def epilogue(out_p: torch.Tensor, rotations: torch.Tensor, centred_t: torch.Tens
         H=h, VP=vp3 // 3, VP_PAD=pow2(vp3 // 3, 1), XYZ_BLOCKS=convention.xyz_blocks,
         BLOCK=BLOCK_ROWS, num_warps=NUM_WARPS,
     )
+
+
+# ---- the backward: gradients of the two transforms, for training ----------------------------
+#
+# Tiles (BLOCK, P_PAD, 4): rows x a head's points x their coordinates (padded to 4), and the
+# rows' frames (BLOCK, 4, 4) R'[r, c] (R, or R^T under the column convention: the forward's
+# strides). One program per (block of rows, batch element) loops over the heads, so the sums
+# over every head's points that the frames' gradients need stay in its registers: no atomics.
+
+
+@triton.jit
+def _row_tiles(b, pid_n, N, P: tl.constexpr, P_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """(rows (BLOCK, 1, 1), points (1, P_PAD, 1), coordinates (1, 1, 4), rows < N, and the
+    mask of the (BLOCK, P_PAD, 4) tile's real coordinates)."""
+    rows = (pid_n * BLOCK + tl.arange(0, BLOCK))[:, None, None]
+    p = tl.arange(0, P_PAD)[None, :, None]
+    x = tl.arange(0, 4)[None, None, :]
+    row_ok = rows < N
+    return rows, p, x, row_ok, row_ok & (p < P) & (x < 3)
+
+
+@triton.jit
+def _frame_tile(ROT, b, rows, row_ok, stride_rb, stride_rn, stride_rr, stride_rc):
+    """The rows' R'[r, c] (BLOCK, 4, 4) in fp32, zero outside 3 x 3."""
+    r = tl.arange(0, 4)[None, :, None]
+    c = tl.arange(0, 4)[None, None, :]
+    return tl.load(ROT + b * stride_rb + rows * stride_rn + r * stride_rr + c * stride_rc,
+                   mask=row_ok & (r < 3) & (c < 3), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_frame_grads(DROT, DT, b, rows, row_ok, d_rot, d_t, N, stride_db, stride_dn,
+                       stride_dr, stride_dc):
+    """d R' (BLOCK, 4, 4) through DROT's (R', i.e. transposed) strides and d t (BLOCK, 4) into
+    (B, N, 3) contiguous, each cast to its tensor's dtype."""
+    r = tl.arange(0, 4)[None, :, None]
+    c = tl.arange(0, 4)[None, None, :]
+    _store(DROT, b * stride_db + rows * stride_dn + r * stride_dr + c * stride_dc, d_rot,
+           row_ok & (r < 3) & (c < 3))
+    rows2 = tl.reshape(rows, (rows.shape[0], 1))
+    x = tl.arange(0, 4)[None, :]
+    _store(DT, (b * N + rows2) * 3 + x, d_t, (rows2 < N) & (x < 3))
+
+
+@triton.jit
+def _local_point_grads(DG, dg_offs, p_rows, d_rows, cols, rot, ok, d_rot, d_t):
+    """One kind of a head's points, g = p @ R' + t: from the global points' gradient
+    (BLOCK, P_PAD, 4) at DG + dg_offs, stores d p_r = sum_c dg_c R'[r, c] at d_rows + cols (the
+    local points' columns, cast to their dtype), and returns d R' + sum_p p_r dg_c and
+    d t + sum_p dg_c."""
+    dg = tl.load(DG + dg_offs, mask=ok, other=0.0)
+    _store(d_rows, cols, tl.sum(dg[:, :, None, :] * rot[:, None, :, :], axis=3), ok)
+    p = tl.load(p_rows + cols, mask=ok, other=0.0).to(tl.float32)
+    d_rot += tl.sum(p[:, :, :, None] * dg[:, :, None, :], axis=1)
+    return d_rot, d_t + tl.sum(dg, axis=1)
+
+
+@triton.jit
+def _prologue_backward_kernel(
+    DQP, DKP,  # (B, H, 3Qp, N) fp32 contiguous: the gradients of q_pts, k_pts
+    DVP,  # (B, H, N, 3Vp) fp32 contiguous: of v_pts
+    DCT,  # (B, N, 3) fp32 contiguous: of the centred translations
+    PROJ,  # (B, N, 3 H (2Qp + Vp)) innermost stride 1: the local points (the forward's PROJ
+    # at its point columns)
+    ROT,  # (B, N, 3, 3) any strides (the column convention's: R transposed)
+    DPROJ,  # like PROJ, contiguous: the local points' gradient
+    DROT,  # (B, N, 3, 3) rotations' dtype, strides as ROT's
+    DT,  # (B, N, 3) contiguous, fp32: the gradient of the translations less their mean's
+    N,
+    stride_pb, stride_pn,
+    stride_rb, stride_rn, stride_rr, stride_rc,
+    stride_db, stride_dn, stride_dr, stride_dc,
+    H: tl.constexpr,
+    QP: tl.constexpr,  # query (and key) points per head
+    VP: tl.constexpr,  # value points per head
+    P_PAD: tl.constexpr,  # pow2(max(QP, VP))
+    XYZ_BLOCKS: tl.constexpr,  # PROJ's points as `Convention.xyz_blocks` says, else triples
+    BLOCK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    rows, p, x, row_ok, q_ok = _row_tiles(b, pid_n, N, QP, P_PAD, BLOCK)
+    v_ok = row_ok & (p < VP) & (x < 3)
+    rot = _frame_tile(ROT, b, rows, row_ok, stride_rb, stride_rn, stride_rr, stride_rc)
+    p_rows = PROJ + b * stride_pb + rows * stride_pn
+    d_rows = DPROJ + (b * N + rows) * (H * 3 * (2 * QP + VP))
+    d_rot = tl.zeros([BLOCK, 4, 4], dtype=tl.float32)
+    d_t = tl.zeros([BLOCK, 4], dtype=tl.float32)
+    for h in range(H):
+        # the columns of head h's points, as `_prologue_kernel` reads them
+        if XYZ_BLOCKS:
+            q_cols = h * QP + p + x * (H * QP)
+            kv_cols = 3 * H * QP + h * (QP + VP) + p + x * (H * (QP + VP))
+            v_cols = kv_cols + QP
+        else:
+            q_cols = h * 3 * QP + 3 * p + x
+            kv_cols = (H + h) * 3 * QP + 3 * p + x
+            v_cols = 2 * H * 3 * QP + h * 3 * VP + 3 * p + x
+        bh = b * H + h
+        qk_offs = (bh * 3 * QP + 3 * p + x) * N + rows
+        d_rot, d_t = _local_point_grads(DQP, qk_offs, p_rows, d_rows, q_cols, rot, q_ok, d_rot,
+                                        d_t)
+        d_rot, d_t = _local_point_grads(DKP, qk_offs, p_rows, d_rows, kv_cols, rot, q_ok, d_rot,
+                                        d_t)
+        d_rot, d_t = _local_point_grads(DVP, (bh * N + rows) * 3 * VP + 3 * p + x, p_rows,
+                                        d_rows, v_cols, rot, v_ok, d_rot, d_t)
+    rows2 = tl.reshape(rows, (BLOCK, 1))
+    x2 = tl.arange(0, 4)[None, :]
+    d_t += tl.load(DCT + (b * N + rows2) * 3 + x2, mask=(rows2 < N) & (x2 < 3), other=0.0)
+    _store_frame_grads(DROT, DT, b, rows, row_ok, d_rot, d_t, N, stride_db, stride_dn,
+                       stride_dr, stride_dc)
+
+
+@triton.jit
+def _epilogue_backward_kernel(
+    DLOC,  # (B, N, W) innermost stride 1: the gradient of the epilogue's columns (its
+    # output's dtype): xyz triples, or [X | Y | Z | norms] blocks (XYZ_BLOCKS)
+    OUT_P,  # (B, N, H, 3 VP) fp32, innermost stride 1: the kernels' global value points
+    ROT,  # (B, N, 3, 3) any strides (the column convention's: R transposed)
+    CT,  # (B, N, 3) fp32 contiguous
+    DOUT_P,  # (B, N, H, 3 VP) fp32 contiguous: OUT_P's gradient
+    DROT,  # (B, N, 3, 3) rotations' dtype, strides as ROT's
+    DCT,  # (B, N, 3) fp32 contiguous: CT's gradient
+    N,
+    eps,  # the norms' (XYZ_BLOCKS)
+    stride_lb, stride_ln,
+    stride_ob, stride_on, stride_oh,
+    stride_rb, stride_rn, stride_rr, stride_rc,
+    stride_db, stride_dn, stride_dr, stride_dc,
+    H: tl.constexpr,
+    VP: tl.constexpr,
+    VP_PAD: tl.constexpr,
+    XYZ_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    rows, p, x, row_ok, ok = _row_tiles(b, pid_n, N, VP, VP_PAD, BLOCK)
+    rot = _frame_tile(ROT, b, rows, row_ok, stride_rb, stride_rn, stride_rr, stride_rc)
+    ct = tl.load(CT + (b * N + rows) * 3 + x, mask=row_ok & (x < 3), other=0.0)
+    l_rows = DLOC + b * stride_lb + rows * stride_ln
+    d_rot = tl.zeros([BLOCK, 4, 4], dtype=tl.float32)
+    d_t = tl.zeros([BLOCK, 4], dtype=tl.float32)
+    for h in range(H):
+        g_offs = b * stride_ob + rows * stride_on + h * stride_oh + 3 * p + x
+        d = tl.where(ok, tl.load(OUT_P + g_offs, mask=ok, other=0.0) - ct, 0.0)
+        if XYZ_BLOCKS:
+            # local_r = sum_c d_c R'[r, c]; norm = sqrt(|local|^2 + eps) adds d norm local / norm
+            d_local = tl.load(l_rows + h * VP + p + x * (H * VP), mask=ok, other=0.0)
+            d_local = d_local.to(tl.float32)
+            local = tl.sum(d[:, :, None, :] * rot[:, None, :, :], axis=3)
+            norm = tl.sqrt(tl.sum(local * local, axis=2) + eps)[:, :, None]
+            d_norm = tl.load(l_rows + 3 * H * VP + h * VP + p, mask=row_ok & (p < VP),
+                             other=0.0).to(tl.float32)
+            d_local += d_norm * local / norm
+        else:
+            d_local = tl.load(l_rows + h * 3 * VP + 3 * p + x, mask=ok, other=0.0)
+            d_local = d_local.to(tl.float32)
+        d_g = tl.sum(d_local[:, :, :, None] * rot[:, None, :, :], axis=2)
+        tl.store(DOUT_P + ((b * N + rows) * H + h) * 3 * VP + 3 * p + x, d_g, mask=ok)
+        d_t -= tl.sum(d_g, axis=1)
+        d_rot += tl.sum(d_local[:, :, :, None] * d[:, :, None, :], axis=1)
+    _store_frame_grads(DROT, DCT, b, rows, row_ok, d_rot, d_t, N, stride_db, stride_dn,
+                       stride_dr, stride_dc)
+
+
+BACKWARD_ROWS = 16  # rows per program of the two backward kernels (each loops over the heads)
+
+
+def _frame_grad(rotations: torch.Tensor, convention: Convention
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """(R' as the kernels read it, an empty gradient for `rotations`, and that gradient's
+    strides as R''s)."""
+    d_rot = torch.empty(rotations.shape, dtype=rotations.dtype, device=rotations.device)
+    if convention.column:
+        return rotations.transpose(2, 3), d_rot, d_rot.transpose(2, 3).stride()
+    return rotations, d_rot, d_rot.stride()
+
+
+def prologue_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, grad_v: torch.Tensor,
+                      grad_centred_t: torch.Tensor, local: torch.Tensor,
+                      rotations: torch.Tensor, *, heads: int, query_points: int,
+                      value_points: int, convention: Convention = SIMPLIFIED
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of `prologue` (default layout) in one launch, unchecked: from those of
+    its outputs q_pts, k_pts (B, H, 3 Qp, N), v_pts (B, H, N, 3 Vp) and centred_t (B, N, 3),
+    fp32 contiguous, and its inputs `local` (B, N, 3 H (2 Qp + Vp)) (the local point columns:
+    innermost stride 1) and `rotations` -> (d local in local's dtype, contiguous; d rotations
+    in theirs; d centred_t + the points' sum over heads and points (B, N, 3) fp32: the
+    translations' gradient before the mean's part, which the caller adds)."""
+    bsz, n, _ = local.shape
+    rot, d_rot, d_strides = _frame_grad(rotations, convention)
+    d_local = torch.empty(local.shape, dtype=local.dtype, device=local.device)
+    d_t = torch.empty(bsz, n, 3, dtype=torch.float32, device=local.device)
+    _prologue_backward_kernel[(triton.cdiv(n, BACKWARD_ROWS), bsz)](
+        grad_q, grad_k, grad_v, grad_centred_t, local, rot, d_local, d_rot, d_t, n,
+        local.stride(0), local.stride(1), *rot.stride(), *d_strides,
+        H=heads, QP=query_points, VP=value_points,
+        P_PAD=pow2(max(query_points, value_points), 1), XYZ_BLOCKS=convention.xyz_blocks,
+        BLOCK=BACKWARD_ROWS, num_warps=NUM_WARPS,
+    )
+    return d_local, d_rot, d_t
+
+
+def epilogue_backward(grad_local: torch.Tensor, out_p: torch.Tensor, rotations: torch.Tensor,
+                      centred_t: torch.Tensor, *, convention: Convention = SIMPLIFIED,
+                      eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of `epilogue` in one launch, unchecked: from that of the columns it wrote,
+    `grad_local` (B, N, 3 H Vp) (openfold: 4 H Vp, with the norms; innermost stride 1), and its
+    inputs out_p (B, N, H, 3 Vp) fp32 (innermost stride 1), rotations, centred_t (B, N, 3) fp32
+    contiguous -> (d out_p fp32 contiguous, d rotations in their dtype, d centred_t fp32)."""
+    bsz, n, h, vp3 = out_p.shape
+    rot, d_rot, d_strides = _frame_grad(rotations, convention)
+    d_out_p = torch.empty(bsz, n, h, vp3, dtype=torch.float32, device=out_p.device)
+    d_ct = torch.empty(bsz, n, 3, dtype=torch.float32, device=out_p.device)
+    _epilogue_backward_kernel[(triton.cdiv(n, BACKWARD_ROWS), bsz)](
+        grad_local, out_p, rot, centred_t, d_out_p, d_rot, d_ct, n, eps,
+        grad_local.stride(0), grad_local.stride(1), *out_p.stride()[:3], *rot.stride(),
+        *d_strides, H=h, VP=vp3 // 3, VP_PAD=pow2(vp3 // 3, 1),
+        XYZ_BLOCKS=convention.xyz_blocks, BLOCK=BACKWARD_ROWS, num_warps=NUM_WARPS,
+    )
+    return d_out_p, d_rot, d_ct

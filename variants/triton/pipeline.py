@@ -11,18 +11,16 @@ rearrange the weights once, at build time (`TritonIPAWeights.from_state_dict`); 
 forward rearranges live parameters on every call, differentiably
 (`TritonIPAWeights.from_parameters`), so that autograd carries their gradients.
 
-The frame transforms have two forms that compute the same fp32 elementwise arithmetic.
-Where nothing needs autograd (grad mode off, or no input and no weight requires grad: every
-forward-only call, and the training variants' too then), they are two Triton kernels
-(`frames.py`): one launch writes every point operand in the layouts the attention kernels read
-(for `triton-pairdot` those of the openfold kernel, distance rows, padding and TF32 splits
-included), one writes the local value points into out_proj's input. Spelled in PyTorch they
-were ~15-40 small kernels per forward, 0.4-0.9 ms of host launches on the H200 at N = 1024-4096
-for microseconds of bytes: the forward is now LayerNorm, the GEMM, the mean, the prologue, the
-attention kernels, the epilogue and out_proj. Where autograd is needed (training), the
-PyTorch form (`_frames`, `_inverse_frames`), which autograd differentiates, and which defines
-what the kernels compute (tests/test_frames.py holds them to it). Under `torch.compile` the
-PyTorch form too (Inductor fuses it itself).
+The frame transforms are `frames.py`'s Triton kernels in every form: where nothing needs
+autograd (grad mode off, or no input and no weight requiring grad: every forward-only call,
+and the training variants' too then) two launches write every point operand in the layouts the
+attention kernels read (for `triton-pairdot` those of the openfold kernel, distance rows,
+padding and TF32 splits included) and the local value points straight into out_proj's input;
+where autograd is needed (training, and under `torch.compile`), the same kernels as custom ops
+with backward kernels (`frames_op.py`), the default layouts, and the local value points
+concatenated after o_s. Spelled in PyTorch they were ~15-40 small kernels per forward, 0.4-0.9
+ms of host launches on the H200 at N = 1024-4096, and ~60 autograd nodes per training step.
+tests/test_frames.py holds the kernels to the PyTorch form that defines them.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ import torch.nn.functional as F
 
 from variants.base2 import LOG2E, base2_units
 from variants.problem import IPAConfig, validate_inputs
-from variants.triton import frames
+from variants.triton import frames, frames_op
 from variants.triton.attention import default_split, launch_attention
 from variants.triton.common import (
     HEADS_PAD,
@@ -131,16 +129,6 @@ class Operands:
     lows: tuple | None = None
 
 
-def _frames(pts, rotations, centred_t):
-    """Local -> global: p @ R + t, elementwise in fp32 (no TF32). pts (B, N, P, 3)."""
-    return (pts.unsqueeze(-1) * rotations.unsqueeze(2)).sum(-2) + centred_t.unsqueeze(2)
-
-
-def _inverse_frames(pts, rotations, centred_t):
-    """Global -> local: (g - t) @ R^T, elementwise in fp32. pts (B, N, P, 3)."""
-    return ((pts - centred_t.unsqueeze(2)).unsqueeze(-2) * rotations.unsqueeze(2)).sum(-1)
-
-
 def _check(weights: TritonIPAWeights, node_repr, pair_repr, translations, rotations):
     validate_inputs(
         weights.config, node_repr, pair_repr, translations, rotations,
@@ -149,8 +137,8 @@ def _check(weights: TritonIPAWeights, node_repr, pair_repr, translations, rotati
 
 
 def _needs_autograd(weights: TritonIPAWeights, *inputs: torch.Tensor) -> bool:
-    """Whether the frame transforms must be the differentiable PyTorch form: grad mode on
-    and some input or weight requiring grad (or tracing by torch.compile)."""
+    """Whether the frame transforms must be differentiable (`frames_op`): grad mode on and
+    some input or weight requiring grad (or tracing by torch.compile)."""
     if torch.compiler.is_compiling():
         return True
     if not torch.is_grad_enabled():
@@ -171,7 +159,8 @@ def _around_kernels(
     """The forward with `kernels(operands) -> out_p` (B, N, H, 3*Vp) fp32 as its attention
     core. Arguments are checked by the caller. Without autograd the frame transforms are
     `frames.py`'s two kernels, the points in `layout` (the default: `Operands`'); with it,
-    PyTorch, the points in the default layout whatever `layout` says."""
+    the same kernels as differentiable custom ops (`frames_op`), the points in the default
+    layout whatever `layout` says."""
     check_runnable("node_repr", node_repr)
     cfg = weights.config
     bsz, n, _ = node_repr.shape
@@ -186,10 +175,10 @@ def _around_kernels(
     # slice's is a zero fill and a copy, added up (14 launches more per training step).
     q, k, v, local_pts = proj.split([hd, hd, hd, proj.shape[-1] - 3 * hd], dim=-1)
     q, k, v = (t.view(bsz, n, h, d) for t in (q, k, v))
-    # The frames' origin, each batch element's mean translation (B, 3), by one op in both forms
-    mean = translations.mean(dim=1, dtype=torch.float32)
     if fused:
-        # One launch: the global points in the kernels' layouts, and the centred translations.
+        # One launch: the global points in the kernels' layouts, and the centred translations
+        # (the frames' origin: each batch element's mean translation).
+        mean = translations.mean(dim=1, dtype=torch.float32)
         pts = frames.prologue(proj, rotations, translations, mean, heads=h, head_dim=d,
                               query_points=qp, value_points=vp, layout=layout,
                               point_weight=weights.point_weight)
@@ -198,19 +187,14 @@ def _around_kernels(
         if pts.v is not None:
             v = pts.v
     else:
-        rot = rotations.float()
-        centred_t = (translations.float() - mean.unsqueeze(1)).contiguous()
-        pts = _frames(local_pts.float().reshape(bsz, n, -1, 3), rot, centred_t)
-        q_pts, k_pts, v_pts = pts.split([h * qp, h * qp, h * vp], dim=2)
-        q_pts, k_pts = (t.reshape(bsz, n, h, 3 * qp).permute(0, 2, 3, 1).contiguous()
-                        for t in (q_pts, k_pts))
-        v_pts = v_pts.reshape(bsz, n, h, 3 * vp).transpose(1, 2).contiguous()
+        q_pts, k_pts, v_pts, centred_t = frames_op.prologue(
+            local_pts, rotations, translations, heads=h, query_points=qp, value_points=vp)
         lows = None
     cat = torch.empty(bsz, n, hd + 3 * h * vp, dtype=node_repr.dtype, device=node_repr.device)
     out_s = cat[..., :hd].view(bsz, n, h, d)
 
-    # (x, and in the PyTorch form pts, stay alive through the kernels, as in the version whose
-    # peak memory was published; freeing them first would lower the peak by their size.)
+    # (x stays alive through the kernels, as in the version whose peak memory was published;
+    # freeing it first would lower the peak by its size.)
     ops = Operands(q, k, v, q_pts, k_pts, v_pts, centred_t, weights.point_weight, out_s, lows)
     out_p = kernels(ops)
 
@@ -220,9 +204,8 @@ def _around_kernels(
             out_s.copy_(ops.out_s)
         frames.epilogue(out_p, rotations, centred_t, cat, hd)  # one launch
     else:  # concatenated, not written into `cat`: a copy's backward is several launches
-        local = _inverse_frames(out_p.view(bsz, n, h * vp, 3), rot, centred_t)
-        cat = torch.cat([ops.out_s.reshape(bsz, n, hd),
-                         local.reshape(bsz, n, 3 * h * vp).to(node_repr.dtype)], dim=-1)
+        local = frames_op.epilogue(out_p, rotations, centred_t, node_repr.dtype)
+        cat = torch.cat([ops.out_s.reshape(bsz, n, hd), local], dim=-1)
     return F.linear(cat, weights.w_out, weights.b_out)
 
 
