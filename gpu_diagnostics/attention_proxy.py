@@ -1,11 +1,13 @@
 """No GPU: compiles the `triton` forward's attention kernel (`variants/triton/attention.py`)
 and triton-train's backward kernels (`variants/triton/bias_backward.py`) for sm_90 here, on the
 CPU machine, with the GPU machine's triton 3.6.0, specialised as their launchers launch them at
-the default layer, for every config of each of their autotuned forms:
+the default layer (--layer: with those `IPAConfig` fields changed; not problem openfold's
+forms), for every config of each of their autotuned forms:
 registers, spills (stack bytes / 4) and shared bytes, as `sm90_proxy.py` does for the openfold
 kernel (whose venv it needs: see there). Configs that spill are the ones to drop.
 
     PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/attention_proxy.py [N] [FORM...]
+        [--layer heads=4,value_points=12]
 
 Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
 `triton_ipa(fp32_dots="ieee")`), bf16 with its point dots as 3xBF16 (`_attention_bf16_split`,
@@ -32,6 +34,7 @@ from gpu_diagnostics.sm90_proxy import (
     Recorder,
     compile_config,
     key_loop,
+    parse_layer,
     sass_stats,
     standing_in,
     warn_version,
@@ -61,11 +64,13 @@ BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "pairs_16bit": ("_pair", torch.bfloat16)}
 
 
-def backward_launch_args(name: str, dtype: torch.dtype, n: int) -> tuple[tuple, dict]:
+def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
+                         ) -> tuple[tuple, dict]:
     """The arguments `bias_backward.launch_bias_backward` passes to the backward kernel's
-    autotuned form `name` at the default layer (operands of the right shapes and dtypes; their
-    values do not matter to the compiler); the other kernels only stand still."""
-    cfg = problem.IPAConfig()
+    autotuned form `name` at the default layer with `layer`'s fields changed (operands of the
+    right shapes and dtypes; their values do not matter to the compiler); the other kernels only
+    stand still."""
+    cfg = problem.IPAConfig(**layer)
     b, h, d, p3, vp3 = 1, cfg.heads, cfg.head_dim, 3 * cfg.query_points, 3 * cfg.value_points
     rec = Recorder()
     rec.configs = getattr(bb, name).configs
@@ -94,17 +99,21 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int) -> tuple[tuple, 
     return rec.args, rec.kwargs
 
 
-def launch_args(name: str, dtype: torch.dtype, options: dict, n: int) -> tuple[tuple, dict]:
-    """The arguments the forward (with `options`) passes to the attention kernel's autotuned
-    form `name`; the other kernels only stand still (no driver here)."""
+def launch_args(name: str, dtype: torch.dtype, options: dict, n: int, layer: dict
+                ) -> tuple[tuple, dict]:
+    """The arguments the forward (with `options`, at the default layer with `layer`'s fields
+    changed) passes to the attention kernel's autotuned form `name`; the other kernels only
+    stand still (no driver here)."""
     tuned = getattr(att, name)
     rec = Recorder()
     rec.configs = tuned.configs  # the launcher reads the block sizes it may get
-    stand_ins = [(att, name, rec), (frames, "_prologue_kernel", Recorder()),
+    # the launcher looks its form up in `common.TUNED` (by the name without its underscore)
+    stand_ins = [(att, "TUNED", {**att.TUNED, name[1:]: rec}),
+                 (frames, "_prologue_kernel", Recorder()),
                  (frames, "_epilogue_kernel", Recorder()), (pair_bias, "_pair_bias", Recorder()),
                  (common, "check_runnable", lambda *a: None),
                  (pipeline, "check_runnable", lambda *a: None)]
-    cfg = problem.IPAConfig()
+    cfg = problem.IPAConfig(**layer)
     weights = pipeline.TritonIPAWeights.from_state_dict(init_state_dict(cfg), cfg, "cpu", dtype)
     inputs = problem.make_inputs(cfg, 1, n, dtype=dtype, device="cpu", seed=1)
     with standing_in(stand_ins), torch.no_grad():
@@ -199,14 +208,18 @@ def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
 
 def main(argv: list[str]) -> int:
     warn_version()
+    layer = {}
+    if "--layer" in argv:
+        i = argv.index("--layer")
+        layer, argv = parse_layer(argv[i + 1]), argv[:i] + argv[i + 2:]
     n = int(argv[0]) if argv else 1024
     chosen = set(argv[1:]) or (set(FORMS) | set(BACKWARD_FORMS) | set(OPENFOLD_BIAS_FORMS)
                                | set(OPENFOLD_BACKWARD_FORMS))
     forms = [(label, getattr(att, name), att._attention_kernel,
-              launch_args(name, dtype, options, n))
+              launch_args(name, dtype, options, n, layer))
              for label, (name, dtype, options) in FORMS.items() if label in chosen]
     forms += [(label, getattr(bb, name), getattr(bb, KERNELS.get(name, "_key_kernel")),
-               backward_launch_args(name, dtype, n))
+               backward_launch_args(name, dtype, n, layer))
               for label, (name, dtype) in BACKWARD_FORMS.items() if label in chosen]
     for label, (kernel, dtype) in OPENFOLD_BIAS_FORMS.items():
         if label in chosen:
