@@ -138,16 +138,41 @@ def test_opcheck(convention):
     local, rotations, translations, out_p = case(convention, torch.float32)
     local = local.detach().requires_grad_(True)
     sizes = (H, QP, VP, convention)
-    torch.library.opcheck(frames_op._prologue, (local, rotations, translations, *sizes))
+    torch.library.opcheck(frames_op._prologue.op, (local, rotations, translations, *sizes))
     q, k, v, ct = frames_op._prologue(local, rotations, translations, *sizes)
-    torch.library.opcheck(frames_op._prologue_backward,
+    torch.library.opcheck(frames_op._prologue_backward.op,
                           (torch.ones_like(q), torch.ones_like(k), torch.ones_like(v),
                            torch.ones_like(ct), local.detach(), rotations, translations, *sizes))
-    torch.library.opcheck(frames_op._epilogue,
+    torch.library.opcheck(frames_op._epilogue.op,
                           (out_p.requires_grad_(True), rotations, ct.detach(), torch.float32,
                            convention, EPS))
     width = (4 if convention == "openfold" else 3) * H * VP
-    torch.library.opcheck(frames_op._epilogue_backward,
+    torch.library.opcheck(frames_op._epilogue_backward.op,
                           (torch.ones(B, N, width), out_p.detach(), rotations, ct.detach(),
                            convention, EPS))
 
+
+
+def test_eager_calls_skip_the_dispatcher_and_traced_calls_do_not(monkeypatch):
+    # `variants.custom_ops.Op`: a plain eager call runs the implementation through an
+    # autograd.Function; under a dispatch mode (as FakeTensorMode or make_fx trace) the op.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+    op = frames_op._epilogue.op
+    monkeypatch.setattr(frames_op._epilogue, "op", lambda *a: calls.append(a) or op(*a))
+    local, rotations, translations, out_p = case("simplified", torch.float32)
+    _, _, _, ct = frames_op.prologue(local, rotations, translations, heads=H, query_points=QP,
+                                     value_points=VP)
+    out_p.requires_grad_(True)
+    eager = frames_op.epilogue(out_p, rotations, ct, torch.float32)
+    assert calls == [] and eager.grad_fn is not None
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        traced = frames_op.epilogue(out_p, rotations, ct, torch.float32)
+    assert len(calls) == 1
+    torch.testing.assert_close(traced, eager, rtol=0, atol=0)

@@ -410,7 +410,7 @@ def test_triton_bias_ops_pass_opcheck():
     grads = [True] * 6 + [False] + [True] * 4 + [False]  # not the centre, not the mask
     args = [t.clone().requires_grad_(r) for t, r in zip(operands, grads, strict=True)]
     options = ("ieee", 0.2, 0.577, 1e5)
-    results = torch.library.opcheck(core_op.bias_core_op, (*args, *options))
+    results = torch.library.opcheck(core_op.bias_core_op.op, (*args, *options))
     assert set(results.values()) == {"SUCCESS"}, results
     with torch.no_grad():
         saved = core_op.bias_core_op(*operands, *options)

@@ -280,7 +280,7 @@ def test_opcheck_forward_and_backward_ops(fused):
     # GPU test), which is what that opcheck stage stands for; every other stage runs here.
     stages = ("test_schema", "test_autograd_registration", "test_faketensor",
               *(["test_aot_dispatch_dynamic"] if fused else []))
-    results = torch.library.opcheck(op, (*args, "ieee"), test_utils=stages)
+    results = torch.library.opcheck(op.op, (*args, "ieee"), test_utils=stages)
     assert set(results.values()) == {"SUCCESS"}, results
     with torch.no_grad():
         saved = op(*operands, "ieee")

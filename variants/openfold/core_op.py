@@ -2,7 +2,8 @@
 training: `ipa_bench::openfold_bias_core` (forward: the pair bias with the mask, the attention
 kernel leaving the logits and row statistics, the pair values; `triton_bias.py`) and
 `ipa_bench::openfold_bias_core_backward` (`bias_backward.py`), joined by
-`torch.library.register_autograd`, with fake (meta) implementations so that autograd,
+`torch.library.register_autograd` (`variants.custom_ops.Op`s: eager calls skip the
+dispatcher), with fake (meta) implementations so that autograd,
 `torch.compile` and `torch.library.opcheck` understand them. `triton_bias.BiasForward` runs
 the O(N) work around them in PyTorch (differentiated by autograd) when a gradient is needed.
 """
@@ -10,6 +11,8 @@ the O(N) work around them in PyTorch (differentiated by autograd) when a gradien
 from __future__ import annotations
 
 import torch
+
+from variants.custom_ops import custom_op
 
 Tensor = torch.Tensor
 
@@ -25,7 +28,7 @@ def _modes(dtype: torch.dtype, math_mode: str):
     return dataclasses.replace(modes, split_bf16=dtype != torch.float32)
 
 
-@torch.library.custom_op("ipa_bench::openfold_bias_core", mutates_args=())
+@custom_op("ipa_bench::openfold_bias_core")
 def bias_core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, v_pts: Tensor,
                  centre: Tensor, z: Tensor, w_b: Tensor, b_b: Tensor, point_weight: Tensor,
                  mask: Tensor, math_mode: str, q_scale: float, bias_scale: float, inf: float
@@ -82,7 +85,7 @@ def _bias_core_fake(q, k, v, q_pts, k_pts, v_pts, centre, z, w_b, b_b, point_wei
             q.new_empty(b, h, n, n, **f32))
 
 
-@torch.library.custom_op("ipa_bench::openfold_bias_core_backward", mutates_args=())
+@custom_op("ipa_bench::openfold_bias_core_backward")
 def _bias_core_backward(grad_o: Tensor, grad_o_pt: Tensor, grad_o_pair: Tensor, q: Tensor,
                         k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, v_pts: Tensor,
                         z: Tensor, w_b: Tensor, b_b: Tensor, point_weight: Tensor, o: Tensor,

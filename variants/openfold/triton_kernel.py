@@ -198,6 +198,7 @@ def _openfold_kernel(
     else:
         pw = tl.load(PW + hh, mask=hh_ok, other=0.0)
     # W_b per channel chunk, hoisted: (BM, H_PAD, CZH) with BT, else W_b^T (BM, CZH, H_PAD)
+    tl.static_assert(ZCH == 1 or ZCH == 2)  # (more chunks would need more accumulators)
     CZH: tl.constexpr = CZ_PAD // ZCH
     offs_z0 = tl.arange(0, CZH)
     zc0 = offs_z0 if CZ == CZ_PAD else tl.minimum(offs_z0, CZ - 1)

@@ -11,7 +11,8 @@ forms:
 
 each pair joined by `torch.library.register_autograd`.
 
-Both are `torch.library.custom_op`s with fake (meta) implementations, so autograd,
+Both are `torch.library.custom_op`s (as `variants.custom_ops.Op`s: eager calls skip the
+dispatcher's host cost) with fake (meta) implementations, so autograd,
 `torch.compile` (the ops are opaque nodes: no graph break, AOTAutograd traces the backward
 through the second op) and `torch.library.opcheck` understand them. `core_op` and
 `bias_core_op` are unchecked (for callers that built their operands); `triton_ipa_core` is the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from variants.custom_ops import custom_op
 from variants.triton.attention import launch_attention
 from variants.triton.backward import launch_backward
 from variants.triton.bias_backward import launch_bias_backward
@@ -38,7 +40,7 @@ from variants.triton.pair_bias import bias_tensor
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("ipa_bench::triton_ipa_core", mutates_args=())
+@custom_op("ipa_bench::triton_ipa_core")
 def core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, v_pts: Tensor,
           centre: Tensor, pair_repr: Tensor, pair_weight: Tensor, point_weight: Tensor,
           math_mode: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -59,7 +61,7 @@ def _core_fake(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight, poi
             q_pts.new_empty(b, n, h))
 
 
-@torch.library.custom_op("ipa_bench::triton_ipa_core_backward", mutates_args=())
+@custom_op("ipa_bench::triton_ipa_core_backward")
 def _core_backward(grad_s: Tensor, grad_p: Tensor, q: Tensor, k: Tensor, v: Tensor,
                    q_pts: Tensor, k_pts: Tensor, v_pts: Tensor, pair_repr: Tensor,
                    pair_weight: Tensor, point_weight: Tensor, out_s: Tensor, out_p: Tensor,
@@ -99,7 +101,7 @@ def _backward(ctx, grad_s, grad_p, _grad_lse):
 core_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("ipa_bench::triton_ipa_core_bias", mutates_args=())
+@custom_op("ipa_bench::triton_ipa_core_bias")
 def bias_core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, v_pts: Tensor,
                  centre: Tensor, pair_repr: Tensor, pair_weight: Tensor, point_weight: Tensor,
                  math_mode: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -122,7 +124,7 @@ def _bias_core_fake(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight
     return out_s, out_p, q_pts.new_empty(b, n, h, 3), pair_repr.new_empty(b, h, n, n)
 
 
-@torch.library.custom_op("ipa_bench::triton_ipa_core_bias_backward", mutates_args=("bias",))
+@custom_op("ipa_bench::triton_ipa_core_bias_backward", mutates_args=("bias",))
 def _bias_core_backward(grad_s: Tensor, grad_p: Tensor, q: Tensor, k: Tensor, v: Tensor,
                         q_pts: Tensor, k_pts: Tensor, v_pts: Tensor, pair_repr: Tensor,
                         pair_weight: Tensor, point_weight: Tensor, out_s: Tensor, out_p: Tensor,

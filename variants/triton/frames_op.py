@@ -5,24 +5,27 @@ Forward and backward are each one launch of `frames.py`'s kernels (and the backw
 translations' mean: two small ops), where autograd through their PyTorch form was ~30
 launches and ~60 autograd nodes a step (`docs/perf-notes.md`, thirteenth session).
 
-Both are `torch.library.custom_op`s with fake implementations and their backwards custom ops
-too, so `torch.compile` keeps them as opaque nodes and traces the backward
-(tests/test_frames.py runs `opcheck` on them). `convention` picks the problem: "simplified"
-(xyz triples, p @ R + t) or "openfold" ([X | Y | Z] blocks, R p + t, and the epilogue's
-norms: `frames.Convention`).
+Both are `torch.library.custom_op`s (`variants.custom_ops.Op`s: eager calls skip the
+dispatcher) with fake implementations and their backwards custom ops too, so `torch.compile`
+keeps them as opaque nodes and traces the backward (tests/test_frame_ops.py runs `opcheck` on
+them). The translations' gradient is exact, the mean's part included (the layer's output does
+not depend on the mean, so that part is rounding noise there). `convention` picks the
+problem: "simplified" (xyz triples, p @ R + t) or "openfold" ([X | Y | Z] blocks, R p + t, and
+the epilogue's norms: `frames.Convention`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from variants.custom_ops import custom_op
 from variants.triton import frames
 
 Tensor = torch.Tensor
 CONVENTIONS = {"simplified": frames.SIMPLIFIED, "openfold": frames.OPENFOLD}
 
 
-@torch.library.custom_op("ipa_bench::frames_prologue", mutates_args=())
+@custom_op("ipa_bench::frames_prologue")
 def _prologue(local: Tensor, rotations: Tensor, translations: Tensor, heads: int,
               query_points: int, value_points: int, convention: str
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -42,7 +45,7 @@ def _prologue_fake(local, rotations, translations, heads, query_points, value_po
             new(b, heads, n, 3 * value_points), new(b, n, 3))
 
 
-@torch.library.custom_op("ipa_bench::frames_prologue_backward", mutates_args=())
+@custom_op("ipa_bench::frames_prologue_backward")
 def _prologue_backward(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, grad_centred_t: Tensor,
                        local: Tensor, rotations: Tensor, translations: Tensor, heads: int,
                        query_points: int, value_points: int, convention: str
@@ -77,7 +80,7 @@ def _prologue_grads(ctx, grad_q, grad_k, grad_v, grad_centred_t):
 _prologue.register_autograd(_prologue_grads, setup_context=_prologue_setup)
 
 
-@torch.library.custom_op("ipa_bench::frames_epilogue", mutates_args=())
+@custom_op("ipa_bench::frames_epilogue")
 def _epilogue(out_p: Tensor, rotations: Tensor, centred_t: Tensor, dtype: torch.dtype,
               convention: str, eps: float) -> Tensor:
     b, n, h, vp3 = out_p.shape
@@ -95,7 +98,7 @@ def _epilogue_fake(out_p, rotations, centred_t, dtype, convention, eps):
     return out_p.new_empty(b, n, per_point * h * vp3 // 3, dtype=dtype)
 
 
-@torch.library.custom_op("ipa_bench::frames_epilogue_backward", mutates_args=())
+@custom_op("ipa_bench::frames_epilogue_backward")
 def _epilogue_backward(grad_local: Tensor, out_p: Tensor, rotations: Tensor, centred_t: Tensor,
                        convention: str, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     return frames.epilogue_backward(grad_local.contiguous(), out_p, rotations, centred_t,
