@@ -5,7 +5,7 @@ transforms), so that `torch.compile` keeps them as opaque nodes and traces their
 `torch.library.opcheck` can test them. But a custom op's Python dispatch is slow on the host:
 on this project's CPU machine, kernels stubbed, one frame op took 83-90 us forward and 205-210
 us forward and backward, against 29 and 117-131 us through `Op`; a whole `triton-train` step
-(three op pairs; tiny layer, interleaved in one process) 2.13-2.38 ms against 1.56-1.64 ms.
+(three op pairs; tiny layer, one thread, interleaved in one process) 1.93 ms against 1.43 ms.
 Eager steps at N <= 1024 are host-bound on the H200 (docs/perf-notes.md). `Op` keeps the custom
 op for compilation, tracing and opcheck (`Op.op`) and runs plain eager calls through an
 `autograd.Function` built from the same implementation, setup_context and backward; the
