@@ -2,8 +2,8 @@
 # One device call for triton-train (issue #16), each stage under its own limit (LIM_TEST,
 # LIM_PROF per profile, LIM_BENCH, LIM_SWEEP seconds; 230 + 2 x 70 + 60 + 200):
 #   1. its GPU gradient tests in 4 processes (`sharded_pytest`; one process ran past its limit);
-#   2. torch.profiler on one training step at N = 4096 in fp32 and bf16 (the time per kernel,
-#      and each autotuned kernel's configs with their times);
+#   2. torch.profiler on one fp32 training step at N = 4096 and at N = 1024 (issue #16's
+#      1.0 ms cell; the time per kernel, each autotuned kernel's configs with their times);
 #   3. the training step and each custom op alone at N = 1024 and 4096 (no baselines);
 #   4. a sweep of its training step: N = 4096 first (the cell that ran out of memory on
 #      2026-12-04 before the harness freed its oracle's memory between the two processes),
@@ -15,8 +15,8 @@
 source gpu_diagnostics/session_env.sh
 sharded_pytest 4 "${LIM_TEST:-230}" "$OUT/gpu-tests.log" -m gpu tests/test_triton_backward.py \
     -k "triton-train and not fullfuse"
-for precision in fp32 bf16; do
-    timeout -s INT "${LIM_PROF:-70}" python3 gpu_diagnostics/profile_call.py 4096 "$precision" \
+for length in 4096 1024; do
+    timeout -s INT "${LIM_PROF:-70}" python3 gpu_diagnostics/profile_call.py "$length" fp32 \
         triton-train
 done > "$OUT/profile.log" 2>&1
 timeout -s INT "${LIM_BENCH:-60}" python3 tests/test_triton_backward.py --lengths 1024 4096 \
