@@ -452,7 +452,7 @@ def epilogue(out_p: torch.Tensor, rotations: torch.Tensor, centred_t: torch.Tens
 
 
 @triton.jit
-def _row_tiles(b, pid_n, N, P: tl.constexpr, P_PAD: tl.constexpr, BLOCK: tl.constexpr):
+def _row_tiles(pid_n, N, P: tl.constexpr, P_PAD: tl.constexpr, BLOCK: tl.constexpr):
     """(rows (BLOCK, 1, 1), points (1, P_PAD, 1), coordinates (1, 1, 4), rows < N, and the
     mask of the (BLOCK, P_PAD, 4) tile's real coordinates)."""
     rows = (pid_n * BLOCK + tl.arange(0, BLOCK))[:, None, None]
@@ -522,7 +522,7 @@ def _prologue_backward_kernel(
 ):
     pid_n = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    rows, p, x, row_ok, q_ok = _row_tiles(b, pid_n, N, QP, P_PAD, BLOCK)
+    rows, p, x, row_ok, q_ok = _row_tiles(pid_n, N, QP, P_PAD, BLOCK)
     v_ok = row_ok & (p < VP) & (x < 3)
     rot = _frame_tile(ROT, b, rows, row_ok, stride_rb, stride_rn, stride_rr, stride_rc)
     p_rows = PROJ + b * stride_pb + rows * stride_pn
@@ -578,7 +578,7 @@ def _epilogue_backward_kernel(
 ):
     pid_n = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    rows, p, x, row_ok, ok = _row_tiles(b, pid_n, N, VP, VP_PAD, BLOCK)
+    rows, p, x, row_ok, ok = _row_tiles(pid_n, N, VP, VP_PAD, BLOCK)
     rot = _frame_tile(ROT, b, rows, row_ok, stride_rb, stride_rn, stride_rr, stride_rc)
     ct = tl.load(CT + (b * N + rows) * 3 + x, mask=row_ok & (x < 3), other=0.0)
     l_rows = DLOC + b * stride_lb + rows * stride_ln
