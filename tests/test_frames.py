@@ -108,7 +108,7 @@ def around(weights, inputs, *, autograd: bool, layout=None, out_p=None):
         ops.out_s.copy_(ops.q)  # (the other output; anything defined)
         b, n, h, _ = ops.q.shape
         vp3 = 3 * weights.config.value_points
-        return torch.zeros(b, n, h, vp3) if out_p is None else out_p
+        return ops.out_s, torch.zeros(b, n, h, vp3) if out_p is None else out_p
 
     layout = frames.OPERANDS if layout is None else layout
     with torch.set_grad_enabled(autograd):

@@ -1,9 +1,10 @@
-"""The frame transforms around the Triton IPA kernels as two Triton kernels, for forwards that
-need no autograd: the simplified problem's (`pipeline._around_kernels`; the differentiable
-PyTorch form stays there and is the definition: these compute the same elementwise fp32
-arithmetic, in the same order) and problem openfold's `triton` (`triton_fused.FusedForward`,
-always no-grad; its previous PyTorch form, the definition, is kept in
-tests/test_openfold_frames.py).
+"""The frame transforms around the Triton IPA kernels as two Triton kernels, and their two
+backward kernels: the simplified problem's (`pipeline._around_kernels`; the PyTorch form that
+defines them is kept in tests/test_frames.py: these compute the same elementwise fp32
+arithmetic, in the same order) and problem openfold's (`triton_fused.FusedForward`, and
+`triton_bias.BiasForward`'s training step; their PyTorch definitions are kept in
+tests/test_openfold_frames.py and tests/test_frame_ops.py). Training steps call them through
+`frames_op.py`'s custom ops.
 
 Why. Spelled in PyTorch, the work around the attention kernels of one forward was 15 ops
 (`triton`, `triton-fullfuse` in fp32; 18 in bf16: the casts) and 23 (fp32) to 42 (bf16) for

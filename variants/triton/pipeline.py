@@ -123,7 +123,7 @@ class Operands:
     v_pts: torch.Tensor
     centred_t: torch.Tensor
     point_weight: torch.Tensor
-    out_s: torch.Tensor  # where the kernels write o_s, or (training) the op's own o_s
+    out_s: torch.Tensor  # where the kernels may write o_s: a view of out_proj's input
     # The TF32 low parts (k_pts, v_pts, v) when the fused prologue wrote the points in a
     # `frames.Layout` other than the default (`FusedCore`'s), else None.
     lows: tuple | None = None
@@ -153,14 +153,15 @@ def _around_kernels(
     pair_repr: torch.Tensor,
     translations: torch.Tensor,
     rotations: torch.Tensor,
-    kernels: Callable[[Operands], torch.Tensor],
+    kernels: Callable[[Operands], tuple[torch.Tensor, torch.Tensor]],
     layout: frames.Layout = frames.OPERANDS,
 ) -> torch.Tensor:
-    """The forward with `kernels(operands) -> out_p` (B, N, H, 3*Vp) fp32 as its attention
-    core. Arguments are checked by the caller. Without autograd the frame transforms are
-    `frames.py`'s two kernels, the points in `layout` (the default: `Operands`'); with it,
-    the same kernels as differentiable custom ops (`frames_op`), the points in the default
-    layout whatever `layout` says."""
+    """The forward with `kernels(operands) -> (o_s, out_p)` as its attention core: o_s
+    (B, N, H, d) `operands.out_s` (written in place) or a tensor of the kernels' own (the
+    training op's), out_p (B, N, H, 3*Vp) fp32. Arguments are checked by the caller. Without
+    autograd the frame transforms are `frames.py`'s two kernels, the points in `layout` (the
+    default: `Operands`'); with it, the same kernels as differentiable custom ops
+    (`frames_op`), the points in the default layout whatever `layout` says."""
     check_runnable("node_repr", node_repr)
     cfg = weights.config
     bsz, n, _ = node_repr.shape
@@ -196,16 +197,16 @@ def _around_kernels(
     # (x stays alive through the kernels, as in the version whose peak memory was published;
     # freeing it first would lower the peak by its size.)
     ops = Operands(q, k, v, q_pts, k_pts, v_pts, centred_t, weights.point_weight, out_s, lows)
-    out_p = kernels(ops)
+    o_s, out_p = kernels(ops)
 
     # Epilogue: value points back to each query's frame, out_proj of [o_s | o_p local].
     if fused:
-        if ops.out_s is not out_s:  # the kernels returned o_s in a tensor of their own
-            out_s.copy_(ops.out_s)
+        if o_s is not out_s:  # the kernels returned o_s in a tensor of their own
+            out_s.copy_(o_s)
         frames.epilogue(out_p, rotations, centred_t, cat, hd)  # one launch
     else:  # concatenated, not written into `cat`: a copy's backward is several launches
         local = frames_op.epilogue(out_p, rotations, centred_t, node_repr.dtype)
-        cat = torch.cat([ops.out_s.reshape(bsz, n, hd), local], dim=-1)
+        cat = torch.cat([o_s.reshape(bsz, n, hd), local], dim=-1)
     return F.linear(cat, weights.w_out, weights.b_out)
 
 
@@ -265,16 +266,16 @@ def triton_ipa(
         split = 1 if overlap > 1 else default_split(batch, weights.config.heads, length,
                                                      node_repr.device)
 
-    def kernels(ops: Operands) -> torch.Tensor:
+    def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         # The launchers' own checks are skipped: every operand is built by the prologue.
         if overlap > 1:
-            return overlapped_attention(pair_repr, weights.w_pair, modes, ops.q, ops.k, ops.v,
-                                        ops.q_pts, ops.k_pts, ops.v_pts, ops.centred_t,
-                                        ops.point_weight, ops.out_s, overlap)
+            return ops.out_s, overlapped_attention(
+                pair_repr, weights.w_pair, modes, ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts,
+                ops.v_pts, ops.centred_t, ops.point_weight, ops.out_s, overlap)
         bias = bias_tensor(pair_repr, weights.w_pair, modes)
-        return launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
-                                ops.centred_t, ops.point_weight, ops.out_s, bias, modes,
-                                split=split)
+        return ops.out_s, launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts,
+                                           ops.v_pts, ops.centred_t, ops.point_weight,
+                                           ops.out_s, bias, modes, split=split)
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 
@@ -299,11 +300,11 @@ def triton_fullfuse_ipa(
     check_split(split)
     modes = dot_modes(node_repr.dtype, math_mode)
 
-    def kernels(ops: Operands) -> torch.Tensor:
+    def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         # The launcher's own checks are skipped: every operand is built by the prologue.
-        return launch_fullfuse(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
-                               ops.centred_t, ops.point_weight, ops.out_s, pair_repr,
-                               weights.w_pair, modes, split)
+        return ops.out_s, launch_fullfuse(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
+                                          ops.centred_t, ops.point_weight, ops.out_s, pair_repr,
+                                          weights.w_pair, modes, split)
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 
@@ -339,18 +340,18 @@ def triton_pairdot_ipa(
     _check(weights, node_repr, pair_repr, translations, rotations)
     vp3 = 3 * weights.config.value_points
 
-    def kernels(ops: Operands) -> torch.Tensor:
+    def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         bsz, n, h, _ = ops.q.shape
         out_p = torch.empty(bsz, n, h, vp3, dtype=torch.float32, device=ops.q.device)
         if ops.lows is not None:
             # the fused prologue wrote the points (and v) as the kernel reads them
             core(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, pair_repr, None,
                  ops.out_s.flatten(2), out_p, lows=ops.lows)
-            return out_p
-        # (the PyTorch prologue's point layouts, viewed as (B, N, H, 3P): FusedCore's)
+            return ops.out_s, out_p
+        # (the default layouts' points, viewed as (B, N, H, 3P): FusedCore's)
         core(ops.q, ops.k, ops.v, ops.q_pts.permute(0, 3, 1, 2), ops.k_pts.permute(0, 3, 1, 2),
              ops.v_pts.transpose(1, 2), pair_repr, None, ops.out_s.flatten(2), out_p)
-        return out_p
+        return ops.out_s, out_p
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
                            core.operand_layout())
@@ -381,12 +382,10 @@ def triton_train_ipa(
     _check(weights, node_repr, pair_repr, translations, rotations)
     op = core_op if fused else bias_core_op
 
-    def kernels(ops: Operands) -> torch.Tensor:
-        # The result does not depend on the kernel's origins: no gradient through them.
-        out_s, out_p = op(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
-                          ops.centred_t.detach(), pair_repr, weights.w_pair, ops.point_weight,
-                          math_mode)[:2]
-        ops.out_s = out_s  # the op's own tensor (autograd's), for `_around_kernels`
-        return out_p
+    def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
+        # The result does not depend on the kernel's origins: no gradient through them. o_s is
+        # the op's own tensor (autograd's).
+        return op(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, ops.centred_t.detach(),
+                  pair_repr, weights.w_pair, ops.point_weight, math_mode)[:2]
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
