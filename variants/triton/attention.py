@@ -411,7 +411,9 @@ def overlapped_attention(pair_repr, pair_weight, modes: Modes, q, k, v, q_pts, k
     streams = q.is_cuda
     if streams:
         main = torch.cuda.current_stream(q.device)
-        side = _SIDE_STREAMS.setdefault(q.device.index, torch.cuda.Stream(q.device))
+        side = _SIDE_STREAMS.get(q.device.index)
+        if side is None:
+            side = _SIDE_STREAMS[q.device.index] = torch.cuda.Stream(q.device)
         side.wait_stream(main)  # the operands are ready
     for r0 in range(0, n, chunk):
         r1 = min(n, r0 + chunk)
