@@ -9,7 +9,7 @@
 #   OUT=DIR bash gpu_diagnostics/overlap_session.sh
 source gpu_diagnostics/session_env.sh
 timeout -s INT "${LIM_TEST:-200}" python3 -m pytest -q -m gpu tests/test_triton.py \
-    -k "overlapped or split_keys_match" -p no:cacheprovider -rfE --tb=short \
+    -k "overlapped_rows_match" -p no:cacheprovider -rfE --tb=short \
     > "$OUT/gpu-tests.log" 2>&1
 timeout -s INT "${LIM_BENCH:-330}" python3 tests/test_triton.py --sections overlap \
     --lengths 1024 2048 4096 --precisions fp32 bf16 2>&1 | grep -v Warn > "$OUT/bench.log"

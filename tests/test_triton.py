@@ -543,18 +543,12 @@ def test_half_points_as_tf32_match_oracle_gpu(case, precision):
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("split", [2, 3])
-def test_split_keys_match_oracle_gpu(split, precision):
-    check_triton_options("cuda", *GPU_CASES[3], precision, split=split)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("chunks", [2, 4])
-def test_overlapped_chunks_match_oracle_gpu(chunks, precision):
-    # Two streams: the attention kernel of a range must wait for its rows of the bias.
-    check_triton_options("cuda", *GPU_CASES[3], precision, overlap=chunks)
+@pytest.mark.parametrize("options", [{"split": 2}, {"split": 3}, {"overlap": 2}, {"overlap": 4}],
+                         ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
+def test_split_keys_and_overlapped_rows_match_oracle_gpu(options, precision):
+    # Key ranges merged after; query-row ranges on two streams (the attention kernel of a
+    # range must wait for its rows of the bias).
+    check_triton_options("cuda", *GPU_CASES[3], precision, **options)
 
 
 @pytest.mark.gpu
