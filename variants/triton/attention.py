@@ -26,7 +26,6 @@ L1/shared 82 % busy).
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -50,7 +49,6 @@ from variants.triton.common import (
     split_range,
 )
 from variants.triton.merge import merge_key_ranges
-from variants.triton.pair_bias import launch_pair_bias
 from variants.triton.tf32 import bf16_split, dot_split_bf16, dot_split_tf32, tf32_hi
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
@@ -71,7 +69,6 @@ def _attention_kernel(
     # its base-2 logits, and its attention-weighted mean squared point distance; with
     # WRITE_LSE, (S, B, N, H) fp32: each row's log2-sum-exp2 over its key range
     N,
-    row0,  # with ROW_RANGE, the grid's first query row (a multiple of every BLOCK_M)
     split_len,  # keys per range (a multiple of every BLOCK_N); range pid_s of S
     q_scale,  # log2(e) / sqrt(D)
     stride_qb, stride_qn, stride_kb, stride_kn,
@@ -93,8 +90,6 @@ def _attention_kernel(
     STORE_STATS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     WRITE_LOGITS: tl.constexpr,
-    ROW_RANGE: tl.constexpr,  # the grid covers the query rows from row0 (else from 0: the
-    # default path compiles without it, as before; sm_90 proxy: row0 costs 5-6 registers)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -105,8 +100,6 @@ def _attention_kernel(
     h = pid_bh % H
     bh = b * H + h
     i0 = pid_m * BLOCK_M
-    if ROW_RANGE:
-        i0 += row0
     offs_m = i0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     offs_e = tl.arange(0, VP3_PAD)
@@ -326,21 +319,9 @@ def default_split(batch: int, heads: int, length: int, device: torch.device) -> 
     return split_for_sms(programs, length, device, per_sm=5, min_range=64)
 
 
-def _kernel(modes: Modes, dtype: torch.dtype, write_logits: bool = False):
-    """The autotuned form of the attention kernel that `modes` and the input dtype select."""
-    if modes.split_dots and dtype == torch.float32:
-        form = "attention_split"
-    elif modes.split_bf16 and dtype != torch.float32:
-        form = "attention_bf16_split"
-    else:
-        form = "attention_dot" if modes.points_dot else "attention_direct"
-    return _LOGITS_TWIN[form] if write_logits else TUNED[form]
-
-
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
                      modes: Modes, stats: torch.Tensor | None = None, split: int = 1, *,
-                     q_scale: float | None = None, write_logits: bool = False,
-                     rows: tuple[int, int] | None = None, out_p: torch.Tensor | None = None):
+                     q_scale: float | None = None, write_logits: bool = False):
     """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
     `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
     kernel's STATS). `split` > 1 (not with `stats`): that many key ranges per query block, each
@@ -349,31 +330,26 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     `modes.split_bf16`: 16-bit inputs' point cross term and p.v_pts as 3xBF16. `q_scale`: the
     q.k factor in base-2 units (default log2(e) / sqrt(D)). `write_logits` (an fp32 `bias`):
     each row's base-2 logits, bias included, overwrite the bias (problem openfold's
-    `triton-bias`, whose pair values read them). `rows` (start, end), start a multiple of every
-    BLOCK_M, and `out_p` (B, N, H, 3*Vp) fp32: only those query rows, into `out_p` (one key
-    range; `overlapped_attention`'s chunks)."""
+    `triton-bias`, whose pair values read them)."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     split_dots = modes.split_dots and q.dtype == torch.float32
     split_bf16 = modes.split_bf16 and q.dtype != torch.float32
-    kernel = _kernel(modes, q.dtype, write_logits)
+    form = ("attention_split" if split_dots else "attention_bf16_split" if split_bf16 else
+            "attention_dot" if modes.points_dot else "attention_direct")
+    kernel = _LOGITS_TWIN[form] if write_logits else TUNED[form]
     split, split_len = split_range(n, split, largest_meta(kernel, "BLOCK_N"))
     assert split == 1 or stats is None, "the training forward's statistics are not merged"
-    assert split == 1 or rows is None, "a row range is one key range"
-    row0, row_end = (0, n) if rows is None else rows
-    if out_p is None:
-        out_p = torch.empty(split, b, n, h, vp3, dtype=torch.float32, device=q.device)
-    else:
-        out_p = out_p.unsqueeze(0)
+    out_p = torch.empty(split, b, n, h, vp3, dtype=torch.float32, device=q.device)
     if split == 1:
         os_buf, lse_buf = out_s.unsqueeze(0), stats
     else:
         os_buf = torch.empty(split, b, n, h, d, dtype=torch.float32, device=q.device)
         lse_buf = torch.empty(split, b, n, h, dtype=torch.float32, device=q.device)
-    grid = lambda meta: (triton.cdiv(row_end - row0, meta["BLOCK_M"]), b * h, split)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h, split)
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, os_buf, out_p,
-        out_p if lse_buf is None else lse_buf, n, row0, split_len,
+        out_p if lse_buf is None else lse_buf, n, split_len,
         base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), os_buf.stride(0), os_buf.stride(1), os_buf.stride(2),
@@ -382,53 +358,10 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
         POINTS_DOT=modes.points_dot, SPLIT_DOTS=split_dots, CAST_F32=cast_f32(q.dtype),
         SPLIT_BF16=split_bf16,
         STORE_STATS=stats is not None, WRITE_LSE=split > 1, WRITE_LOGITS=write_logits,
-        ROW_RANGE=rows is not None,
     )
     if split == 1:
         return out_p[0]
     return merge_key_ranges(os_buf, out_p, lse_buf, out_s)
-
-
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def overlapped_attention(pair_repr, pair_weight, modes: Modes, q, k, v, q_pts, k_pts, v_pts,
-                         centred_t, point_weight, out_s, chunks: int) -> torch.Tensor:
-    """The pair bias GEMM (`pair_bias.launch_pair_bias`) and the attention kernel over `chunks`
-    ranges of query rows, unchecked, one key range: on the GPU each range's GEMM runs on a
-    second stream while the attention kernel of the range before runs on the caller's, which
-    waits for each range's bias (CUDA events: a CUDA-graph capture forks and joins them too).
-    The GEMM reads pair_repr at the memory's pace and the attention kernel is latency-bound
-    (Nsight Compute, ninth session), so the two may share the GPU; run one after the other
-    they took 2.3 + 1.7 ms of the fp32 forward's 4.2 at N = 4096 on the H200. Same arithmetic
-    as `launch_pair_bias` then `launch_attention` (under the interpreter, chunk by chunk);
-    returns out_p (B, N, H, 3*Vp) fp32."""
-    b, n, h, _ = q.shape
-    step = largest_meta(_kernel(modes, q.dtype), "BLOCK_M")
-    chunk = step * triton.cdiv(triton.cdiv(n, chunks), step)
-    bias = torch.empty(b, h, n, n, dtype=pair_repr.dtype, device=q.device)
-    out_p = torch.empty(b, n, h, v_pts.shape[3], dtype=torch.float32, device=q.device)
-    streams = q.is_cuda
-    if streams:
-        main = torch.cuda.current_stream(q.device)
-        side = _SIDE_STREAMS.get(q.device.index)
-        if side is None:
-            side = _SIDE_STREAMS[q.device.index] = torch.cuda.Stream(q.device)
-        side.wait_stream(main)  # the operands are ready
-    for r0 in range(0, n, chunk):
-        r1 = min(n, r0 + chunk)
-        with torch.cuda.stream(side) if streams else contextlib.nullcontext():
-            for bi in range(b):
-                launch_pair_bias(pair_repr, pair_weight, modes.bias, out=bias,
-                                 rows=((bi * n + r0) * n, (bi * n + r1) * n))
-            if streams:
-                ready = torch.cuda.Event()
-                ready.record(side)
-        if streams:
-            main.wait_event(ready)
-        launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
-                         modes, rows=(r0, r1), out_p=out_p)
-    return out_p
 
 
 def ipa_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias, *,

@@ -34,14 +34,13 @@ from variants.triton.tf32 import dot_split_tf32, tf32_hi
 # Sizes that vary per call are not specialised on (divisibility by 16), so that one compile
 # per config serves every N: compiles, not launches, dominate short runs. The strides are:
 # their divisibility keeps the z loads aligned and the unit channel stride vectorised.
-@triton.jit(do_not_specialize=["ROW0", "ROWS", "NN", "N", "ROWS_KEY"])
+@triton.jit(do_not_specialize=["ROWS", "NN", "N", "ROWS_KEY"])
 def _pair_bias_kernel(
     Z,  # (B, N, N, C) pair_repr, strides (stride_zb, stride_zi, stride_zj, stride_zc)
     WB,  # (H, C) pair_bias.weight, contiguous
     OUT,  # (B, H, N, N) bias, contiguous, input dtype or fp32
     MASK,  # (B, N) fp32 residue mask when HAS_MASK (1 = present)
-    ROW0,  # with ROW_RANGE, the first row (b, i, j) flattened, b N^2 + i N + j, of the launch
-    ROWS,  # the row past its last (B N^2 for the whole bias)
+    ROWS,  # B*N*N
     NN,  # N*N
     N,
     C,
@@ -55,14 +54,11 @@ def _pair_bias_kernel(
     CAST_F32: tl.constexpr,
     SPLIT_Z: tl.constexpr,  # with DOT_PRECISION "tf32x3": split by `tf32.py`, not by Triton
     HAS_MASK: tl.constexpr,
-    ROW_RANGE: tl.constexpr,  # (else from row 0: that path compiles as before, without ROW0)
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     # read BLOCK_R * C elements of z, write BLOCK_R * H: memory-bound (C = 128, H = 12).
     offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows (b, i, j)
-    if ROW_RANGE:
-        offs_r += ROW0
     offs_h = tl.arange(0, H_PAD)
     r_ok = offs_r < ROWS
     h_ok = offs_h < H
@@ -121,29 +117,24 @@ _pair_bias = autotuned(
 def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: str, *,
                      own_split: bool = True, mask: torch.Tensor | None = None,
                      scale: float = 1.0, mask_inf: float = 0.0,
-                     dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
-                     rows: tuple[int, int] | None = None):
+                     dtype: torch.dtype | None = None):
     """The Triton bias GEMM, unchecked (callers check): (B, N, N, C) any strides, (H, C)
     -> (B, H, N, N) contiguous in `dtype` (default pair_repr's). `own_split` (precision
     "tf32x3"): the operands split by `tf32.py` (default), else by Triton's tf32x3 (for
     comparison). The bias is scaled by `scale`; `mask` ((B, N) fp32 contiguous) adds
     mask_i * mask_inf * (mask_j - 1), problem
     openfold's inf * (mask_i mask_j - 1) less a shift uniform over a masked query row's keys,
-    which the softmax cancels (`variants/openfold/triton_fused.py`, "Deviations"). `out` and
-    `rows` (start, end): only the rows b N^2 + i N + j in [start, end) of the flattened
-    (b, i, j), into `out` (`attention.overlapped_attention`'s chunks)."""
+    which the softmax cancels (`variants/openfold/triton_fused.py`, "Deviations")."""
     b, n, _, c = pair_repr.shape
     h = weight.shape[0]
-    if out is None:
-        out = torch.empty(b, h, n, n, dtype=dtype or pair_repr.dtype, device=pair_repr.device)
-    row0, row_end = (0, b * n * n) if rows is None else rows
-    grid = lambda meta: (triton.cdiv(row_end - row0, meta["BLOCK_R"]),)
+    out = torch.empty(b, h, n, n, dtype=dtype or pair_repr.dtype, device=pair_repr.device)
+    rows = b * n * n
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]),)
     _pair_bias[grid](
-        pair_repr, weight, out, out if mask is None else mask, row0, row_end, n * n, n, c,
-        *pair_repr.stride(), scale, mask_inf, pow2(b * n * n, 1 << 16),
+        pair_repr, weight, out, out if mask is None else mask, rows, n * n, n, c,
+        *pair_repr.stride(), scale, mask_inf, pow2(rows, 1 << 16),
         H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
         SPLIT_Z=own_split and precision == "tf32x3", HAS_MASK=mask is not None,
-        ROW_RANGE=rows is not None,
     )
     return out
 

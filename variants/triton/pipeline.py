@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from variants.base2 import LOG2E, base2_units
 from variants.problem import IPAConfig, validate_inputs
 from variants.triton import frames, frames_op
-from variants.triton.attention import default_split, launch_attention, overlapped_attention
+from variants.triton.attention import default_split, launch_attention
 from variants.triton.common import (
     HEADS_PAD,
     check_runnable,
@@ -224,7 +224,6 @@ def triton_ipa(
     split: int | None = None,
     fp32_dots: str = "3xtf32",
     half_points: str = "3xbf16",
-    overlap: int = 1,
 ) -> torch.Tensor:
     """IPA forward (SPEC.md), `triton` variant: the pair bias by one GEMM into a (B, H, N, N)
     tensor, then the streamed flash-style attention kernel.
@@ -239,10 +238,7 @@ def triton_ipa(
     `half_points` (bf16/fp16 inputs): the point distances' cross term and the value-point sum
     as three bf16 dots of split operands ("3xbf16", default: one tensor-core layout for the
     whole score tile; 2-4 % faster than "tf32" at N >= 1024 on the H200, as accurate) or as
-    3xTF32 and TF32 dots ("tf32"). `overlap` > 1: the bias GEMM and the attention kernel over
-    that many ranges of query rows, each range's GEMM on a second CUDA stream beside the
-    attention of the range before (`attention.overlapped_attention`; one key range: `split`
-    must be None or 1). Not the default until timed on a GPU.
+    3xTF32 and TF32 dots ("tf32").
     """
     _check(weights, node_repr, pair_repr, translations, rotations)
     modes = dot_modes(node_repr.dtype, math_mode)
@@ -258,20 +254,11 @@ def triton_ipa(
     if half_points == "3xbf16":
         modes = replace(modes, split_bf16=True)
     batch, length = node_repr.shape[:2]
-    require(isinstance(overlap, int) and overlap >= 1,
-            f"overlap: expected a positive int, got {overlap!r}")
-    require(overlap == 1 or split in (None, 1),
-            f"split: expected None or 1 with overlap={overlap} (one key range), got {split}")
     if split is None:
-        split = 1 if overlap > 1 else default_split(batch, weights.config.heads, length,
-                                                     node_repr.device)
+        split = default_split(batch, weights.config.heads, length, node_repr.device)
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         # The launchers' own checks are skipped: every operand is built by the prologue.
-        if overlap > 1:
-            return ops.out_s, overlapped_attention(
-                pair_repr, weights.w_pair, modes, ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts,
-                ops.v_pts, ops.centred_t, ops.point_weight, ops.out_s, overlap)
         bias = bias_tensor(pair_repr, weights.w_pair, modes)
         return ops.out_s, launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts,
                                            ops.v_pts, ops.centred_t, ops.point_weight,
