@@ -151,7 +151,7 @@ class OpenFoldTritonBias(OpenFoldTriton):
                 *(here.parent / "triton" / f for f in (
                     "attention.py", "pair_bias.py", "bias_backward.py", "backward.py",
                     "common.py", "frames.py", "frames_op.py", "tf32.py")),
-                here.parent / "base2.py"]
+                here.parent / "base2.py", here.parent / "custom_ops.py"]
 
     def import_kernels(self) -> None:
         from variants.openfold import pair_values  # noqa: F401

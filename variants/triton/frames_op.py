@@ -83,9 +83,7 @@ _prologue.register_autograd(_prologue_grads, setup_context=_prologue_setup)
 @custom_op("ipa_bench::frames_epilogue")
 def _epilogue(out_p: Tensor, rotations: Tensor, centred_t: Tensor, dtype: torch.dtype,
               convention: str, eps: float) -> Tensor:
-    b, n, h, vp3 = out_p.shape
-    per_point = 4 if convention == "openfold" else 3  # openfold: the norms too
-    local = torch.empty(b, n, per_point * h * vp3 // 3, dtype=dtype, device=out_p.device)
+    local = torch.empty(_epilogue_shape(out_p, convention), dtype=dtype, device=out_p.device)
     frames.epilogue(out_p, rotations, centred_t, local, 0, convention=CONVENTIONS[convention],
                     eps=eps)
     return local
@@ -93,9 +91,14 @@ def _epilogue(out_p: Tensor, rotations: Tensor, centred_t: Tensor, dtype: torch.
 
 @_epilogue.register_fake
 def _epilogue_fake(out_p, rotations, centred_t, dtype, convention, eps):
+    return out_p.new_empty(_epilogue_shape(out_p, convention), dtype=dtype)
+
+
+def _epilogue_shape(out_p: Tensor, convention: str) -> tuple[int, int, int]:
+    """(B, N, 3 H Vp) local value points; openfold's [X | Y | Z | norms]: (B, N, 4 H Vp)."""
     b, n, h, vp3 = out_p.shape
-    per_point = 4 if convention == "openfold" else 3
-    return out_p.new_empty(b, n, per_point * h * vp3 // 3, dtype=dtype)
+    per_point = 4 if CONVENTIONS[convention].xyz_blocks else 3
+    return b, n, per_point * h * vp3 // 3
 
 
 @custom_op("ipa_bench::frames_epilogue_backward")

@@ -218,7 +218,17 @@ def _training_forward(state_dict, config, device, precision: Precision, fused: b
     return forward
 
 
-class TritonTrain(Triton):
+class _TrainingStep:
+    """What the training variants add to their forward's class: a backward, and its custom ops'
+    wrapper (`variants/custom_ops.py`, outside this folder) in their code digest."""
+
+    supports_backward = True
+
+    def code_paths(self):
+        return [*super().code_paths(), Path(__file__).resolve().parent.parent / "custom_ops.py"]
+
+
+class TritonTrain(_TrainingStep, Triton):
     """`triton`'s forward as a custom op with an exact backward (`core_op.py`,
     `bias_backward.py`): the forward keeps its (B, H, N, N) pair bias, the backward's key kernel
     overwrites it with dS, and one Triton pass over z turns dS into d pair_repr and dW_b."""
@@ -226,20 +236,18 @@ class TritonTrain(Triton):
     name = "triton-train"
     description = ("triton's forward with a flash backward (the saved (B,H,N,N) bias becomes "
                    "dS; d pair_repr and dW_b in one pass over z): training")
-    supports_backward = True
 
     def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
         return _training_forward(state_dict, config, device, precision, fused=False)
 
 
-class TritonFullFuseTrain(TritonFullFuse):
+class TritonFullFuseTrain(_TrainingStep, TritonFullFuse):
     """`triton-fullfuse`'s kernel as a custom op with an exact fused backward (`core_op.py`,
     `backward.py`): nothing N x N x H is written in either pass."""
 
     name = "triton-fullfuse-train"
     description = ("triton-fullfuse's kernel as a custom op with a fused Triton backward "
                    "(training; nothing N x N x H is ever written)")
-    supports_backward = True
     # The largest head_dim whose backward kernel fits the H200's 227 KB of shared memory per
     # block, by precision, for value points padded to <= 32 coordinates (Vp <= 10) and beyond:
     # compiled for sm_90 on the CPU machine at every padded head_dim and point width (triton
