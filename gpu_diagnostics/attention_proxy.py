@@ -50,14 +50,13 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
          "attention_bf16_split": ("_attention_bf16_split", torch.bfloat16, {})}
 
 
-# triton-train's backward: the key kernel (`bias_backward._key_kernel`), the sums of dS per
-# query and (16-bit) per key (`_ds_sums_kernel`) and the pair kernel (`_pair_kernel`,
-# d pair_repr and dW_b), label: (autotuned form, input dtype)
+# triton-train's backward: the key kernel (`bias_backward._key_kernel`), the sums of a 16-bit
+# dS per query and per key (`_ds_sums_kernel`; fp32 dS goes to cuBLAS) and the pair kernel
+# (`_pair_kernel`, d pair_repr and dW_b), label: (autotuned form, input dtype)
 KERNELS = {"_query": "_ds_sums_kernel", "_key_sums": "_ds_sums_kernel",
            "_pair": "_pair_kernel"}  # else the key kernel
 BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "keys_16bit": ("_key_16bit", torch.bfloat16),
-                  "queries_3xtf32": ("_query", torch.float32),
                   "queries_16bit": ("_query", torch.bfloat16),
                   "key_sums_16bit": ("_key_sums", torch.bfloat16),
                   "pairs_3xtf32": ("_pair", torch.float32),
@@ -91,7 +90,8 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
     key_rec.configs = getattr(bb, key_kernel).configs
     stand_ins = [(bb, key_kernel, key_rec), (bb, "_query", Recorder()),
                  (bb, "_key_sums", Recorder()), (bb, name, rec),
-                 (bb, "pair_gradients", lambda *a: (None, torch.zeros(1)))]
+                 (bb, "pair_gradients", lambda *a: (None, torch.zeros(1))),
+                 (bb, "gemm_ds_sums", lambda ds, other, own_p, *a: (other, own_p))]
     with standing_in(stand_ins), torch.no_grad():
         bb.launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, None, pair_weight,
                                 torch.zeros(h), out_s, out_p, stats, bias,

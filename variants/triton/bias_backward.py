@@ -14,20 +14,21 @@ attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i preco
       P  = 2^((s - m) - log2 l);  dP = dO_s . v + dO_p . vp;  dS = P (dP - D)  (d / d logit)
       dv += P^T dO_s, dvp += P^T dO_p,
       d pw += ln 2 sum dS (|qp - kp|^2 - dbar) with w = pw ln 2 = -softplus(head_weights) / 2
-      (a sum per key, summed by PyTorch), and for fp32 inputs (KEY_GRADS) dk += dS^T q /
-      sqrt(d), dkp = 2 w (kp colsum(dS) - dS^T qp);
+      (a sum per key, summed by PyTorch);
       dS is written over the bias tile it was computed from: every tile belongs to exactly
       one program, which reads it before it writes it, so the (B, H, N, N) buffer the forward
       saved becomes the bias gradient and no second N x N x H tensor is allocated. Its tiles
       are keys x queries (S^T, P^T, dS^T, as the Triton tutorial's backward): the key-side
       dots take them as computed, and only loaded tiles are transposed.
-  sums kernel (`_ds_sums_kernel`: a program owns BLOCK_M rows of one (b, h)) reads dS back,
-      by rows for the queries, dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp), and for
-      16-bit inputs by columns for the keys, dk and dkp as above: no atomics, no
-      recomputation. The key kernel without dk's and dkp's accumulators spills a fraction as
-      much (sm_90 proxy, 32 x 64 tiles: bf16 156 -> 4 words, fp32 244 -> 56) and ran 3.45 ->
-      2.36 ms in bf16 at N = 4096 on the H200 (the sums by keys 0.45), but fp32's TF32 dots
-      cannot read a transposed tile (sums by keys 2.4 ms against the key kernel's 1.3 saved).
+  sums of dS, read back once per side: by rows for the queries, dq = dS k / sqrt(d),
+      dqp = 2 w (qp rowsum(dS) - dS kp), and by columns for the keys, dk = dS^T q / sqrt(d),
+      dkp = 2 w (kp colsum(dS) - dS^T qp): no atomics, no recomputation. A 16-bit dS goes to
+      `_ds_sums_kernel` (a program owns BLOCK_M rows of one (b, h)); an fp32 dS to one cuBLAS
+      SGEMM per side (`gemm_ds_sums`), because Triton's TF32 dots cannot read dS's transposed
+      tile from shared memory (its key-side sums took 2.4 ms at N = 4096 on the H200) and its
+      IEEE dots run as FMA loops. Keeping dk and dkp out of the key kernel is what lets it
+      run: with their accumulators it spilled (sm_90 proxy, 32 x 64 tiles: bf16 156 -> 4
+      words, fp32 244 -> 56 without) and took 5.9 ms at N = 4096 in fp32 against 4.6 without.
   pair kernel (a program owns a run of (i, j) pairs of one batch element) reads each dS and
       z tile once: d pair_repr = dS^T W_b written once (the only N x N x C tensor of the step)
       and dW_b = sum dS z into a partial sum per program (no atomic hot spot), summed by
@@ -69,6 +70,7 @@ import triton
 import triton.language as tl
 
 from variants import base2
+from variants.problem import math_mode
 from variants.triton.backward import single_key_gradients
 from variants.triton.common import (
     INTERPRET,
@@ -84,7 +86,8 @@ from variants.triton.common import (
 from variants.triton.tf32 import dot_parts, tf32_parts
 
 LOG2E = tl.constexpr(base2.LOG2E)
-LN2 = tl.constexpr(math.log(2.0))
+LN2_F = math.log(2.0)
+LN2 = tl.constexpr(LN2_F)
 
 
 @triton.jit
@@ -116,8 +119,7 @@ def _key_kernel(
     DOP,  # (B, N, H, 3*Vp) fp32 contiguous: d loss / d out_p
     STATS,  # (B, N, H, 3) fp32, the forward's: row max m, log2 l, mean distance dbar
     DELTA,  # (B, N, H) fp32: D_i = dO_s . out_s + dO_p . out_p
-    DK, DV,  # (S, B, N, H, D) fp32: one partial sum per query range (DK with KEY_GRADS)
-    DKP,  # (S, B, H, 3*Qp, N) fp32 (with KEY_GRADS)
+    DV,  # (S, B, N, H, D) fp32: one partial sum per query range
     DVP,  # (S, B, H, N, 3*Vp) fp32
     DPW,  # (S, B, H, N) fp32: each key's sum over the range's queries of d point_weight
     N,
@@ -135,7 +137,6 @@ def _key_kernel(
     DOT_PRECISION: tl.constexpr,
     PTS_PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
-    KEY_GRADS: tl.constexpr,  # dk and dkp here (else `_ds_sums_kernel` sums them from dS)
     LOGITS: tl.constexpr,
     HAS_G: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -149,11 +150,9 @@ def _key_kernel(
     bh = b * H + h
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
-    offs_p = tl.arange(0, P3_PAD)
     offs_e = tl.arange(0, VP3_PAD)
     n_ok = offs_n < N
     d_ok = offs_d < D
-    p_ok = offs_p < P3
     e_ok = offs_e < VP3
     nd_ok = n_ok[:, None] & d_ok[None, :]
 
@@ -171,22 +170,14 @@ def _key_kernel(
     # Point products run on coordinates centred on this block's first key point (small
     # numbers: the sums they enter cancel at the 10-100 A of the global frame otherwise).
     n0 = pid_n * BLOCK_N
-    centre_p = tl.load(KP + (bh * P3 + offs_p % 3) * N + n0)  # (P3_PAD,): x, y, z, x, ...
     centre_e = tl.load(KP + (bh * P3 + offs_e % 3) * N + n0)  # (VP3_PAD,)
-    if KEY_GRADS:
-        kp = tl.load(KP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None],
-                     mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (BN, P3_PAD)
-        kp = tl.where(n_ok[:, None] & p_ok[None, :], kp - centre_p[None, :], 0.0)
     vp = tl.load(VP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :],
                  mask=n_ok[:, None] & e_ok[None, :], other=0.0)  # (BN, VP3_PAD)
     vp = tl.where(n_ok[:, None] & e_ok[None, :], vp - centre_e[None, :], 0.0)
     vp_hi, vp_lo = tf32_parts(vp, SPLIT)
 
-    acc_dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     acc_dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    acc_dkp = tl.zeros([BLOCK_N, P3_PAD], dtype=tl.float32)  # sum_i dS qp_i
     acc_dvp = tl.zeros([BLOCK_N, VP3_PAD], dtype=tl.float32)
-    colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_dpw = tl.zeros([BLOCK_N], dtype=tl.float32)
     bias_rows = BIAS + bh * N * N + offs_n[:, None]  # tiles keys x queries: dS^T in place
     i_start = pid_s * split_len
@@ -200,14 +191,13 @@ def _key_kernel(
         row_h = (b * N + offs_m) * H + h  # (B, N, H) row index
 
         # The forward's base-2 logits, recomputed (distances directly, in fp32) or read.
-        if KEY_GRADS or not LOGITS:
+        if not LOGITS:
             q = tl.load(Q + b * stride_qb + h * D + offs_m[:, None] * stride_qn
                         + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
                         other=0.0)  # (BM, D_PAD)
             if CAST_F32:
                 q = q.to(tl.float32)
             q_hi, q_lo = tf32_parts(q, SPLIT)
-        if not LOGITS:
             st = dot_parts(k_hi, k_lo, tl.trans(q_hi), tl.trans(q_lo),
                            tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32),
                            DOT_PRECISION) * q_scale
@@ -254,12 +244,6 @@ def _key_kernel(
             dst = pt * (dpt - delta[None, :])
             tl.store(tile, dst.to(BIAS.dtype.element_ty), mask=tile_ok)
 
-        if KEY_GRADS:  # dk += dS^T q, the point sums, dS's column sums
-            qp = tl.load(QP + (bh * P3 + offs_p[None, :]) * N + offs_m[:, None],
-                         mask=m_ok[:, None] & p_ok[None, :], other=0.0)  # (BM, P3_PAD)
-            qp = tl.where(m_ok[:, None] & p_ok[None, :], qp - centre_p[None, :], 0.0)
-            acc_dk, acc_dkp, colsum = _add_ds_sums(dst, q_hi, q_lo, qp, acc_dk, acc_dkp, colsum,
-                                                   SPLIT, DOT_PRECISION, PTS_PRECISION)
         dbar = tl.load(STATS + row_h * 3 + 2, mask=m_ok, other=0.0)
         acc_dpw += tl.sum(dst * (dist - dbar[None, :]), 1)
 
@@ -267,13 +251,6 @@ def _key_kernel(
     rows = pid_s * tl.num_programs(1) * N  # key rows (b, h, j) before this slice
     DV, DVP, DPW = DV + rows * D, DVP + rows * VP3, DPW + rows
     key_h = (b * N + offs_n) * H + h
-    if KEY_GRADS:
-        DK, DKP = DK + rows * D, DKP + rows * P3
-        tl.store(DK + key_h[:, None] * D + offs_d[None, :], acc_dk * (q_scale * LN2),
-                 mask=nd_ok)
-        dkp = pw * (kp * colsum[:, None] - acc_dkp) * (2.0 * LN2)
-        tl.store(DKP + (bh * P3 + offs_p[None, :]) * N + offs_n[:, None], dkp,
-                 mask=n_ok[:, None] & p_ok[None, :])
     tl.store(DV + key_h[:, None] * D + offs_d[None, :], acc_dv, mask=nd_ok)
     tl.store(DVP + (bh * N + offs_n[:, None]) * VP3 + offs_e[None, :], acc_dvp,
              mask=n_ok[:, None] & e_ok[None, :])
@@ -510,17 +487,9 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
     key_kernel = (_key_16bit if not fp32 else _key_3xtf32 if modes.split_dots else _key_fp32)
     split, split_len = split_range(n, key_split(b * h, n, dev) if split is None else split,
                                    largest_meta(key_kernel, "BLOCK_M"))
-    # dk and dkp: from 16-bit dS read back transposed (`_key_sums`), but in the key kernel for
-    # fp32, whose TF32 dots cannot take a transposed tile from shared memory (the H200: the
-    # transposed sums took 2.4 ms at N = 4096, the sums by rows 0.93; bf16 0.45 and 0.58).
-    key_grads = fp32
     dv = torch.empty(split, b, n, h, d, dtype=f32, device=dev)
-    dk = torch.empty(split if key_grads else 1, b, n, h, d, dtype=f32, device=dev)
     dv_pts = torch.empty(split, *v_pts.shape, dtype=f32, device=dev)
-    dk_pts = torch.empty(dk.shape[0], *k_pts.shape, dtype=f32, device=dev)
     d_point = torch.empty(split, b, h, n, dtype=f32, device=dev)
-    dq = torch.empty(b, n, h, d, dtype=f32, device=dev)
-    dq_pts = torch.empty_like(q_pts)
     # fp32 inputs run every dot fp32-accurate: as 3xTF32 in "ieee" mode (`modes.split_dots`),
     # as IEEE FMAs in tf32 mode (dS = P (dP - D) subtracts nearly equal numbers; tf32 gradients
     # miss their tolerance either way, docs/perf-notes.md). 16-bit inputs: the scalar dots on
@@ -533,25 +502,66 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
     key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h, split)](
         # (without G a one-element stand-in for DS: the autotuner's restore copies each)
         q, k, v, q_pts, k_pts, v_pts, bias, bias.new_empty(1) if ds is None else ds,
-        point_weight, grad_s, grad_p, stats, delta, dk, dv, dk_pts, dv_pts, d_point, n,
-        split_len, q_scale,
+        point_weight, grad_s, grad_p, stats, delta, dv, dv_pts, d_point, n, split_len, q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), KEY_GRADS=key_grads, LOGITS=ds is not None,
-        HAS_G=ds is not None, **shared,
+        pow2(n, 64), VP3=vp3, VP3_PAD=pow2(vp3), LOGITS=ds is not None, HAS_G=ds is not None,
+        **shared,
     )
     ds = bias if ds is None else ds  # dS, written by the key kernel
-    sums_launches = [(_query, k, q_pts, k_pts, dq, dq_pts, False)]
-    if not key_grads:
-        sums_launches.append((_key_sums, q, k_pts, q_pts, dk[0], dk_pts[0], True))
-    for sums, other, own_p, other_p, out, out_p, key_side in sums_launches:
-        sums[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
-            other, own_p, other_p, ds, point_weight, out, out_p, n, q_scale, other.stride(0),
-            other.stride(1), pow2(n, 64), KEY_SIDE=key_side, **shared,
-        )
-    dk, dv, dk_pts, dv_pts = (t[0] if t.shape[0] == 1 else t.sum(0)
-                              for t in (dk, dv, dk_pts, dv_pts))
+    sides = [(k, q_pts, k_pts, False), (q, k_pts, q_pts, True)]  # queries' sums, then keys'
+    if ds.dtype == torch.float32:
+        (dq, dq_pts), (dk, dk_pts) = (
+            gemm_ds_sums(ds, other, own_p, other_p, point_weight, q_scale, key_side)
+            for other, own_p, other_p, key_side in sides)
+    else:
+        (dq, dq_pts), (dk, dk_pts) = (
+            _triton_ds_sums(ds, other, own_p, other_p, point_weight, q_scale, key_side, shared)
+            for other, own_p, other_p, key_side in sides)
+    dv, dv_pts = (t[0] if t.shape[0] == 1 else t.sum(0) for t in (dv, dv_pts))
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts,
             d_point.sum((0, 1, 3)))
+
+
+def _triton_ds_sums(ds, other, own_p, other_p, point_weight, q_scale, key_side, shared):
+    """One side's sums of a 16-bit dS by `_ds_sums_kernel` (the key side reads dS transposed,
+    which 16-bit dots take from shared memory as they are): (d other side's features (B, N, H,
+    D) fp32, d own points (B, H, 3Qp, N) fp32)."""
+    b, n, h, d = other.shape
+    out = torch.empty(b, n, h, d, dtype=torch.float32, device=ds.device)
+    out_p = torch.empty_like(own_p)
+    sums = _key_sums if key_side else _query
+    sums[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
+        other, own_p, other_p, ds, point_weight, out, out_p, n, q_scale, other.stride(0),
+        other.stride(1), pow2(n, 64), KEY_SIDE=key_side, **shared,
+    )
+    return out, out_p
+
+
+def gemm_ds_sums(ds: torch.Tensor, other: torch.Tensor, own_p: torch.Tensor,
+                 other_p: torch.Tensor, point_weight: torch.Tensor, q_scale: float,
+                 key_side: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One side's sums of an fp32 dS (B, H, N, N) as one batched IEEE fp32 GEMM (cuBLAS on the
+    GPU): dS [other | other_p - c | 1] for the queries, dS^T [...] for the keys (`key_side`),
+    giving d q = dS k / sqrt(d) (or d k), the points' 2 w (own_p rowsum - dS other_p) and the
+    row sums in one read of dS. Triton's fp32 dots cannot take dS's transposed tile from shared
+    memory (its key-side sums took 2.4 ms at N = 4096 on the H200) and its IEEE dots run on FMA
+    loops; the cuBLAS SGEMM reads a transposed operand for free. The points are centred on
+    their batch element's centroid c (the kernels centre on a block's first point: a tighter
+    centre, but one per block): the cancellation this leaves in own_p rowsum - dS other_p costs
+    ~7e-6 relative at N = 4096 and a 77 A radius, against gradient tolerances of 2e-5 and more.
+    Returns (B, N, H, D) and (B, H, 3Qp, N), fp32."""
+    b, h, n, _ = ds.shape
+    d, p3 = other.shape[3], own_p.shape[2]
+    centre = other_p.unflatten(2, (-1, 3)).mean((1, 2, 4)).repeat(1, p3 // 3)[:, None, :, None]
+    operand = torch.cat([other.permute(0, 2, 1, 3).float(), (other_p - centre).transpose(2, 3),
+                         ds.new_ones(b, h, n, 1)], 3).reshape(b * h, n, d + p3 + 1)
+    ds = ds.reshape(b * h, n, n)
+    with math_mode("fp32"):  # IEEE SGEMM whatever the caller's TF32 switch
+        sums = torch.bmm(ds.transpose(1, 2) if key_side else ds, operand).view(b, h, n, -1)
+    out = (sums[..., :d] * (q_scale * LN2_F)).transpose(1, 2).contiguous()
+    out_p = point_weight.view(1, h, 1, 1) * (2.0 * LN2_F) * (
+        (own_p - centre) * sums[..., -1].unsqueeze(2) - sums[..., d:d + p3].transpose(2, 3))
+    return out, out_p.contiguous()
 
 
 def key_split(programs_per_block: int, length: int, device: torch.device) -> int:
