@@ -22,7 +22,7 @@ from tests.test_frames import (
 from tests.test_triton import HAS_TRITON, needs_interpreter
 
 if HAS_TRITON:
-    from variants.triton import frames_op
+    from variants.triton import frames, frames_op
 
 pytestmark = [needs_interpreter, pytest.mark.usefixtures("one_thread")]
 
@@ -176,3 +176,19 @@ def test_eager_calls_skip_the_dispatcher_and_traced_calls_do_not(monkeypatch):
         traced = frames_op.epilogue(out_p, rotations, ct, torch.float32)
     assert len(calls) == 1
     torch.testing.assert_close(traced, eager, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows", [4, 16])
+@pytest.mark.parametrize("convention", ["simplified", "openfold"])
+def test_backward_kernels_at_every_row_block(convention, rows, monkeypatch):
+    """The backward kernels' other row blocks (the test above takes 8 rows at B = 2, N = 37)."""
+    monkeypatch.setattr(frames, "_backward_rows", lambda *args: rows)
+    test_outputs_and_gradients_equal_autograd_through_the_definition(convention, "fp32")
+
+
+def test_backward_row_blocks_fill_the_gpu(monkeypatch):
+    monkeypatch.setattr(frames, "sm_count", lambda device: 132)
+    gpu = torch.device("cuda")  # (only its type is read)
+    assert [frames._backward_rows(n, b, gpu) for n, b in [(4096, 1), (2048, 1), (1024, 1),
+                                                          (1024, 4), (256, 1)]] == [8, 4, 4, 8, 4]
+    assert frames._backward_rows(37, 2, torch.device("cpu")) == 8  # as if on 4 SMs

@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from variants.openfold.triton_kernel import KEY_PAD
-from variants.triton.common import pow2
+from variants.triton.common import pow2, sm_count
 from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 BLOCK_ROWS = 32  # rows (residues) per program: N = 1024, 12 heads -> 384 programs
@@ -530,7 +530,7 @@ def _prologue_backward_kernel(
     d_rows = DPROJ + (b * N + rows) * (H * 3 * (2 * QP + VP))
     d_rot = tl.zeros([BLOCK, 4, 4], dtype=tl.float32)
     d_t = tl.zeros([BLOCK, 4], dtype=tl.float32)
-    for h in range(H):
+    for h in tl.static_range(H):  # unrolled: each head's loads issue before the last's sums
         # the columns of head h's points, as `_prologue_kernel` reads them
         if XYZ_BLOCKS:
             q_cols = h * QP + p + x * (H * QP)
@@ -585,7 +585,7 @@ def _epilogue_backward_kernel(
     l_rows = DLOC + b * stride_lb + rows * stride_ln
     d_rot = tl.zeros([BLOCK, 4, 4], dtype=tl.float32)
     d_t = tl.zeros([BLOCK, 4], dtype=tl.float32)
-    for h in range(H):
+    for h in tl.static_range(H):  # unrolled: each head's loads issue before the last's sums
         g_offs = b * stride_ob + rows * stride_on + h * stride_oh + 3 * p + x
         d = tl.where(ok, tl.load(OUT_P + g_offs, mask=ok, other=0.0) - ct, 0.0)
         if XYZ_BLOCKS:
@@ -608,7 +608,16 @@ def _epilogue_backward_kernel(
                        stride_dr, stride_dc)
 
 
-BACKWARD_ROWS = 16  # rows per program of the two backward kernels (each loops over the heads)
+def _backward_rows(length: int, batch: int, device: torch.device) -> int:
+    """Rows per program of the two backward kernels (each loops over the heads): 16, or fewer
+    while that leaves under two programs per SM (at N = 1024 on the H200: 4 rows, 256
+    programs; the kernels are latency-bound, 0.1 ms with 64 programs of 16 rows). Off the GPU,
+    as if on 4 SMs, so that small tests take the smaller blocks."""
+    target = 2 * (sm_count(device) if device.type == "cuda" else 4)
+    rows = 16
+    while rows > 4 and triton.cdiv(length, rows) * batch < target:
+        rows //= 2
+    return rows
 
 
 def _frame_grad(rotations: torch.Tensor, convention: Convention
@@ -636,12 +645,13 @@ def prologue_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, grad_v: torch.
     rot, d_rot, d_strides = _frame_grad(rotations, convention)
     d_local = torch.empty(local.shape, dtype=local.dtype, device=local.device)
     d_t = torch.empty(bsz, n, 3, dtype=torch.float32, device=local.device)
-    _prologue_backward_kernel[(triton.cdiv(n, BACKWARD_ROWS), bsz)](
+    rows = _backward_rows(n, bsz, local.device)
+    _prologue_backward_kernel[(triton.cdiv(n, rows), bsz)](
         grad_q, grad_k, grad_v, grad_centred_t, local, rot, d_local, d_rot, d_t, n,
         local.stride(0), local.stride(1), *rot.stride(), *d_strides,
         H=heads, QP=query_points, VP=value_points,
         P_PAD=pow2(max(query_points, value_points), 1), XYZ_BLOCKS=convention.xyz_blocks,
-        BLOCK=BACKWARD_ROWS, num_warps=NUM_WARPS,
+        BLOCK=rows, num_warps=NUM_WARPS,
     )
     return d_local, d_rot, d_t
 
@@ -657,10 +667,11 @@ def epilogue_backward(grad_local: torch.Tensor, out_p: torch.Tensor, rotations: 
     rot, d_rot, d_strides = _frame_grad(rotations, convention)
     d_out_p = torch.empty(bsz, n, h, vp3, dtype=torch.float32, device=out_p.device)
     d_ct = torch.empty(bsz, n, 3, dtype=torch.float32, device=out_p.device)
-    _epilogue_backward_kernel[(triton.cdiv(n, BACKWARD_ROWS), bsz)](
+    rows = _backward_rows(n, bsz, out_p.device)
+    _epilogue_backward_kernel[(triton.cdiv(n, rows), bsz)](
         grad_local, out_p, rot, centred_t, d_out_p, d_rot, d_ct, n, eps,
         grad_local.stride(0), grad_local.stride(1), *out_p.stride()[:3], *rot.stride(),
         *d_strides, H=h, VP=vp3 // 3, VP_PAD=pow2(vp3 // 3, 1),
-        XYZ_BLOCKS=convention.xyz_blocks, BLOCK=BACKWARD_ROWS, num_warps=NUM_WARPS,
+        XYZ_BLOCKS=convention.xyz_blocks, BLOCK=rows, num_warps=NUM_WARPS,
     )
     return d_out_p, d_rot, d_ct
