@@ -37,6 +37,7 @@ from variants.triton.common import (
     TUNED,
     Modes,
     autotuned,
+    block_configs,
     cast_f32,
     check_attention_args,
     check_runnable,
@@ -260,9 +261,7 @@ _INTERPRETED = {"BLOCK_M": 64, "BLOCK_N": 64}
 def _tuned(name: str, blocks: list[tuple[int, ...]]):
     """The kernel autotuned over (BLOCK_M, BLOCK_N, warps, stages[, register cap]) `blocks`,
     and its twin that writes the logits over its bias (`_LOGITS_TWIN`)."""
-    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st,
-                             maxnreg=cap)
-               for m, n, w, st, cap in (b + (None,) * (5 - len(b)) for b in blocks)]
+    configs = block_configs(blocks)
     tuned = autotuned(name, _attention_kernel, key=_ATTENTION_KEY, interpreted=_INTERPRETED,
                       configs=configs)
     # The autotuner's trial runs would read each other's logits as the bias: it restores it.

@@ -76,6 +76,7 @@ from variants.triton.common import (
     INTERPRET,
     Modes,
     autotuned,
+    block_configs,
     cast_f32,
     largest_meta,
     pow2,
@@ -395,38 +396,41 @@ def _pair_kernel(
 _KEY = ["N_KEY", "H", "D_PAD", "P3_PAD", "DOT_PRECISION", "PTS_PRECISION"]
 _KEY_KERNEL = [*_KEY, "LOGITS"]
 _INTERPRETED = {"BLOCK_M": 16, "BLOCK_N": 16}
+
 # The key kernel writes dS over its input (or over G): the autotuner restores both after every
 # trial run.
 # fp32: one stage. At N = 1024 on the H200 (BLOCK_M, BLOCK_N, warps) (32, 32, 4) took 1.05 ms
 # in one stage, 5.70 in two and 1.78 in three; (64, 64, 8) and (32, 64, 4) 5.9-7.3 ms.
 _key_fp32 = autotuned(
     "bias_backward_keys_fp32", _key_kernel,
-    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-             for m, n, w, s in [(16, 32, 4, 1), (16, 64, 4, 1), (32, 32, 4, 1), (32, 64, 8, 1),
-                                (16, 128, 4, 1), (32, 128, 8, 1)]],
+    configs=block_configs([(16, 32, 4, 1), (16, 64, 4, 1), (32, 32, 4, 1), (32, 64, 8, 1),
+                          (16, 128, 4, 1), (32, 128, 8, 1)]),
     key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["BIAS", "DS"],
 )
+
+
 # fp32 with every dot as 3xTF32 (`Modes.split_dots`): tensor-core tiles. The one-stage configs
 # issue the fewest instructions per pair (sm_90 proxy, `gpu_diagnostics/attention_proxy.py
-# 4096 keys_3xtf32`: (16, 128, 4, 1) 5.0, (32, 64, 4, 1) 5.9, two-stage ones 7.7-12.9); every
-# config runs at 255 registers and spills.
+# 4096 keys_3xtf32`, at N = 4096: (32, 64, 4, 1) 4.54 with 56 spilled words, (16, 64, 4, 1)
+# 4.87 with 16, two-stage ones 6.6-8.1). Every uncapped config takes 255 registers, two 4-warp
+# programs per SM; capped at 168 (`maxnreg`) an SM holds three, for more spills ((16, 64, 4, 1)
+# 76 words, 5.01 per pair), as the forward's attention kernel gained 4-6 % from.
 _key_3xtf32 = autotuned(
     "bias_backward_keys_3xtf32", _key_kernel,
-    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-             for m, n, w, s in [(32, 32, 4, 1), (32, 64, 4, 1), (32, 64, 4, 2), (64, 64, 4, 2),
-                                (64, 64, 8, 2), (64, 32, 4, 2), (32, 128, 8, 2), (16, 64, 4, 1),
-                                (16, 128, 4, 1)]],
+    configs=block_configs([(32, 32, 4, 1), (32, 64, 4, 1), (32, 64, 4, 2), (64, 64, 4, 2),
+                          (64, 64, 8, 2), (64, 32, 4, 2), (32, 128, 8, 2), (16, 64, 4, 1),
+                          (16, 128, 4, 1), (16, 64, 4, 1, 168), (32, 64, 4, 1, 168)]),
     key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["BIAS", "DS"],
 )
 # 16-bit: one stage as in fp32 issues 25-35 % fewer instructions per pair than two (proxy,
-# `keys_16bit`: (16, 64, 2, 1) 3.9, (16, 128, 4, 1) 4.0, (32, 64, 4, 1) 4.8 against 4.4-12.9).
+# `keys_16bit`: (16, 64, 2, 1) 3.5, (16, 128, 4, 1) 3.6, (32, 64, 4, 1) 4.2 against 6.7-8.6),
+# and the same two register caps (168: (16, 64, 4, 1) 34 spilled words, 4.26 per pair).
 _key_16bit = autotuned(
     "bias_backward_keys_16bit", _key_kernel,
-    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-             for m, n, w, s in [(16, 64, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2),
-                                (32, 128, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
-                                (32, 32, 4, 2), (16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1),
-                                (16, 64, 2, 1)]],
+    configs=block_configs([(16, 64, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2),
+                          (32, 128, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 32, 4, 2),
+                          (16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1), (16, 64, 2, 1),
+                          (16, 64, 4, 1, 168), (32, 64, 4, 1, 168)]),
     key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["BIAS", "DS"],
 )
 # The sums of dS read it only: trials are harmless. One autotuned form per side (the key

@@ -61,6 +61,13 @@ def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: 
     return tuned
 
 
+def block_configs(blocks: list[tuple[int, ...]]) -> list:
+    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages[, register cap]) tuples."""
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st,
+                          maxnreg=cap)
+            for m, n, w, st, cap in (b + (None,) * (5 - len(b)) for b in blocks)]
+
+
 def largest_meta(tuned, name: str) -> int:
     """The largest value of the meta-parameter `name` that an `autotuned` kernel may launch
     with (a range split over programs must be a multiple of every block size)."""
