@@ -13,6 +13,10 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 OUT ?= gpu-out
 export PYTHONUNBUFFERED := 1
 export TRITON_CACHE_DIR ?= $(CURDIR)/build/triton-cache
+# torch.compile's (Inductor's) cache, in the tree too: the default /tmp/torchinductor_$USER is
+# shared by every process of the user, and a truncated module another left there failed a
+# smoke sweep's compiled cell on 2026-12-05 (`ImportError: ... main.so: file too short`).
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/build/inductor-cache
 # The CUDA extension's build cache (default ~/.cache/ipa-bench); in the tree, so that one
 # device call builds once and later calls on a warm machine reuse it.
 export IPA_BENCH_CACHE ?= $(CURDIR)/build/ipa-bench-cache
