@@ -50,15 +50,14 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
          "attention_bf16_split": ("_attention_bf16_split", torch.bfloat16, {})}
 
 
-# triton-train's backward: the key kernel (`bias_backward._key_kernel`), the sums of a 16-bit
-# dS per query and per key (`_ds_sums_kernel`; fp32 dS goes to cuBLAS) and the pair kernel
-# (`_pair_kernel`, d pair_repr and dW_b), label: (autotuned form, input dtype)
-KERNELS = {"_query": "_ds_sums_kernel", "_key_sums": "_ds_sums_kernel",
+# triton-train's backward: the key kernel (`bias_backward._key_kernel`), d point_weight's sums
+# (`_point_weight_kernel`) and the pair kernel (`_pair_kernel`, d pair_repr and dW_b; the sums
+# of dS run on cuBLAS), label: (autotuned form, input dtype)
+KERNELS = {"_point_weight": "_point_weight_kernel",
            "_pair": "_pair_kernel"}  # else the key kernel
 BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "keys_16bit": ("_key_16bit", torch.bfloat16),
-                  "queries_16bit": ("_query", torch.bfloat16),
-                  "key_sums_16bit": ("_key_sums", torch.bfloat16),
+                  "point_weight": ("_point_weight", torch.float32),
                   "pairs_3xtf32": ("_pair", torch.float32),
                   "pairs_16bit": ("_pair", torch.bfloat16)}
 
@@ -73,11 +72,11 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
     b, h, d, p3, vp3 = 1, cfg.heads, cfg.head_dim, 3 * cfg.query_points, 3 * cfg.value_points
     rec = Recorder()
     rec.configs = getattr(bb, name).configs
-    bias = torch.zeros(b, h, n, n, dtype=dtype)
+    logits = torch.zeros(b, h, n, n)
     pair_weight = torch.zeros(h, cfg.pair_dim, dtype=dtype)
     if name == "_pair":
         with standing_in([(bb, name, rec), (bb, "sm_count", lambda device: 132)]):
-            bb.pair_gradients(bias, torch.zeros(b, n, n, cfg.pair_dim, dtype=dtype), pair_weight)
+            bb.pair_gradients(logits, torch.zeros(b, n, n, cfg.pair_dim, dtype=dtype), pair_weight)
         return rec.args, rec.kwargs
     f32 = torch.float32
     q, k, v, grad_s, out_s = (torch.zeros(b, n, h, d, dtype=dtype) for _ in range(5))
@@ -88,13 +87,12 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
     key_kernel = "_key_3xtf32" if dtype == torch.float32 else "_key_16bit"
     key_rec = Recorder()
     key_rec.configs = getattr(bb, key_kernel).configs
-    stand_ins = [(bb, key_kernel, key_rec), (bb, "_query", Recorder()),
-                 (bb, "_key_sums", Recorder()), (bb, name, rec),
+    stand_ins = [(bb, key_kernel, key_rec), (bb, "_point_weight", Recorder()), (bb, name, rec),
                  (bb, "pair_gradients", lambda *a: (None, torch.zeros(1))),
                  (bb, "gemm_ds_sums", lambda ds, other, own_p, *a: (other, own_p))]
     with standing_in(stand_ins), torch.no_grad():
         bb.launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, None, pair_weight,
-                                torch.zeros(h), out_s, out_p, stats, bias,
+                                torch.zeros(h), out_s, out_p, stats, logits,
                                 common.dot_modes(dtype, "ieee"))
     return rec.args, rec.kwargs
 
@@ -193,11 +191,12 @@ def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
     recorders = {}
     stand_ins = []
     for module, attr in [(ob, "_pair_terms"), (ob, "_pair_backward"), (bb, "_key_3xtf32"),
-                         (bb, "_key_16bit"), (bb, "_query"), (bb, "_key_sums")]:
+                         (bb, "_key_16bit"), (bb, "_point_weight")]:
         rec = Recorder()
         rec.configs = getattr(module, attr).configs
         recorders[attr] = (getattr(module, attr), rec)
         stand_ins.append((module, attr, rec))
+    stand_ins.append((bb, "gemm_ds_sums", lambda ds, other, own_p, *a: (other, own_p)))
     with standing_in(stand_ins), torch.no_grad():
         ob.launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z,
                            w_b, torch.zeros(h), o, o_pt, o_pair, stats, logits,

@@ -213,8 +213,8 @@ class AllocationWatch(TorchDispatchMode):
 def test_only_the_expected_n_by_n_tensors_are_allocated(variant):
     # The training step, and the kernels' launchers on their own (the custom ops hide their
     # insides from a dispatch mode): `triton-fullfuse-train` allocates one N x N tensor,
-    # d pair_repr; `triton-train` also the forward's (B, H, N, N) bias, which its backward
-    # overwrites with dS (no second one).
+    # d pair_repr; `triton-train` also the forward's (B, H, N, N) bias, which becomes the
+    # logits, which its backward overwrites with dS (no second one).
     b, n = 2, 43  # N = 43 is no other size of the layer (3 H Vp = 45 is one)
     fn = variant().build(init_state_dict(SMALL), SMALL, "cpu", "fp32")
     inputs = recipe(b, n)
@@ -241,7 +241,7 @@ def test_only_the_expected_n_by_n_tensors_are_allocated(variant):
 
 @needs_interpreter
 def test_bias_backward_overwrites_the_saved_bias_once():
-    # dS lands in the forward's bias buffer, so a second backward through one graph must fail
+    # dS lands in the forward's logits buffer, so a second backward through one graph must fail
     # loudly (autograd's saved-tensor version check), never read dS as the bias.
     fn = TritonTrain().build(init_state_dict(SMALL), SMALL, "cpu", "fp32")
     args = tuple(t.requires_grad_(True) for t in recipe(1, 9).values().as_tuple())
@@ -427,7 +427,8 @@ class _Compiled:
 def test_training_step_memory_gpu(variant, precision):
     # Extra peak memory of forward + backward over the inputs: d pair_repr plus O(N) (~130 MiB
     # predicted: saved activations, partial sums, dq), plus for `triton-train` one (B, H, N, N)
-    # bias (768 MiB in fp32, 384 MiB in bf16 here; dS reuses it), never a second one.
+    # fp32 buffer (768 MiB here, in every dtype: the bias, then the logits, then dS), never a
+    # second one.
     config, n = IPAConfig(), 4096
     fn = variant().build(init_state_dict(config), config, "cuda", precision)
     inputs = recipe(1, n, precision, "cuda", config=config)
@@ -444,7 +445,7 @@ def test_training_step_memory_gpu(variant, precision):
     extra = torch.cuda.max_memory_allocated() - base
     element = grads["pair_repr"].element_size()
     pair_grad = grads["pair_repr"].numel() * element
-    bias = 0 if variant is TritonFullFuseTrain else config.heads * n * n * element
+    bias = 0 if variant is TritonFullFuseTrain else config.heads * n * n * 4
     assert extra < pair_grad + bias + 256 * 2**20, (extra / 2**20, pair_grad / 2**20)
 
 

@@ -5,9 +5,10 @@ forms:
   writes each row's log-sum-exp) and `ipa_bench::triton_ipa_core_backward` (the fused kernel of
   `backward.py`): nothing N x N x H is written (`triton-fullfuse-train`);
 - `ipa_bench::triton_ipa_core_bias` (forward: the `triton` forward, the pair bias as a
-  (B, H, N, N) tensor by one GEMM, then the attention kernel of `attention.py` saving each
-  row's softmax statistics) and `ipa_bench::triton_ipa_core_bias_backward`
-  (`bias_backward.py`, which overwrites the saved bias with its gradient) (`triton-train`);
+  (B, H, N, N) fp32 tensor by one GEMM, then the attention kernel of `attention.py`, which
+  overwrites it with the base-2 logits and saves each row's softmax statistics) and
+  `ipa_bench::triton_ipa_core_bias_backward` (`bias_backward.py`, which reads the logits and
+  overwrites them with dS) (`triton-train`);
 
 each pair joined by `torch.library.register_autograd`.
 
@@ -35,7 +36,7 @@ from variants.triton.common import (
     dot_modes,
 )
 from variants.triton.fullfuse import launch_fullfuse
-from variants.triton.pair_bias import bias_tensor
+from variants.triton.pair_bias import launch_pair_bias
 
 Tensor = torch.Tensor
 
@@ -107,12 +108,14 @@ def bias_core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, 
                  math_mode: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     modes = dot_modes(q.dtype, math_mode)
     b, n, h, d = q.shape
-    bias = bias_tensor(pair_repr, pair_weight, modes)
+    # fp32 in every dtype: the attention kernel overwrites the bias with the base-2 logits,
+    # which the backward reads instead of recomputing them
+    logits = launch_pair_bias(pair_repr, pair_weight, modes.bias, dtype=torch.float32)
     out_s = torch.empty(b, n, h, d, dtype=q.dtype, device=q.device)
     stats = torch.empty(b, n, h, 3, dtype=torch.float32, device=q.device)
-    out_p = launch_attention(q, k, v, q_pts, k_pts, v_pts, centre, point_weight, out_s, bias,
-                             modes, stats=stats)
-    return out_s, out_p, stats, bias
+    out_p = launch_attention(q, k, v, q_pts, k_pts, v_pts, centre, point_weight, out_s, logits,
+                             modes, stats=stats, write_logits=True)
+    return out_s, out_p, stats, logits
 
 
 @bias_core_op.register_fake
@@ -121,40 +124,40 @@ def _bias_core_fake(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight
     b, n, h, _ = q.shape
     out_s, out_p, _ = _core_fake(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight,
                                  point_weight, math_mode)
-    return out_s, out_p, q_pts.new_empty(b, n, h, 3), pair_repr.new_empty(b, h, n, n)
+    return out_s, out_p, q_pts.new_empty(b, n, h, 3), q_pts.new_empty(b, h, n, n)
 
 
-@custom_op("ipa_bench::triton_ipa_core_bias_backward", mutates_args=("bias",))
+@custom_op("ipa_bench::triton_ipa_core_bias_backward", mutates_args=("logits",))
 def _bias_core_backward(grad_s: Tensor, grad_p: Tensor, q: Tensor, k: Tensor, v: Tensor,
                         q_pts: Tensor, k_pts: Tensor, v_pts: Tensor, pair_repr: Tensor,
                         pair_weight: Tensor, point_weight: Tensor, out_s: Tensor, out_p: Tensor,
-                        stats: Tensor, bias: Tensor, math_mode: str
+                        stats: Tensor, logits: Tensor, math_mode: str
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                    Tensor]:
     return launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
-                                pair_weight, point_weight, out_s, out_p, stats, bias,
+                                pair_weight, point_weight, out_s, out_p, stats, logits,
                                 dot_modes(q.dtype, math_mode))
 
 
 @_bias_core_backward.register_fake
 def _bias_core_backward_fake(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
-                             pair_weight, point_weight, out_s, out_p, stats, bias, math_mode):
+                             pair_weight, point_weight, out_s, out_p, stats, logits, math_mode):
     return _gradients_like(q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight, point_weight)
 
 
 def _bias_setup_context(ctx, inputs, output):
     q, k, v, q_pts, k_pts, v_pts, _, pair_repr, pair_weight, point_weight, math_mode = inputs
-    out_s, out_p, stats, bias = output
+    out_s, out_p, stats, logits = output
     ctx.save_for_backward(q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight, point_weight,
-                          out_s, out_p, stats, bias)
+                          out_s, out_p, stats, logits)
     ctx.math_mode = math_mode
-    ctx.mark_non_differentiable(stats, bias)
-    # No zero-filled (B, H, N, N) gradient for the bias output: unused gradients arrive as None.
+    ctx.mark_non_differentiable(stats, logits)
+    # No zero-filled (B, H, N, N) gradient for the logits output: unused gradients arrive as None.
     ctx.set_materialize_grads(False)
 
 
-def _bias_backward(ctx, grad_s, grad_p, _grad_stats, _grad_bias):
-    # The saved bias becomes dS: a second backward through this graph fails autograd's
+def _bias_backward(ctx, grad_s, grad_p, _grad_stats, _grad_logits):
+    # The saved logits become dS: a second backward through this graph fails autograd's
     # saved-tensor version check instead of reading it.
     out_s, out_p = ctx.saved_tensors[9:11]
     grad_s = torch.zeros_like(out_s) if grad_s is None else grad_s
@@ -185,7 +188,8 @@ def triton_ipa_core(q, k, v, q_pts, k_pts, v_pts, centre, pair_repr, pair_weight
     point_weight  (H,) fp32: -softplus(head_weights) / 2 * log2(e) (`variants.base2`)
     math_mode     "ieee" or "tf32" (fp32 only)
     bias_tensor   False: the fully fused pair (`core_op`); True: the bias as a (B, H, N, N)
-                  tensor, kept for the backward, which turns it into dS (`bias_core_op`)
+                  fp32 tensor, which becomes the logits, kept for the backward, which turns
+                  them into dS (`bias_core_op`)
     returns       out_s (B, N, H, D) in q's dtype: sum_j a_ij v_j; out_p (B, N, H, 3*Vp) fp32:
                   sum_j a_ij v_pts_j; and what the backward reads of each row, not
                   differentiable: the fused form's lse (B, N, H) fp32, the log2-sum-exp2 of its
