@@ -89,7 +89,7 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
     key_rec.configs = getattr(bb, key_kernel).configs
     stand_ins = [(bb, key_kernel, key_rec), (bb, "_point_weight", Recorder()), (bb, name, rec),
                  (bb, "pair_gradients", lambda *a: (None, torch.zeros(1))),
-                 (bb, "gemm_ds_sums", lambda ds, other, own_p, *a: (other, own_p))]
+                 (bb, "gemm_ds_sums", lambda ds, q, k, q_pts, k_pts, *a: (q, k, q_pts, k_pts))]
     with standing_in(stand_ins), torch.no_grad():
         bb.launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, None, pair_weight,
                                 torch.zeros(h), out_s, out_p, stats, logits,
@@ -196,7 +196,7 @@ def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
         rec.configs = getattr(module, attr).configs
         recorders[attr] = (getattr(module, attr), rec)
         stand_ins.append((module, attr, rec))
-    stand_ins.append((bb, "gemm_ds_sums", lambda ds, other, own_p, *a: (other, own_p)))
+    stand_ins.append((bb, "gemm_ds_sums", lambda ds, q, k, q_pts, k_pts, *a: (q, k, q_pts, k_pts)))
     with standing_in(stand_ins), torch.no_grad():
         ob.launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z,
                            w_b, torch.zeros(h), o, o_pt, o_pair, stats, logits,

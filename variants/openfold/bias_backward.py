@@ -9,10 +9,10 @@ head (the softmax's row term, o_pair's included):
 
   pair terms (`_pair_terms_kernel`, pass 1 over z): G[h, i, j] = dO_z[i, h] . z[i, j], the
       pair values' part of dP, into a (B, H, N, N) fp32 buffer;
-  key kernel and sums of dS (`variants/triton/bias_backward.attention_gradients`, its LOGITS
-      and HAS_G paths): P from the saved logits (nothing recomputed but the distances for
-      d point_weight), dP = dO . v + dO_p . v_pts + G, dS = P (dP - D) written over G; dv,
-      dv_pts, d point_weight, and dq, dk and the points' gradients from dS;
+  key kernel, point weight and sums of dS (`variants/triton/bias_backward.
+      attention_gradients`, its HAS_G path): P from the saved logits (nothing recomputed),
+      dP = dO . v + dO_p . v_pts + G, dS = P (dP - D) written over G; dv, dv_pts; then
+      d point_weight, and dq, dk and the points' gradients (cuBLAS) from dS;
   pair pass (`_pair_backward_kernel`, pass 2 over z): d z[i, j] = bias_scale dS[:, i, j] W_b
       + P[:, i, j] dO_z[i] (written once), and dW_b = bias_scale sum dS z as one partial sum
       per program, added by PyTorch (no atomics).

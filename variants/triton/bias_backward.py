@@ -414,41 +414,48 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
     _point_weight[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
         ds, q_pts, k_pts, stats, d_point, n, pow2(n, 64), H=h, P3=p3)
     q_scale = base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale
-    (dq, dq_pts), (dk, dk_pts) = (
-        gemm_ds_sums(ds, other, own_p, other_p, point_weight, q_scale, key_side)
-        for other, own_p, other_p, key_side in [(k, q_pts, k_pts, False),
-                                                (q, k_pts, q_pts, True)])
+    dq, dk, dq_pts, dk_pts = gemm_ds_sums(ds, q, k, q_pts, k_pts, point_weight, q_scale)
     dv, dv_pts = (t[0] if t.shape[0] == 1 else t.sum(0) for t in (dv, dv_pts))
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts,
             d_point.sum((0, 2)) * LN2_F)
 
 
-def gemm_ds_sums(ds: torch.Tensor, other: torch.Tensor, own_p: torch.Tensor,
-                 other_p: torch.Tensor, point_weight: torch.Tensor, q_scale: float,
-                 key_side: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """One side's sums of dS (B, H, N, N) fp32 as one batched IEEE fp32 GEMM (cuBLAS on the
-    GPU): dS [other | other_p - c | 1] for the queries, dS^T [...] for the keys (`key_side`),
-    giving d q = dS k / sqrt(d) (or d k), the points' 2 w (own_p rowsum - dS other_p) and the
-    row sums in one read of dS. Triton's TF32 dots cannot take dS's transposed tile from shared
-    memory (its key-side sums took 2.4 ms at N = 4096 on the H200) and its IEEE dots run on FMA
-    loops; the cuBLAS SGEMM reads a transposed operand for free. The points are centred on
-    their batch element's centroid c (the kernels centre on a block's first point: a tighter
-    centre, but one per block): emulated in fp32 at N = 4096 with a 77 A radius, the
-    cancellation this leaves in own_p rowsum - dS other_p costs 7e-6 relative (per-block
-    centres: 1e-6), against gradient tolerances of 2e-5 and more.
-    Returns (B, N, H, D) and (B, H, 3Qp, N), fp32."""
+def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torch.Tensor,
+                 k_pts: torch.Tensor, point_weight: torch.Tensor, q_scale: float
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sums of dS (B, H, N, N) fp32 as two batched IEEE fp32 GEMMs (cuBLAS on the GPU), one
+    read of dS per side: dS [k | kp | 1] for the queries and dS^T [q | qp | 1] for the keys give
+    dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp), and dk, dkp alike, with the row
+    (column) sums. Triton's TF32 dots cannot take dS's transposed tile from shared memory (its
+    key-side sums took 2.4 ms at N = 4096 on the H200) and its IEEE dots run as FMA loops; the
+    SGEMM reads a transposed operand for free. The points are in the layer's centred frame
+    (centred on the mean frame origin per batch element, as the prologue writes them): the
+    cancellation in qp rowsum - dS kp then costs ~7e-6 relative at N = 4096 and a 77 A radius
+    (an fp32 emulation; centred on each 64-key block, as a kernel could: 1e-6), against
+    gradient tolerances of 2e-5 and more. Both sides' operands and results share one buffer,
+    so the whole takes a dozen launches. Returns dq, dk (B, N, H, D) and dq_pts, dk_pts
+    (B, H, 3Qp, N), fp32, contiguous."""
     b, h, n, _ = ds.shape
-    d, p3 = other.shape[3], own_p.shape[2]
-    centre = other_p.unflatten(2, (-1, 3)).mean((1, 2, 4)).repeat(1, p3 // 3)[:, None, :, None]
-    operand = torch.cat([other.permute(0, 2, 1, 3).float(), (other_p - centre).transpose(2, 3),
-                         ds.new_ones(b, h, n, 1)], 3).reshape(b * h, n, d + p3 + 1)
-    ds = ds.reshape(b * h, n, n)
+    d, p3 = q.shape[3], q_pts.shape[2]
+    width = d + p3 + 1
+    # side 0, the queries: the keys' operand; side 1, the keys: the queries'
+    operand = torch.cat([torch.stack([k, q]).float().permute(0, 1, 3, 2, 4),
+                         torch.stack([k_pts, q_pts]).transpose(3, 4),
+                         ds.new_ones(2, b, h, n, 1)], 4).view(2, b * h, n, width)
+    sums = ds.new_empty(2, b * h, n, width)
+    ds = ds.view(b * h, n, n)
     with math_mode("fp32"):  # IEEE SGEMM whatever the caller's TF32 switch
-        sums = torch.bmm(ds.transpose(1, 2) if key_side else ds, operand).view(b, h, n, -1)
-    out = (sums[..., :d] * (q_scale * LN2_F)).transpose(1, 2).contiguous()
-    out_p = point_weight.view(1, h, 1, 1) * (2.0 * LN2_F) * (
-        (own_p - centre) * sums[..., -1].unsqueeze(2) - sums[..., d:d + p3].transpose(2, 3))
-    return out, out_p.contiguous()
+        torch.bmm(ds, operand[0], out=sums[0])
+        torch.bmm(ds.transpose(1, 2), operand[1], out=sums[1])
+    sums = sums.view(2, b, h, n, width)
+    dq, dk = ds.new_empty(b, n, h, d), ds.new_empty(b, n, h, d)
+    for side, grad in enumerate((dq, dk)):
+        torch.mul(sums[side, ..., :d], q_scale * LN2_F, out=grad.permute(0, 2, 1, 3))
+    own = torch.stack([q_pts, k_pts])  # (2, B, H, 3Qp, N)
+    grads_p = (own * sums[..., -1].unsqueeze(3) - sums[..., d:d + p3].transpose(3, 4)) * (
+        point_weight.view(1, 1, h, 1, 1) * (2.0 * LN2_F))
+    # (a custom op's outputs may not alias one another: one side's points are copied out)
+    return dq, dk, grads_p[0], grads_p[1].clone()
 
 
 def key_split(programs_per_block: int, length: int, device: torch.device) -> int:

@@ -31,11 +31,12 @@ Five registered variants; the first two differ in where the pair bias z . W_b co
   callable's `parameters()` are the trainable tensors by state_dict name); both compile under
   `torch.compile(fullgraph=True)` (under Inductor the gradients are not eager's to the bit,
   ~2e-5 apart in the point weights: the GPU test judges them against the oracle):
-  - `triton-train`: `triton`'s forward, saving each row's softmax statistics and the
-    (B, H, N, N) bias; the backward (`bias_backward.py`) recomputes P per (batch, head) from
-    them, writes dS over the bias (no second N x N x H tensor), reads dS back for dq, and
-    writes d pair_repr and partial sums of dW_b in one pass over z. Extra memory: d pair_repr +
-    the bias + O(N).
+  - `triton-train`: `triton`'s forward with an fp32 bias, which its attention kernel
+    overwrites with the base-2 logits, saving each row's softmax statistics; the backward
+    (`bias_backward.py`) recomputes P per (batch, head) from them, writes dS over the logits
+    (no second N x N x H tensor), sums dS for dq, dk and the points' gradients on cuBLAS,
+    and writes d pair_repr and partial sums of dW_b in one pass over z. Extra memory:
+    d pair_repr + the fp32 buffer + O(N).
   - `triton-fullfuse-train`: `triton-fullfuse`'s kernel; the backward (`backward.py`)
     recomputes the logits, pair bias included, from pair_repr tile by tile, writes d pair_repr
     once and sums dW_b by partial sums; nothing N x N x H is written in either pass.
