@@ -10,8 +10,8 @@ suite's tolerance, max(2 x the eager fp32 reference's own error, the fp32 floor 
 tensor; bf16 the same way (the interpreter's dots in fp32); the forward's key ranges and the
 backward's query ranges against the whole range; pair_repr read through its strides; nothing
 N x N x H allocated in the forward or the backward of `triton-fullfuse-train`, and only the
-saved bias in `triton-train`'s (dS is written over it); `torch.library.opcheck` of all four
-custom ops;
+saved fp32 bias in `triton-train`'s (it becomes the logits, then dS); the cuBLAS sums of dS
+against float64 at N = 300 (no interpreter); `torch.library.opcheck` of all four custom ops;
 `torch.compile(fullgraph=True)` of the whole layer (AOTAutograd, the `aot_eager` backend:
 Inductor's CPU compile takes ~30 s here) with gradients equal to eager's; the callable's
 `parameters()`. GPU (marker `gpu`): the same gradients at N up to 1000 in fp32, bf16 and tf32,
@@ -169,6 +169,53 @@ def test_point_weight_gradient_is_centred():
     figures = check_gradients(TritonTrain, "fp32", 1, 97, IPAConfig(), "cpu")
     error, tol = figures["head_weights"]
     assert error < 0.15 * tol, (error, tol)
+
+
+@needs_triton
+def test_gemm_ds_sums_match_float64_in_the_centred_frame():
+    # The sums of dS for dq, dk and the points' gradients run as fp32 GEMMs on points in the
+    # layer's centred frame (one centre per batch element, not per block as a kernel would
+    # use): against float64 on a protein-like chain (3.8 A steps, ~30 A across) and a
+    # softmax-shaped dS, each result must stay far inside the fp32 floor (2e-5); 100 A off the
+    # origin the point sums cancel visibly (the reason the frame is centred).
+    from variants.triton.bias_backward import LN2_F, gemm_ds_sums
+
+    g = torch.Generator().manual_seed(3)
+    b, h, n, d, qp = 2, 3, 300, 16, 4
+    steps = torch.randn(b, n, 3, generator=g, dtype=torch.float64)
+    chain = torch.cumsum(3.8 * steps / steps.norm(dim=-1, keepdim=True), 1) * 0.4
+    chain = chain - chain.mean(1, keepdim=True)
+    pts = [(chain[:, None, None] + 2 * torch.randn(b, h, qp, n, 3, generator=g,
+                                                   dtype=torch.float64))
+           for _ in range(2)]  # (B, H, Qp, N, 3): points near their residue
+    q_pts, k_pts = (p.permute(0, 1, 3, 2, 4).reshape(b, h, n, 3 * qp).transpose(2, 3)
+                    for p in pts)  # (B, H, 3Qp, N), xyz triples
+    dist = ((q_pts[..., :, None] - k_pts[..., None, :]) ** 2).sum(2)  # (B, H, N, N)
+    attn = torch.softmax(-0.05 * dist + torch.randn(dist.shape, generator=g,
+                                                    dtype=torch.float64), -1)
+    dp = torch.randn(dist.shape, generator=g, dtype=torch.float64)
+    ds = attn * (dp - (attn * dp).sum(-1, keepdim=True))
+    q, k = (torch.randn(b, n, h, d, generator=g, dtype=torch.float64) for _ in range(2))
+    point_weight = -torch.rand(h, generator=g, dtype=torch.float64)
+    scale = 0.3
+
+    def want(offset):
+        qo, ko = q_pts + offset, k_pts + offset
+        w = (point_weight * 2 * LN2_F).view(1, h, 1, 1)
+        return (torch.einsum("bhij,bjhd->bihd", ds, k) * scale * LN2_F,
+                torch.einsum("bhij,bihd->bjhd", ds, q) * scale * LN2_F,
+                w * (qo * ds.sum(-1)[:, :, None] - torch.einsum("bhij,bhcj->bhci", ds, ko)),
+                w * (ko * ds.sum(-2)[:, :, None] - torch.einsum("bhij,bhci->bhcj", ds, qo)))
+
+    def errors(offset):
+        got = gemm_ds_sums(ds.float(), q.float(), k.float(), (q_pts + offset).float(),
+                           (k_pts + offset).float(), point_weight.float(), scale)
+        return [rel_l2(x.double(), y) for x, y in zip(got, want(offset), strict=True)]
+
+    centred = errors(0.0)
+    assert max(centred) < 2e-6, centred
+    off_origin = errors(100.0)
+    assert max(off_origin[2:]) > 4 * max(centred[2:]), (centred, off_origin)
 
 
 @needs_interpreter
