@@ -315,26 +315,27 @@ _key_fp32 = autotuned(
                            (16, 128, 4, 1), (32, 128, 8, 1)]),
     key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["LOGITS", "DS"],
 )
-# fp32 with every dot as 3xTF32 (`Modes.split_dots`): tensor-core tiles. One stage issues the
-# fewest instructions per pair (sm_90 proxy, `gpu_diagnostics/attention_proxy.py 4096
-# keys_3xtf32`: (16, 128, 4, 1) 2.04 with 28 spilled words, (32, 64, 4, 1) 2.42 with 12,
-# (16, 64, 4, 1) 2.56 at 186 registers, none spilled), two-stage ones more. Capped at 168
-# registers (`maxnreg`) an SM holds three 4-warp programs instead of two.
+# fp32 with every dot as 3xTF32 (`Modes.split_dots`): tensor-core tiles. On the sm_90 proxy
+# (`gpu_diagnostics/attention_proxy.py 4096 keys_3xtf32`, instructions per pair, spilled words):
+# (16, 128, 4, 1) 1.99, 16; (32, 64, 4, 1) 2.14, 4; (16, 64, 4, 1) 2.29 at 164 registers (three
+# 4-warp programs per SM), none; two-stage tiles 2.9-3.1. Left out as dominated: (32, 32, 4, 1)
+# 4.98, (64, 32, 4, 2) 4.00 and (64, 64, 4, 2) 3.13, with 44-148 spilled words.
 _key_3xtf32 = autotuned(
     "bias_backward_keys_3xtf32", _key_kernel,
-    configs=block_configs([(32, 32, 4, 1), (32, 64, 4, 1), (32, 64, 4, 2), (64, 64, 4, 2),
-                           (64, 32, 4, 2), (32, 128, 8, 2), (16, 64, 4, 1), (16, 128, 4, 1),
-                           (16, 64, 4, 1, 168), (32, 64, 4, 1, 168)]),
+    configs=block_configs([(32, 64, 4, 1), (16, 64, 4, 1), (16, 128, 4, 1), (32, 64, 4, 2),
+                           (32, 128, 8, 2)]),
     key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["LOGITS", "DS"],
 )
-# 16-bit: one stage as in fp32 (proxy, `keys_16bit`: (16, 128, 4, 1) 1.89, (16, 64, 2, 1)
-# 2.08, (32, 64, 4, 1) 2.29 without spills, (16, 64, 4, 1) 2.38 at 160 registers).
+# 16-bit: one stage as in fp32 (proxy, `keys_16bit`: (16, 128, 4, 1) 1.43, (32, 64, 4, 1) 1.55 at
+# 228 registers, 1.67 capped at 168 (`maxnreg`: three programs per SM instead of two),
+# (16, 64, 4, 1) 1.57 at 164, (16, 64, 2, 1) 1.57, none spilled; two stages 1.95-2.52). Left out
+# as dominated: (64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2) and
+# (32, 32, 4, 2), 2.6-3.2 per pair, most of them spilling.
 _key_16bit = autotuned(
     "bias_backward_keys_16bit", _key_kernel,
-    configs=block_configs([(16, 64, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2),
-                           (32, 128, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 32, 4, 2),
-                           (16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1), (16, 64, 2, 1),
-                           (32, 64, 4, 1, 168)]),
+    configs=block_configs([(16, 128, 4, 1), (32, 64, 4, 1), (16, 64, 4, 1), (16, 64, 2, 1),
+                           (32, 64, 4, 1, 168), (16, 64, 4, 2), (32, 64, 4, 2), (32, 128, 4, 2),
+                           (64, 64, 8, 2)]),
     key=_KEY_KERNEL, interpreted=_INTERPRETED, restore_value=["LOGITS", "DS"],
 )
 # Reads dS only: trials are harmless. Spill-free on the proxy (1.4-1.6 instructions per pair;
