@@ -55,6 +55,20 @@ from variants.triton.tf32 import bf16_split, dot_split_bf16, dot_split_tf32, tf3
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
 
 
+@triton.jit
+def squared_distances(qp_base, kp_base, offs_m, offs_n, m_ok, n_ok, N, P3: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) fp32 sum over the 3 Qp coordinates of (q - k)^2, computed directly,
+    from one head's (3 Qp, N) query and key points at qp_base and kp_base."""
+    dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for c in tl.static_range(P3):
+        qc = tl.load(qp_base + c * N + offs_m, mask=m_ok, other=0.0)
+        kc = tl.load(kp_base + c * N + offs_n, mask=n_ok, other=0.0)
+        diff = qc[:, None] - kc[None, :]
+        dist += diff * diff
+    return dist
+
+
 @triton.jit(do_not_specialize=["N", "split_len", "N_KEY"])
 def _attention_kernel(
     Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
@@ -182,12 +196,8 @@ def _attention_kernel(
             dist = tl.maximum(dist, 0.0)
         else:
             # squared distances computed directly (IEEE fp32 mode)
-            dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for c in tl.static_range(P3):
-                qc = tl.load(qp_base + c * N + offs_m, mask=m_ok, other=0.0)
-                kc = tl.load(kp_base + c * N + offs_n, mask=n_ok, other=0.0)
-                diff = qc[:, None] - kc[None, :]
-                dist += diff * diff
+            dist = squared_distances(qp_base, kp_base, offs_m, offs_n, m_ok, n_ok, N, P3,
+                                     BLOCK_M, BLOCK_N)
         bias = tl.load(bias_rows + offs_n[None, :], mask=n_ok[None, :], other=float("-inf"))
         s = s + bias.to(tl.float32) * LOG2E + pw * dist  # -inf past N
         if WRITE_LOGITS:  # each (row, key) belongs to this program alone: read, then written

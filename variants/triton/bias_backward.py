@@ -73,6 +73,7 @@ import triton.language as tl
 
 from variants import base2
 from variants.problem import math_mode
+from variants.triton.attention import squared_distances
 from variants.triton.backward import single_key_gradients
 from variants.triton.common import (
     INTERPRET,
@@ -236,12 +237,8 @@ def _point_weight_kernel(
     for j0 in range(0, N, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for c in tl.static_range(P3):
-            qc = tl.load(QP + (bh * P3 + c) * N + offs_m, mask=m_ok, other=0.0)
-            kc = tl.load(KP + (bh * P3 + c) * N + offs_n, mask=n_ok, other=0.0)
-            diff = qc[:, None] - kc[None, :]
-            dist += diff * diff
+        dist = squared_distances(QP + bh * P3 * N, KP + bh * P3 * N, offs_m, offs_n, m_ok, n_ok,
+                                 N, P3, BLOCK_M, BLOCK_N)
         ds = tl.load(ds_rows + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0.0)
         acc += tl.sum(ds * (dist - dbar[:, None]), 1)
     tl.store(OUT + bh * N + offs_m, acc, mask=m_ok)

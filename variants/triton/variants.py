@@ -231,11 +231,12 @@ class _TrainingStep:
 
 class TritonTrain(_TrainingStep, Triton):
     """`triton`'s forward as a custom op with an exact backward (`core_op.py`,
-    `bias_backward.py`): the forward keeps its (B, H, N, N) pair bias, the backward's key kernel
-    overwrites it with dS, and one Triton pass over z turns dS into d pair_repr and dW_b."""
+    `bias_backward.py`): the forward keeps its (B, H, N, N) fp32 logits, the backward's key
+    kernel overwrites them with dS, and one Triton pass over z turns dS into d pair_repr and
+    dW_b."""
 
     name = "triton-train"
-    description = ("triton's forward with a flash backward (the saved (B,H,N,N) bias becomes "
+    description = ("triton's forward with a flash backward (the saved (B,H,N,N) logits become "
                    "dS; d pair_repr and dW_b in one pass over z): training")
 
     def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
