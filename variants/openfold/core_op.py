@@ -61,16 +61,13 @@ def run_core(q, k, v, q_pts, k_pts, v_pts, centre, z, w_b, point_weight, mask, o
     q_scale        the q.k factor in base-2 units; bias_scale the bias's (natural units)
     """
     from variants.openfold.pair_values import launch_pair_values
-    from variants.triton.attention import launch_attention
-    from variants.triton.pair_bias import launch_pair_bias
+    from variants.triton.attention import launch_logits_attention
 
     modes = _modes(q.dtype, math_mode)
-    b, n, h, _ = q.shape
-    logits = launch_pair_bias(z, w_b, modes.bias, mask=mask, scale=bias_scale, mask_inf=inf,
-                              dtype=torch.float32)
-    stats = torch.empty(b, n, h, 3, dtype=torch.float32, device=q.device)
-    o_pt = launch_attention(q, k, v, q_pts, k_pts, v_pts, centre, point_weight, o, logits,
-                            modes, stats=stats, q_scale=q_scale, write_logits=True)
+    o_pt, stats, logits = launch_logits_attention(q, k, v, q_pts, k_pts, v_pts, centre,
+                                                  point_weight, o, z, w_b, modes,
+                                                  q_scale=q_scale, mask=mask, scale=bias_scale,
+                                                  mask_inf=inf)
     launch_pair_values(logits, stats, z, o_pair, modes.bias)
     return o_pt, stats, logits
 

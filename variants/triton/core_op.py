@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from variants.custom_ops import custom_op
-from variants.triton.attention import launch_attention
+from variants.triton.attention import launch_logits_attention
 from variants.triton.backward import launch_backward
 from variants.triton.bias_backward import launch_bias_backward
 from variants.triton.common import (
@@ -36,7 +36,6 @@ from variants.triton.common import (
     dot_modes,
 )
 from variants.triton.fullfuse import launch_fullfuse
-from variants.triton.pair_bias import launch_pair_bias
 
 Tensor = torch.Tensor
 
@@ -106,15 +105,10 @@ core_op.register_autograd(_backward, setup_context=_setup_context)
 def bias_core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, v_pts: Tensor,
                  centre: Tensor, pair_repr: Tensor, pair_weight: Tensor, point_weight: Tensor,
                  math_mode: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    modes = dot_modes(q.dtype, math_mode)
-    b, n, h, d = q.shape
-    # fp32 in every dtype: the attention kernel overwrites the bias with the base-2 logits,
-    # which the backward reads instead of recomputing them
-    logits = launch_pair_bias(pair_repr, pair_weight, modes.bias, dtype=torch.float32)
-    out_s = torch.empty(b, n, h, d, dtype=q.dtype, device=q.device)
-    stats = torch.empty(b, n, h, 3, dtype=torch.float32, device=q.device)
-    out_p = launch_attention(q, k, v, q_pts, k_pts, v_pts, centre, point_weight, out_s, logits,
-                             modes, stats=stats, write_logits=True)
+    out_s = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out_p, stats, logits = launch_logits_attention(q, k, v, q_pts, k_pts, v_pts, centre,
+                                                   point_weight, out_s, pair_repr, pair_weight,
+                                                   dot_modes(q.dtype, math_mode))
     return out_s, out_p, stats, logits
 
 
