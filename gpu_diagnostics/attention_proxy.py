@@ -11,7 +11,8 @@ kernel (whose venv it needs: see there). Configs that spill are the ones to drop
 
 Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
 `triton_ipa(fp32_dots="ieee")`), bf16 with its point dots as 3xBF16 (`_attention_bf16_split`,
-the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`); the
+the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`); triton-train's
+forward, the same kernel writing the logits and the row statistics (`TRAIN_FORMS`); the
 backward's key, query and pair kernels in fp32 (3xTF32) and 16-bit (`BACKWARD_FORMS`); problem
 openfold's `triton-bias` kernels, its attention kernel writing the logits and its pair values
 (`OPENFOLD_BIAS_FORMS`), and its backward's (`OPENFOLD_BACKWARD_FORMS`). FORM
@@ -119,6 +120,33 @@ def launch_args(name: str, dtype: torch.dtype, options: dict, n: int, layer: dic
     return rec.args, rec.kwargs
 
 
+# triton-train's forward (`attention.launch_logits_attention`): the attention kernel writing the
+# logits over its bias and saving the row statistics, label: input dtype
+TRAIN_FORMS = {"train_logits_fp32": torch.float32, "train_logits_bf16": torch.bfloat16}
+
+
+def train_launch_args(dtype: torch.dtype, n: int, layer: dict) -> tuple[object, tuple, dict]:
+    """(the autotuned form, the arguments triton-train's forward passes it) at the default layer
+    with `layer`'s fields changed, B = 1; the bias GEMM only stands still."""
+    cfg = problem.IPAConfig(**layer)
+    b, h, d, p3, vp3 = 1, cfg.heads, cfg.head_dim, 3 * cfg.query_points, 3 * cfg.value_points
+    f32 = torch.float32
+    q, k, v, out_s = (torch.zeros(b, n, h, d, dtype=dtype) for _ in range(4))
+    q_pts, k_pts = (torch.zeros(b, h, p3, n, dtype=f32) for _ in range(2))
+    recorders = {form: Recorder() for form in att._LOGITS_TWIN}
+    for form, rec in recorders.items():
+        rec.configs = att._LOGITS_TWIN[form].configs
+    stand_ins = [(att, "_LOGITS_TWIN", recorders),
+                 (att, "launch_pair_bias", lambda *a, **kw: torch.zeros(b, h, n, n))]
+    with standing_in(stand_ins), torch.no_grad():
+        att.launch_logits_attention(q, k, v, q_pts, k_pts, torch.zeros(b, h, n, vp3),
+                                    torch.zeros(b, n, 3), torch.zeros(h), out_s, None,
+                                    torch.zeros(h, cfg.pair_dim, dtype=dtype),
+                                    common.dot_modes(dtype, "ieee"))
+    form, rec = next((f, r) for f, r in recorders.items() if hasattr(r, "args"))
+    return att._LOGITS_TWIN[form], rec.args, rec.kwargs
+
+
 # problem openfold's `triton-bias` (`variants/openfold/triton_bias.py`): its attention kernel
 # writing the logits, and its pair-value kernel, label: (kernel, input dtype)
 OPENFOLD_BIAS_FORMS = {"openfold_logits_fp32": ("logits", torch.float32),
@@ -174,7 +202,6 @@ def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
     """(the autotuned kernel, the arguments `bias_backward.launch_backward` of problem openfold
     passes it) at the default layer, B = 1; the other kernels only stand still."""
     from variants.openfold import bias_backward as ob
-    from variants.openfold.core_op import _modes
     from variants.openfold.problem import OpenFoldConfig
 
     cfg = OpenFoldConfig()
@@ -200,7 +227,7 @@ def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
     with standing_in(stand_ins), torch.no_grad():
         ob.launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z,
                            w_b, torch.zeros(h), o, o_pt, o_pair, stats, logits,
-                           _modes(dtype, "ieee"), q_scale=0.2, bias_scale=0.577)
+                           common.dot_modes(dtype, "ieee"), q_scale=0.2, bias_scale=0.577)
     tuned, rec = recorders[name]
     return tuned, rec.args, rec.kwargs
 
@@ -212,14 +239,18 @@ def main(argv: list[str]) -> int:
         i = argv.index("--layer")
         layer, argv = parse_layer(argv[i + 1]), argv[:i] + argv[i + 2:]
     n = int(argv[0]) if argv else 1024
-    chosen = set(argv[1:]) or (set(FORMS) | set(BACKWARD_FORMS) | set(OPENFOLD_BIAS_FORMS)
-                               | set(OPENFOLD_BACKWARD_FORMS))
+    chosen = set(argv[1:]) or (set(FORMS) | set(BACKWARD_FORMS) | set(TRAIN_FORMS)
+                               | set(OPENFOLD_BIAS_FORMS) | set(OPENFOLD_BACKWARD_FORMS))
     forms = [(label, getattr(att, name), att._attention_kernel,
               launch_args(name, dtype, options, n, layer))
              for label, (name, dtype, options) in FORMS.items() if label in chosen]
     forms += [(label, getattr(bb, name), getattr(bb, KERNELS.get(name, "_key_kernel")),
                backward_launch_args(name, dtype, n, layer))
               for label, (name, dtype) in BACKWARD_FORMS.items() if label in chosen]
+    for label, dtype in TRAIN_FORMS.items():
+        if label in chosen:
+            tuned, args, kwargs = train_launch_args(dtype, n, layer)
+            forms.append((label, tuned, tuned.fn, (args, kwargs)))
     for label, (kernel, dtype) in OPENFOLD_BIAS_FORMS.items():
         if label in chosen:
             tuned, args, kwargs = openfold_bias_launch_args(kernel, dtype, n)

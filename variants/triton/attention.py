@@ -57,15 +57,27 @@ LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside t
 
 
 @triton.jit
-def squared_distances(qp_base, kp_base, offs_m, offs_n, m_ok, n_ok, N, P3: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) fp32 sum over the 3 Qp coordinates of (q - k)^2, computed directly,
-    from one head's (3 Qp, N) query and key points at qp_base and kp_base."""
-    dist = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+def query_coordinates(qp_base, offs_m, m_ok, N, P3: tl.constexpr):
+    """One head's 3 Qp query coordinates of the rows offs_m from its (3 Qp, N) points at
+    qp_base: a tuple of (BLOCK_M,) fp32, loaded once before a key loop. (Loaded inside the
+    loop, they are hoisted by the compiler only while the loop stores nothing: a loop that
+    writes the logits reloaded all of them every key block, through shared memory.)"""
+    coords = ()
     for c in tl.static_range(P3):
-        qc = tl.load(qp_base + c * N + offs_m, mask=m_ok, other=0.0)
+        coords = coords + (tl.load(qp_base + c * N + offs_m, mask=m_ok, other=0.0),)
+    return coords
+
+
+@triton.jit
+def squared_distances(q_coords, kp_base, offs_n, n_ok, N, P3: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) fp32 sum over the 3 Qp coordinates of (q - k)^2, computed directly,
+    from `query_coordinates` and one head's (3 Qp, N) key points at kp_base."""
+    kc = tl.load(kp_base + offs_n, mask=n_ok, other=0.0)
+    diff = q_coords[0][:, None] - kc[None, :]
+    dist = diff * diff
+    for c in tl.static_range(1, P3):
         kc = tl.load(kp_base + c * N + offs_n, mask=n_ok, other=0.0)
-        diff = qc[:, None] - kc[None, :]
+        diff = q_coords[c][:, None] - kc[None, :]
         dist += diff * diff
     return dist
 
@@ -156,6 +168,9 @@ def _attention_kernel(
         if SPLIT_BF16:
             qp_hi, qp_lo = bf16_split(q_pts, CAST_F32)
 
+    else:
+        q_coords = query_coordinates(qp_base, offs_m, m_ok, N, P3)
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     # The softmax denominators, summed per element and reduced over keys after the loop: a
     # per-block row sum here made triton 3.6 carry l (and m) in a second layout, computing the
@@ -197,8 +212,7 @@ def _attention_kernel(
             dist = tl.maximum(dist, 0.0)
         else:
             # squared distances computed directly (IEEE fp32 mode)
-            dist = squared_distances(qp_base, kp_base, offs_m, offs_n, m_ok, n_ok, N, P3,
-                                     BLOCK_M, BLOCK_N)
+            dist = squared_distances(q_coords, kp_base, offs_n, n_ok, N, P3)
         bias = tl.load(bias_rows + offs_n[None, :], mask=n_ok[None, :], other=float("-inf"))
         s = s + bias.to(tl.float32) * LOG2E + pw * dist  # -inf past N
         if WRITE_LOGITS:  # each (row, key) belongs to this program alone: read, then written

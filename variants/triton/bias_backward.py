@@ -73,7 +73,7 @@ import triton.language as tl
 
 from variants import base2
 from variants.problem import math_mode
-from variants.triton.attention import squared_distances
+from variants.triton.attention import query_coordinates, squared_distances
 from variants.triton.backward import single_key_gradients
 from variants.triton.common import (
     INTERPRET,
@@ -234,11 +234,11 @@ def _point_weight_kernel(
     dbar = tl.load(STATS + ((b * N + offs_m) * H + h) * 3 + 2, mask=m_ok, other=0.0)
     acc = tl.zeros([BLOCK_M], dtype=tl.float32)
     ds_rows = DS + bh * N * N + offs_m[:, None].to(tl.int64) * N
+    q_coords = query_coordinates(QP + bh * P3 * N, offs_m, m_ok, N, P3)
     for j0 in range(0, N, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        dist = squared_distances(QP + bh * P3 * N, KP + bh * P3 * N, offs_m, offs_n, m_ok, n_ok,
-                                 N, P3, BLOCK_M, BLOCK_N)
+        dist = squared_distances(q_coords, KP + bh * P3 * N, offs_n, n_ok, N, P3)
         ds = tl.load(ds_rows + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0.0)
         acc += tl.sum(ds * (dist - dbar[:, None]), 1)
     tl.store(OUT + bh * N + offs_m, acc, mask=m_ok)
