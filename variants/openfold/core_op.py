@@ -13,19 +13,9 @@ from __future__ import annotations
 import torch
 
 from variants.custom_ops import custom_op
+from variants.triton.common import dot_modes
 
 Tensor = torch.Tensor
-
-
-def _modes(dtype: torch.dtype, math_mode: str):
-    """The dots of the core for one (dtype, math mode): `dot_modes`, with 16-bit inputs' point
-    cross term and p.v_pts as 3xBF16 (`triton_ipa`'s default)."""
-    import dataclasses
-
-    from variants.triton.common import dot_modes
-
-    modes = dot_modes(dtype, math_mode)
-    return dataclasses.replace(modes, split_bf16=dtype != torch.float32)
 
 
 @custom_op("ipa_bench::openfold_bias_core")
@@ -63,7 +53,7 @@ def run_core(q, k, v, q_pts, k_pts, v_pts, centre, z, w_b, point_weight, mask, o
     from variants.openfold.pair_values import launch_pair_values
     from variants.triton.attention import launch_logits_attention
 
-    modes = _modes(q.dtype, math_mode)
+    modes = dot_modes(q.dtype, math_mode)
     o_pt, stats, logits = launch_logits_attention(q, k, v, q_pts, k_pts, v_pts, centre,
                                                   point_weight, o, z, w_b, modes,
                                                   q_scale=q_scale, mask=mask, scale=bias_scale,
@@ -94,7 +84,7 @@ def _bias_core_backward(grad_o: Tensor, grad_o_pt: Tensor, grad_o_pair: Tensor, 
 
     grads = launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z,
                             w_b, point_weight, o, o_pt, o_pair, stats, logits,
-                            _modes(q.dtype, math_mode), q_scale=q_scale,
+                            dot_modes(q.dtype, math_mode), q_scale=q_scale,
                             bias_scale=bias_scale)
     # b_b's gradient is zero exactly: every row of dS sums to zero
     return (*grads[:8], torch.zeros_like(b_b), grads[8])

@@ -141,8 +141,7 @@ class Modes:
     bias: str  # the separate (B, H, N, N) pair-bias GEMM (`pair_bias.py`)
     split_dots: bool = False  # fp32: the attention kernel's q.k, p.v, p.v_pts as 3xTF32
     # 16-bit inputs: the attention kernel's point cross term and p.v_pts as 3xBF16 (one
-    # tensor-core layout with its bf16 dots), not 3xTF32 and TF32 (`triton_ipa(half_points=)`:
-    # the default there, not in triton-train, whose backward recomputes the logits in TF32)
+    # tensor-core layout with its bf16 dots), not 3xTF32 and TF32 (`triton_ipa(half_points=)`)
     split_bf16: bool = False
 
 
@@ -150,8 +149,9 @@ def dot_modes(dtype: torch.dtype, math_mode: str) -> Modes:
     """fp32 "ieee": fp32-accurate dots, distances computed directly; the separate pair-bias
     GEMM and the attention kernel's q.k, p.v and p.v_pts as 3xTF32 on tensor cores (the row's
     math_mode says `fp32-3xtf32`), the fused kernels' dots as IEEE FMAs. fp32 "tf32": TF32
-    tensor cores, distances as a centred 3xTF32 dot. bf16/fp16: tensor cores, value points in
-    TF32, distances as a centred 3xTF32 dot.
+    tensor cores, distances as a centred 3xTF32 dot. bf16/fp16: tensor cores, distances as a
+    centred dot; in the attention kernel its cross term and p.v_pts as 3xBF16 (`split_bf16`),
+    elsewhere the points in 3xTF32 and TF32.
     """
     require(math_mode in ("ieee", "tf32"),
             f"math_mode: expected 'ieee' or 'tf32', got {math_mode!r}")
@@ -160,7 +160,7 @@ def dot_modes(dtype: torch.dtype, math_mode: str) -> Modes:
             return Modes("ieee", "ieee", False, "tf32x3", split_dots=True)
         return Modes("tf32", "tf32", True, "tf32")
     require(math_mode == "ieee", f"math_mode: {math_mode!r} applies to fp32 inputs only")
-    return Modes("ieee", "tf32", True, "ieee")
+    return Modes("ieee", "tf32", True, "ieee", split_bf16=True)
 
 
 # ---- argument checks -----------------------------------------------------------------------

@@ -251,8 +251,7 @@ def triton_ipa(
 
     if fp32_dots == "ieee":
         modes = replace(modes, split_dots=False)
-    if half_points == "3xbf16":
-        modes = replace(modes, split_bf16=True)
+    modes = replace(modes, split_bf16=half_points == "3xbf16")
     batch, length = node_repr.shape[:2]
     if split is None:
         split = default_split(batch, weights.config.heads, length, node_repr.device)

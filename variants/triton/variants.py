@@ -56,9 +56,9 @@ What differs from the reference (all of it on purpose, none of it changes the fu
   bf16 errors are 0.04-0.05 of the bf16 reference's.
 * Value points are aggregated relative to the first query's frame origin of each block (keys
   that carry weight lie near the queries, so the summands are small); in bf16/fp16 and tf32
-  modes that aggregation runs as a TF32 dot (in `triton`'s attention kernel for bf16/fp16, with
-  the distances' cross term, as three bf16 dots of split operands: `triton_ipa`'s
-  `half_points="3xbf16"`), in fp32 (IEEE) mode as 3xTF32 in `triton`'s attention kernel and as
+  modes that aggregation runs as a TF32 dot (in the attention kernel of `triton` and
+  `triton-train` for bf16/fp16, with the distances' cross term, as three bf16 dots of split
+  operands: `triton_ipa`'s `half_points="3xbf16"`), in fp32 (IEEE) mode as 3xTF32 in `triton`'s attention kernel and as
   an IEEE dot in the fused kernels.
 * Dots: fp32 mode uses 3xTF32 (three TF32 tensor-core products of split operands, about fp32
   accurate; rows say `fp32-3xtf32`) for the (B, H, N, N) bias GEMM, `triton`'s and
