@@ -18,7 +18,8 @@ openfold's `triton-bias` kernels, its attention kernel writing the logits and it
 (`OPENFOLD_BIAS_FORMS`), and its backward's (`OPENFOLD_BACKWARD_FORMS`). FORM
 names the labels to compile (default: all). One line per config on stdout: registers, spills,
 shared bytes, and the main loop's warp-instructions per (query, key) pair (the pair kernel's:
-per (i, j) pair) with its shared-memory loads and stores (LDS, STS) per warp and block.
+per (i, j) pair) with its shared-memory loads and stores (LDS, STS) and its spill loads and
+stores (LDL, STL) per warp and block.
 """
 
 from __future__ import annotations
@@ -274,7 +275,8 @@ def main(argv: list[str]) -> int:
             print(f"{label} {config.kwargs} warps {config.num_warps} stages "
                   f"{config.num_stages}{cap}: {regs} registers, {stack // 4} spilled, "
                   f"{kernel.metadata.shared} B shared; {per_pair:.2f} instructions per pair, "
-                  f"LDS {loop['ops']['LDS']} STS {loop['ops']['STS']}", flush=True)
+                  f"LDS {loop['ops']['LDS']} STS {loop['ops']['STS']} LDL {loop['ops']['LDL']} "
+                  f"STL {loop['ops']['STL']}", flush=True)
     return 0
 
 

@@ -58,8 +58,8 @@ What differs from the reference (all of it on purpose, none of it changes the fu
   that carry weight lie near the queries, so the summands are small); in bf16/fp16 and tf32
   modes that aggregation runs as a TF32 dot (in the attention kernel of `triton` and
   `triton-train` for bf16/fp16, with the distances' cross term, as three bf16 dots of split
-  operands: `triton_ipa`'s `half_points="3xbf16"`), in fp32 (IEEE) mode as 3xTF32 in `triton`'s attention kernel and as
-  an IEEE dot in the fused kernels.
+  operands: `triton_ipa`'s `half_points="3xbf16"`), in fp32 (IEEE) mode as 3xTF32 in
+  `triton`'s attention kernel and as an IEEE dot in the fused kernels.
 * Dots: fp32 mode uses 3xTF32 (three TF32 tensor-core products of split operands, about fp32
   accurate; rows say `fp32-3xtf32`) for the (B, H, N, N) bias GEMM, `triton`'s and
   `triton-train`'s attention q.k, p.v and p.v_pts, and the backward kernels' dots, and
@@ -70,7 +70,8 @@ What differs from the reference (all of it on purpose, none of it changes the fu
   (`variants/base2.py`).
 
 Caveats. Only the two training variants have a backward. Heads 1..16, points 1..16, head_dim
-8..128 (padded to powers of two, so e.g. d = 48 does 64-wide dots). IEEE fp32 dots are slow:
+8..128 (padded to powers of two, so e.g. d = 48 does 64-wide dots; the attention
+kernel runs d = 81-96 as 64 + 32). IEEE fp32 dots are slow:
 Triton lowers them to CUDA-core FMAs at ~13 % of FP32 peak here (docs/perf-notes.md), hence the
 3xTF32 forms above. At N <= 1024 the forward is bound by host-side launch overhead
 (~20 PyTorch ops and two Triton launches), not by the GPU. Under the CPU interpreter
