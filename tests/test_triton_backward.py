@@ -219,6 +219,28 @@ def test_gemm_ds_sums_match_float64_in_the_centred_frame():
 
 
 @needs_interpreter
+@pytest.mark.parametrize("b, n, c", [
+    (2, 16, 32),  # whole tiles, no padded channels: the unmasked loads and stores
+    (1, 16, 40),  # whole tiles, channels padded to 64
+    (2, 17, 32),  # a partial last tile
+    (1, 72, 16),  # 81 tiles over 64 programs: two tiles each, the last programs none
+])
+def test_pair_gradients_match_float64(b, n, c):
+    # The pair kernel's d pair_repr = dS^T W_b and dW_b = sum dS z, against float64, on every
+    # tiling path of its loop (under the interpreter a tile is 64 pairs).
+    from variants.triton.bias_backward import pair_gradients
+
+    g = torch.Generator().manual_seed(n)
+    h = 3
+    ds = torch.randn(b, h, n, n, generator=g, dtype=torch.float64)
+    z = torch.randn(b, n, n, c, generator=g, dtype=torch.float64)
+    w = torch.randn(h, c, generator=g, dtype=torch.float64)
+    d_pair, d_weight = pair_gradients(ds.float(), z.float(), w.float())
+    assert rel_l2(d_pair.double(), torch.einsum("bhij,hc->bijc", ds, w)) < 1e-6
+    assert rel_l2(d_weight.double(), torch.einsum("bhij,bijc->hc", ds, z)) < 1e-6
+
+
+@needs_interpreter
 @each_variant
 @pytest.mark.parametrize("layout", ["crop", "transposed"])
 def test_strided_pair_repr_gradients(variant, layout):
