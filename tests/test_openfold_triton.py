@@ -374,9 +374,11 @@ def test_build_refuses_what_it_cannot_run(name):
 @needs_interpreter
 @pytest.mark.parametrize("config, lengths, precision", [
     (SMALL, [17, 9], "fp32"), (SMALL, [1], "fp32"), (AF2ISH, [33, 20], "fp32"),
-    (SMALL, [17, 9], "bf16"), (AF2ISH, [21, 21], "bf16")],
-    ids=["small-17-9-fp32", "small-1-fp32", "af2ish-33-20-fp32", "small-17-9-bf16",
-         "af2ish-21-bf16"])
+    (AF2ISH, [32, 20], "fp32"), (SMALL, [17, 9], "bf16"), (SMALL, [32, 9], "bf16"),
+    (AF2ISH, [21, 21], "bf16")],
+    # N = 32: whole key blocks in the pair pass (unmasked z tiles where c_z needs no padding)
+    ids=["small-17-9-fp32", "small-1-fp32", "af2ish-33-20-fp32", "af2ish-32-20-fp32",
+         "small-17-9-bf16", "small-32-9-bf16", "af2ish-21-bf16"])
 def test_triton_bias_gradients_match_the_oracle(config, lengths, precision):
     """The harness's gradient protocol (every input but the mask, every parameter; masked tails,
     padded batches) on the custom op's backward (`bias_backward.py`). fp32 gradients stay
