@@ -272,8 +272,13 @@ def test_copy_watch_sees_a_copy():
 
 
 @needs_interpreter
+@pytest.mark.parametrize("wide", [False, True], ids=["int32-rows", "int64-rows"])
 @pytest.mark.parametrize("layout", ["contiguous", "crop", "transposed"])
-def test_pair_bias_kernel_matches_einsum(layout):
+def test_pair_bias_kernel_matches_einsum(layout, wide, monkeypatch):
+    # `wide`: the row indices in int64, as past 2^31 rows (B N^2), forced at this size
+    import variants.triton.pair_bias as pair_bias_module
+
+    monkeypatch.setattr(pair_bias_module, "wide_rows", lambda rows: wide)
     g = torch.Generator().manual_seed(0)
     z = torch.randn(2, 37, 37, 24, generator=g)
     w = torch.randn(5, 24, generator=g)

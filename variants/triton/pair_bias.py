@@ -54,11 +54,18 @@ def _pair_bias_kernel(
     CAST_F32: tl.constexpr,
     SPLIT_Z: tl.constexpr,  # with DOT_PRECISION "tf32x3": split by `tf32.py`, not by Triton
     HAS_MASK: tl.constexpr,
+    ROWS_I64: tl.constexpr,  # `wide_rows`: the row indices in int64
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     # read BLOCK_R * C elements of z, write BLOCK_R * H: memory-bound (C = 128, H = 12).
-    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows (b, i, j)
+    pid = tl.program_id(0)
+    if ROWS_I64:
+        pid = pid.to(tl.int64)
+    # Rows (b, i, j) divided in int32 unless there are 2^31 of them (an int64 division is a
+    # long software sequence: a third of the kernel's instructions, sm_90 proxy: 46.8 -> 30.5
+    # warp-instructions per row), then indices in int64 for the addresses.
+    offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_h = tl.arange(0, H_PAD)
     r_ok = offs_r < ROWS
     h_ok = offs_h < H
@@ -66,6 +73,7 @@ def _pair_bias_kernel(
     rem = offs_r - b * NN  # i * N + j
     i = rem // N
     j = rem - i * N
+    b, rem, i, j = b.to(tl.int64), rem.to(tl.int64), i.to(tl.int64), j.to(tl.int64)
     z_rows = Z + b * stride_zb + i * stride_zi + j * stride_zj
     acc = tl.zeros([BLOCK_R, H_PAD], dtype=tl.float32)
     for c0 in range(0, C, BLOCK_C):
@@ -114,6 +122,11 @@ _pair_bias = autotuned(
 )
 
 
+def wide_rows(rows: int) -> bool:
+    """Whether the bias GEMM's row indices (B N^2 of them, plus a block) pass int32."""
+    return rows + 1024 >= 2**31
+
+
 def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: str, *,
                      own_split: bool = True, mask: torch.Tensor | None = None,
                      scale: float = 1.0, mask_inf: float = 0.0,
@@ -135,6 +148,7 @@ def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: s
         *pair_repr.stride(), scale, mask_inf, pow2(rows, 1 << 16),
         H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
         SPLIT_Z=own_split and precision == "tf32x3", HAS_MASK=mask is not None,
+        ROWS_I64=wide_rows(rows),
     )
     return out
 
