@@ -175,6 +175,7 @@ def openfold_bias_launch_args(kernel: str, dtype: torch.dtype, n: int
     for form, rec in recorders.items():
         rec.configs = att._LOGITS_TWIN[form].configs
     values = Recorder()
+    values.configs = pv._pair_values.configs  # the launcher reads the block sizes it may get
     stand_ins = [(att, "_LOGITS_TWIN", recorders), (pv, "_pair_values", values),
                  (pair_bias, "_pair_bias", Recorder()),
                  (frames, "_prologue_kernel", Recorder()),

@@ -157,18 +157,24 @@ def test_dot_precisions_keep_fp32_accurate():
 
 # ---- against the float64 oracle (interpreter) -----------------------------------------------
 
+# c_z = 64: the pair values' z tiles whole in channels too (under the interpreter 64 wide)
+AF2ISH_Z64 = OpenFoldConfig(c_s=32, c_z=64, c_hidden=16, no_heads=12, no_qk_points=4,
+                            no_v_points=8)
 CASES = [  # (config, lengths): N = max(lengths)
     (SMALL, [1]),
     (SMALL, [17, 9]),
     (SMALL, [33, 33, 5]),
     (SMALL, [70, 41]),
     (AF2ISH, [33, 20]),
+    (SMALL, [32, 20]),  # N = 32: whole query and key blocks (the kernels' EVEN paths)
+    (AF2ISH_Z64, [32, 20]),
 ]
+CONFIG_NAMES = {id(SMALL): "small", id(AF2ISH): "af2ish", id(AF2ISH_Z64): "af2ish-z64"}
 
 
 @needs_interpreter
 @pytest.mark.parametrize("config, lengths", CASES,
-                         ids=[f"{'af2ish' if c is AF2ISH else 'small'}-{'-'.join(map(str, n))}"
+                         ids=[f"{CONFIG_NAMES[id(c)]}-{'-'.join(map(str, n))}"
                               for c, n in CASES])
 @pytest.mark.parametrize("name", NAMES)
 def test_fp32_matches_oracle_and_beats_the_reference(config, lengths, name):

@@ -81,6 +81,7 @@ def _pair_terms_kernel(
     C_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
+    EVEN: tl.constexpr,  # N a multiple of every BLOCK_N
     BLOCK_N: tl.constexpr,
 ):
     i = tl.program_id(0)
@@ -90,11 +91,15 @@ def _pair_terms_kernel(
         DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
     z_row = Z + b * stride_zb + i * stride_zi + offs_c[:, None] * stride_zc
     g_row = G + (b * H + offs_h[:, None]) * N * N + i * N
+    whole_n = tl.arange(0, BLOCK_N) < BLOCK_N  # masks as in `_pair_backward_kernel`
     for j0 in range(0, N, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        zt = tl.load(z_row + offs_n[None, :] * stride_zj, mask=c_ok[:, None] & n_ok[None, :],
-                     other=0.0)  # (C_PAD, BN): z_i^T
+        n_ok = whole_n if EVEN else offs_n < N
+        if EVEN and C == C_PAD:
+            zt = tl.load(z_row + offs_n[None, :] * stride_zj)  # (C_PAD, BN): z_i^T
+        else:
+            zt = tl.load(z_row + offs_n[None, :] * stride_zj,
+                         mask=c_ok[:, None] & n_ok[None, :], other=0.0)
         zt_hi, zt_lo = _operand(zt, SPLIT, CAST_F32, Z.dtype.element_ty)
         g = dot_parts(doz_hi, doz_lo, zt_hi, zt_lo,
                       tl.zeros([H_PAD, BLOCK_N], dtype=tl.float32), PRECISION)
@@ -212,7 +217,8 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
     shared = dict(H=h, H_PAD=pow2(h, HEADS_PAD), C=c, C_PAD=pow2(c), PRECISION=precision,
                   CAST_F32=cast_f32(z.dtype))
     g = torch.empty(b, h, n, n, dtype=f32, device=z.device)
-    _pair_terms[(n, b)](z, grad_o_pair, g, n, *z.stride(), **shared)
+    _pair_terms[(n, b)](z, grad_o_pair, g, n, *z.stride(), **shared,
+                        EVEN=n % largest_meta(_pair_terms, "BLOCK_N") == 0)
     dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point = attention_gradients(
         grad_o, grad_o_pt, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
         modes, q_scale=q_scale, ds=g)
