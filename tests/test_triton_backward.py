@@ -107,9 +107,10 @@ def check_gradients(variant, precision: str, batch: int, length: int, config: IP
 
 @needs_interpreter
 @each_variant
-@pytest.mark.parametrize("length", [1, 17, 45, 70])
+@pytest.mark.parametrize("length", [1, 17, 45, 48, 70])
 def test_fp32_gradients_match_float64_oracle(variant, length):
-    # N = 70: more than one key and query block of every kernel, the last ragged
+    # N = 70: more than one key and query block of every kernel, the last ragged; N = 48: a
+    # multiple of 16, the kernels' aligned path (`common.multiple_of_16`)
     check_gradients(variant, "fp32", 2, length, SMALL, "cpu")
 
 

@@ -36,6 +36,7 @@ from variants import base2
 from variants.triton.common import (
     TUNED,
     Modes,
+    aligned,
     autotuned,
     block_configs,
     cast_f32,
@@ -44,6 +45,7 @@ from variants.triton.common import (
     check_tensor,
     dot_modes,
     largest_meta,
+    multiple_of_16,
     pow2,
     sm_count,
     split_for_sms,
@@ -157,9 +159,15 @@ def _attention_kernel(
     STORE_STATS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     WRITE_LOGITS: tl.constexpr,
+    ALIGNED: tl.constexpr,  # N and split_len multiples of 16 (`common.multiple_of_16`)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # aligned rows and key masks constant over 16 keys: 8- and 16-byte tile copies (sm_90
+    # proxy, N = 4096: fp32 2.62 -> 2.25 instructions per pair, the training form 2.72 -> 2.32
+    # and no spills, bf16 1.34 -> 1.22)
+    N = multiple_of_16(N, ALIGNED)
+    split_len = multiple_of_16(split_len, ALIGNED)
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_s = tl.program_id(2).to(tl.int64)  # key range
@@ -425,6 +433,7 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
         POINTS_DOT=modes.points_dot, SPLIT_DOTS=split_dots, CAST_F32=cast_f32(q.dtype),
         SPLIT_BF16=split_bf16,
         STORE_STATS=stats is not None, WRITE_LSE=split > 1, WRITE_LOGITS=write_logits,
+        ALIGNED=aligned(n, split_len),
     )
     if split == 1:
         return out_p[0]

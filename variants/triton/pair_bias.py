@@ -21,11 +21,13 @@ from variants import problem
 from variants.triton.common import (
     HEADS_PAD,
     Modes,
+    aligned,
     autotuned,
     cast_f32,
     check_pair_repr,
     check_runnable,
     dot_modes,
+    multiple_of_16,
     pow2,
 )
 from variants.triton.tf32 import dot_split_tf32, tf32_hi
@@ -55,10 +57,14 @@ def _pair_bias_kernel(
     SPLIT_Z: tl.constexpr,  # with DOT_PRECISION "tf32x3": split by `tf32.py`, not by Triton
     HAS_MASK: tl.constexpr,
     ROWS_I64: tl.constexpr,  # `wide_rows`: the row indices in int64
+    ALIGNED: tl.constexpr,  # N a multiple of 16 (`common.multiple_of_16`)
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     # read BLOCK_R * C elements of z, write BLOCK_R * H: memory-bound (C = 128, H = 12).
+    N = multiple_of_16(N, ALIGNED)
+    NN = multiple_of_16(NN, ALIGNED)
+    ROWS = multiple_of_16(ROWS, ALIGNED)
     pid = tl.program_id(0)
     if ROWS_I64:
         pid = pid.to(tl.int64)
@@ -148,7 +154,7 @@ def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: s
         *pair_repr.stride(), scale, mask_inf, pow2(rows, 1 << 16),
         H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
         SPLIT_Z=own_split and precision == "tf32x3", HAS_MASK=mask is not None,
-        ROWS_I64=wide_rows(rows),
+        ROWS_I64=wide_rows(rows), ALIGNED=aligned(n),
     )
     return out
 
