@@ -11,8 +11,9 @@ kernel (whose venv it needs: see there). Configs that spill are the ones to drop
 
 Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
 `triton_ipa(fp32_dots="ieee")`), bf16 with its point dots as 3xBF16 (`_attention_bf16_split`,
-the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`); triton-train's
-forward, the same kernel writing the logits and the row statistics (`TRAIN_FORMS`); the
+the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`);
+triton-train's forward, the same kernel writing the logits and the row statistics
+(`TRAIN_FORMS`); the
 backward's key, query and pair kernels in fp32 (3xTF32) and 16-bit (`BACKWARD_FORMS`); problem
 openfold's `triton-bias` kernels, its attention kernel writing the logits and its pair values
 (`OPENFOLD_BIAS_FORMS`), and its backward's (`OPENFOLD_BACKWARD_FORMS`). FORM

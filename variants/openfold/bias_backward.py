@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, largest_meta, pow2
+from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, pow2, whole_blocks
 from variants.triton.tf32 import dot_parts, tf32_parts
 
 
@@ -218,7 +218,7 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
                   CAST_F32=cast_f32(z.dtype))
     g = torch.empty(b, h, n, n, dtype=f32, device=z.device)
     _pair_terms[(n, b)](z, grad_o_pair, g, n, *z.stride(), **shared,
-                        EVEN=n % largest_meta(_pair_terms, "BLOCK_N") == 0)
+                        EVEN=whole_blocks(n, _pair_terms, "BLOCK_N"))
     dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point = attention_gradients(
         grad_o, grad_o_pt, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
         modes, q_scale=q_scale, ds=g)
@@ -226,7 +226,7 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
     partial = torch.empty(b, n, shared["H_PAD"], shared["C_PAD"], dtype=f32, device=z.device)
     _pair_backward[(n, b)](g, logits, stats, z, grad_o_pair, w_b.contiguous(), dz, partial, n,
                            bias_scale, *z.stride(), **shared,
-                           EVEN=n % largest_meta(_pair_backward, "BLOCK_N") == 0)
+                           EVEN=whole_blocks(n, _pair_backward, "BLOCK_N"))
     dw = (partial.sum((0, 1))[:h, :c] * bias_scale).to(w_b.dtype)
     return dq, dk, dv, dq_pts, dk_pts, dv_pts, dz, dw, d_point
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.triton.common import HEADS_PAD, autotuned, cast_f32, largest_meta, pow2
+from variants.triton.common import HEADS_PAD, autotuned, cast_f32, pow2, whole_blocks
 from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 
@@ -155,6 +155,5 @@ def launch_pair_values(logits: torch.Tensor, stats: torch.Tensor, pair_repr: tor
         logits, stats, pair_repr, out, n, *pair_repr.stride(), out.stride(0), out.stride(1),
         pow2(n, 64), H=h, H_PAD=HEADS_PAD, C=c, PRECISION=precision,
         CAST_F32=cast_f32(pair_repr.dtype),
-        EVEN=n % max(largest_meta(_pair_values, "BLOCK_M"),
-                     largest_meta(_pair_values, "BLOCK_N")) == 0,
+        EVEN=whole_blocks(n, _pair_values, "BLOCK_M", "BLOCK_N"),
     )

@@ -88,6 +88,7 @@ from variants.triton.common import (
     sm_count,
     split_for_sms,
     split_range,
+    whole_blocks,
 )
 from variants.triton.tf32 import dot_parts, tf32_parts
 
@@ -511,7 +512,7 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
         ds, pair_repr, pair_weight.contiguous(), d_pair, partial, pairs, pow2(pairs, 4096),
         H=h, H_PAD=h_pad, C=c, C_PAD=c_pad,
         PRECISION="tf32x3" if fp32 else "ieee", CAST_F32=cast_f32(pair_repr.dtype),
-        EVEN=pairs % largest_meta(_pair, "BLOCK_P") == 0,
+        EVEN=whole_blocks(pairs, _pair, "BLOCK_P"),
     )
     return d_pair, partial.sum((0, 1))[:h, :c].contiguous()
 

@@ -87,6 +87,12 @@ def block_configs(blocks: list[tuple[int, ...]]) -> list:
             for m, n, w, st, cap in (b + (None,) * (5 - len(b)) for b in blocks)]
 
 
+def whole_blocks(length: int, tuned, *names: str) -> bool:
+    """Whether `length` is a multiple of every block size that the `autotuned` kernel's
+    meta-parameters `names` may take along it: the kernels' EVEN promise, no partial block."""
+    return all(length % largest_meta(tuned, name) == 0 for name in names)
+
+
 def largest_meta(tuned, name: str) -> int:
     """The largest value of the meta-parameter `name` that an `autotuned` kernel may launch
     with (a range split over programs must be a multiple of every block size)."""
