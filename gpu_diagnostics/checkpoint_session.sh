@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One device call that checks the open issues' main cells at once, for a session that may get a
+# single machine start: the GPU tests of triton-train (#16), of `triton` (#17) and of problem
+# openfold's triton-bias (#18), sharded over SHARDS processes; a sweep of each issue's headline
+# cells (their rows carry err_ratio / grad_err_ratio against the float64 oracle, so they check as
+# well as time): triton-train's step at N = 4096 and 1024 (eager, and
+# replayed at 1024), the `triton` forward at N = 256, 1024, 4096 (replayed to 1024), openfold
+# triton-bias's forward at N = 2048; then torch.profiler on one fp32 training step at N = 4096.
+# fp32 and bf16 throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD,
+# LIM_OF, LIM_PROF seconds; 170 + 130 + 80 + 75 + 40 s) and every sweep cell is fsync'ed, so a
+# cut stage still reports what finished. Everything lands in one archive, $OUT/checkpoint.tgz
+# (the device returns at most 8 files), with summary.md beside it.
+#
+#   OUT=DIR bash gpu_diagnostics/checkpoint_session.sh
+source gpu_diagnostics/session_env.sh
+work=$(mktemp -d)
+sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-170}" "$work/gpu-tests.log" -m gpu \
+    tests/test_triton_backward.py tests/test_variants.py tests/test_openfold_triton.py \
+    -k "(triton-train and not fullfuse) or (test_matches_oracle_gpu and triton-B) or triton-bias \
+        or test_triton_bias_training"
+
+# sweep NAME LIMIT VARIANT GRID_TOML [sweep args...]: one sweep and its report under $work/NAME.
+sweep() {
+    local name=$1 limit=$2 variant=$3 grid=$work/$1.toml
+    printf '%b' "$4" > "$grid"
+    shift 4
+    timeout -s INT "$limit" python3 -m harness.cli sweep --grid "$grid" --device cuda \
+        -o "$work/$name" --no-plots --no-progress --variant "$variant" "$@" \
+        > "$work/$name.log" 2>&1
+    timeout -s INT 20 python3 -m harness.cli report "$work/$name/results.csv" \
+        > "$work/$name-report.md" 2>&1
+}
+base='[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n'
+sweep training "${LIM_TRAIN:-130}" triton-train \
+    "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [4096, 1024]\n"
+sweep forward "${LIM_FWD:-80}" triton "${base}\n[[slice]]\nlength = [256, 1024, 4096]\n"
+sweep openfold "${LIM_OF:-75}" triton-bias \
+    "${base}problem = \"openfold\"\n\n[[slice]]\nlength = [2048]\n"
+timeout -s INT "${LIM_PROF:-40}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
+    > "$work/train-profile.log" 2>&1
+
+{
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+    echo "## GPU tests"; grep -hE "passed|failed|error" "$work/gpu-tests.log" | grep -E "^[=0-9 ]"
+    grep -h "^FAILED\|^ERROR" "$work/gpu-tests.log"
+    for name in training forward openfold; do
+        echo "## $name"; head -30 "$work/$name-report.md"
+    done
+    echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
+} > "$OUT/summary.md" 2>&1
+rm -f "$work"/*/.ipa-bench.lock
+tar -czf "$OUT/checkpoint.tgz" -C "$work" .
+cat "$OUT/summary.md"
+exit 0
