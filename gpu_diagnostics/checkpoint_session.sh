@@ -5,11 +5,9 @@
 # cells (their rows carry err_ratio / grad_err_ratio against the float64 oracle, so they check as
 # well as time): triton-train's step at N = 4096 and 1024 (eager, and
 # replayed at 1024), the `triton` forward at N = 256, 1024, 4096 (replayed to 1024), openfold
-# triton-bias's forward at N = 2048; then torch.profiler on one fp32 training step at N = 4096,
-# and the `triton` forward replayed per `bias_chunks` (1-8: the bias GEMM and the attention in
-# query-row chunks on two streams) at N = 4096, 2048, 1024. fp32 and bf16 throughout. Each stage
-# runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD, LIM_OF, LIM_PROF, LIM_CHUNKS seconds;
-# 170 + 130 + 80 + 75 + 40 + 50 s) and every sweep cell is fsync'ed, so a
+# triton-bias's forward at N = 2048; then torch.profiler on one fp32 training step at N = 4096.
+# fp32 and bf16 throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD,
+# LIM_OF, LIM_PROF seconds; 170 + 130 + 80 + 75 + 40 s) and every sweep cell is fsync'ed, so a
 # cut stage still reports what finished. Everything lands in one archive, $OUT/checkpoint.tgz
 # (the device returns at most 8 files), with summary.md beside it.
 #
@@ -18,9 +16,8 @@ source gpu_diagnostics/session_env.sh
 work=$(mktemp -d)
 sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-170}" "$work/gpu-tests.log" -m gpu \
     tests/test_triton_backward.py tests/test_variants.py tests/test_openfold_triton.py \
-    tests/test_triton.py -k "(triton-train and not fullfuse) or (test_matches_oracle_gpu and \
-        triton-B and not test_triton.py) or triton-bias or test_triton_bias_training \
-        or bias_chunks"
+    -k "(triton-train and not fullfuse) or (test_matches_oracle_gpu and triton-B) or triton-bias \
+        or test_triton_bias_training"
 
 # sweep NAME LIMIT VARIANT GRID_TOML [sweep args...]: one sweep and its report under $work/NAME.
 sweep() {
@@ -41,8 +38,6 @@ sweep openfold "${LIM_OF:-75}" triton-bias \
     "${base}problem = \"openfold\"\n\n[[slice]]\nlength = [2048]\n"
 timeout -s INT "${LIM_PROF:-40}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
     > "$work/train-profile.log" 2>&1
-timeout -s INT "${LIM_CHUNKS:-50}" python3 tests/test_triton.py --sections chunks \
-    --lengths 4096 2048 1024 --precisions fp32 bf16 > "$work/chunks.log" 2>&1
 
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -53,7 +48,6 @@ timeout -s INT "${LIM_CHUNKS:-50}" python3 tests/test_triton.py --sections chunk
         echo "## $name"; head -30 "$work/$name-report.md"
     done
     echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
-    echo "## triton forward, bias chunks (replayed ms)"; grep -E "^(fp32|bf16) N=" "$work/chunks.log"
 } > "$OUT/summary.md" 2>&1
 rm -f "$work"/*/.ipa-bench.lock
 tar -czf "$OUT/checkpoint.tgz" -C "$work" .

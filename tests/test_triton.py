@@ -10,8 +10,7 @@ tf32, and strided pair_repr (the cuBLAS bias included) without a copy.
 
 Run as a script on the GPU machine for the numbers in docs/perf-notes.md ("## triton"):
     PYTHONPATH=. python3 tests/test_triton.py [--lengths N ...] [--sections ...]
-(sections: check, time, breakdown, split: the forward replayed per key split 1-4, and chunks:
-the forward replayed per `bias_chunks`).
+(sections: check, time, breakdown, and split: the forward replayed per key split 1-4).
 prints correctness figures, then latency and extra peak memory for the Triton variants against
 the reference and torch.compile, measured as the sweep measures (`harness.measure`: device
 events, L2 flushed before every sample, noise-adaptive sample count), and a per-kernel
@@ -153,23 +152,6 @@ def test_split_keys_merge_exactly(name, split):
     whole = forward(weights, *inputs.as_tuple(), split=1)
     parts = forward(weights, *inputs.as_tuple(), split=split)
     assert rel_l2(parts, oracle) < 2e-6
-    assert rel_l2(parts, whole) < 1e-6
-
-
-@needs_interpreter
-@pytest.mark.parametrize("chunks", [2, 3])
-def test_bias_chunks_equal_one_pass(chunks):
-    # The bias GEMM and the attention kernel in query-row chunks (on the GPU the attention of
-    # one chunk beside the next chunk's GEMM): every row as in one pass. B = 2, N = 200:
-    # 128-row chunks (whole query blocks), the last one ragged, a GEMM launch per batch
-    # element and chunk. Not to the bit: the interpreter's dots (numpy) round a row by where
-    # it sits in its block, and the second batch element's blocks start elsewhere.
-    sd = init_state_dict(SMALL, seed=4)
-    weights = TritonIPAWeights.from_state_dict(sd, SMALL, "cpu", torch.float32)
-    inputs = make_inputs(SMALL, 2, 200, seed=12)
-    whole = triton_ipa(weights, *inputs.as_tuple(), split=1)
-    parts = triton_ipa(weights, *inputs.as_tuple(), split=1, bias_chunks=chunks)
-    assert rel_l2(parts, oracle_forward(sd, SMALL, inputs)) < 2e-6
     assert rel_l2(parts, whole) < 1e-6
 
 
@@ -384,9 +366,6 @@ def test_public_forwards_check_their_arguments(name):
     if name == "triton":
         with pytest.raises(IPAInputError, match="fp32_dots"):
             forward(weights, *inputs.as_tuple(), fp32_dots="tf32")
-        for chunks in (0, None, True):
-            with pytest.raises(IPAInputError, match="bias_chunks"):
-                forward(weights, *inputs.as_tuple(), bias_chunks=chunks)
 
 
 @needs_triton
@@ -553,14 +532,6 @@ def test_split_keys_match_oracle_gpu(split, precision):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_bias_chunks_match_oracle_gpu(precision):
-    # Three chunks, each chunk's attention on a side stream beside the next chunk's GEMM.
-    check_triton_options("cuda", *GPU_CASES[3], precision, split=1, bias_chunks=3)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_strided_pair_repr_gpu(name, precision):
@@ -611,7 +582,7 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096])
     parser.add_argument("--sections", nargs="*", default=["check", "time", "breakdown"],
-                        help="any of check, time, breakdown, split, chunks")
+                        help="any of check, time, breakdown, split")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--baselines", nargs="*", default=["reference", "torch-compile"])
     parser.add_argument("--check-lengths", type=int, nargs="*", default=[97, 130, 33, 1000, 2048])
@@ -729,28 +700,6 @@ def _bench_main(argv: list[str]) -> None:  # pragma: no cover - GPU only
                             replay = capture_cuda_graph(call) if cuda else call
                             label = split or f"default={default}"
                             row.append(f"{form} split {label} {timed(replay, ())[0]:.4f}")
-                print(f"{precision} N={n:5d}: {'  '.join(row)}", flush=True)
-
-    if "chunks" in opts.sections:
-        print("## triton's bias GEMM and attention in query-row chunks, each chunk's attention "
-              "on a side stream beside the next chunk's GEMM (one key range): the forward "
-              "replayed as a CUDA graph (GPU time), median ms; `default`: the registered "
-              "forward (key ranges by default_split, no chunks)")
-        for precision in opts.precisions:
-            dtype = dtypes[precision]
-            w = TritonIPAWeights.from_state_dict(sd, config, dev, dtype)
-            for n in opts.lengths:
-                args = make_inputs(config, 1, n, dtype=dtype, device=dev, seed=1).as_tuple()
-                forms = {"default": {}, **{f"chunks {c}": {"split": 1, "bias_chunks": c}
-                                           for c in (1, 2, 3, 4, 8)}}
-                row = []
-                for label, options in forms.items():
-                    if not left():
-                        continue
-                    with math_mode(precision), torch.no_grad():
-                        call = partial(triton_ipa, w, *args, **options)
-                        replay = capture_cuda_graph(call) if cuda else call
-                        row.append(f"{label} {timed(replay, ())[0]:.4f}")
                 print(f"{precision} N={n:5d}: {'  '.join(row)}", flush=True)
 
     print(f"# done in {time.time() - start:.0f}s")

@@ -46,7 +46,6 @@ from variants.triton.common import (
     dot_modes,
     largest_meta,
     multiple_of_16,
-    pipelined,
     pow2,
     sm_count,
     split_for_sms,
@@ -123,7 +122,7 @@ def dot_acc(a, a_hi, a_lo, b, acc, SPLIT_DOTS: tl.constexpr, PRECISION: tl.const
     return acc + tl.dot(a.to(b.dtype), b, input_precision=PRECISION)
 
 
-@triton.jit(do_not_specialize=["N", "split_len", "Q_START", "N_KEY"])
+@triton.jit(do_not_specialize=["N", "split_len", "N_KEY"])
 def _attention_kernel(
     Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
     QP, KP,  # (B, H, 3*Qp, N) fp32 global-frame query / key points
@@ -139,7 +138,6 @@ def _attention_kernel(
     # WRITE_LSE, (S, B, N, H) fp32: each row's log2-sum-exp2 over its key range
     N,
     split_len,  # keys per range (a multiple of every BLOCK_N); range pid_s of S
-    Q_START,  # the first query row of this launch's blocks (a multiple of every BLOCK_M)
     q_scale,  # log2(e) / sqrt(D)
     stride_qb, stride_qn, stride_kb, stride_kn,
     stride_vb, stride_vn, stride_os, stride_ob, stride_on,
@@ -161,7 +159,7 @@ def _attention_kernel(
     STORE_STATS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     WRITE_LOGITS: tl.constexpr,
-    ALIGNED: tl.constexpr,  # N, split_len (and Q_START) multiples of 16 (`common.multiple_of_16`)
+    ALIGNED: tl.constexpr,  # N and split_len multiples of 16 (`common.multiple_of_16`)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -170,14 +168,13 @@ def _attention_kernel(
     # and no spills, bf16 1.34 -> 1.22)
     N = multiple_of_16(N, ALIGNED)
     split_len = multiple_of_16(split_len, ALIGNED)
-    Q_START = multiple_of_16(Q_START, ALIGNED)
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_s = tl.program_id(2).to(tl.int64)  # key range
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     bh = b * H + h
-    i0 = Q_START + pid_m * BLOCK_M
+    i0 = pid_m * BLOCK_M
     offs_m = i0 + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, VP3_PAD)
     m_ok = offs_m < N
@@ -399,20 +396,16 @@ def default_split(batch: int, heads: int, length: int, device: torch.device) -> 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
                      modes: Modes, stats: torch.Tensor | None = None, split: int = 1, *,
-                     q_scale: float | None = None, write_logits: bool = False,
-                     query_rows: tuple[int, int] | None = None,
-                     out_p: torch.Tensor | None = None):
+                     q_scale: float | None = None, write_logits: bool = False):
     """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
     `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
-    kernel's STATS). `split` > 1 (not with `stats` or `query_rows`): that many key ranges per
-    query block, each its own program, merged after (`merge.merge_key_ranges`): more programs
-    at moderate N. `modes.split_dots`: q.k, p.v and p.v_pts as 3xTF32 on tensor cores (fp32
-    IEEE); `modes.split_bf16`: 16-bit inputs' point cross term and p.v_pts as 3xBF16.
-    `q_scale`: the q.k factor in base-2 units (default log2(e) / sqrt(D)). `write_logits` (an
-    fp32 `bias`): each row's base-2 logits, bias included, overwrite the bias (problem
-    openfold's `triton-bias`, whose pair values read them). `query_rows` (i0, i1), i0 a
-    multiple of every BLOCK_M: only those query rows (default all), written into `out_p`
-    ((B, N, H, 3*Vp) fp32, default a new one)."""
+    kernel's STATS). `split` > 1 (not with `stats`): that many key ranges per query block, each
+    its own program, merged after (`merge.merge_key_ranges`): more programs at moderate N.
+    `modes.split_dots`: q.k, p.v and p.v_pts as 3xTF32 on tensor cores (fp32 IEEE);
+    `modes.split_bf16`: 16-bit inputs' point cross term and p.v_pts as 3xBF16. `q_scale`: the
+    q.k factor in base-2 units (default log2(e) / sqrt(D)). `write_logits` (an fp32 `bias`):
+    each row's base-2 logits, bias included, overwrite the bias (problem openfold's
+    `triton-bias`, whose pair values read them)."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     split_dots = modes.split_dots and q.dtype == torch.float32
@@ -421,22 +414,17 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
             "attention_dot" if modes.points_dot else "attention_direct")
     kernel = _LOGITS_TWIN[form] if write_logits else TUNED[form]
     split, split_len = split_range(n, split, largest_meta(kernel, "BLOCK_N"))
-    assert split == 1 or (stats is None and query_rows is None), (
-        "key ranges are merged over every query row, without the training statistics")
-    i0, i1 = query_rows or (0, n)
-    if out_p is None:
-        out_p = torch.empty(split, b, n, h, vp3, dtype=torch.float32, device=q.device)
-    else:
-        out_p = out_p.unsqueeze(0)
+    assert split == 1 or stats is None, "the training forward's statistics are not merged"
+    out_p = torch.empty(split, b, n, h, vp3, dtype=torch.float32, device=q.device)
     if split == 1:
         os_buf, lse_buf = out_s.unsqueeze(0), stats
     else:
         os_buf = torch.empty(split, b, n, h, d, dtype=torch.float32, device=q.device)
         lse_buf = torch.empty(split, b, n, h, dtype=torch.float32, device=q.device)
-    grid = lambda meta: (triton.cdiv(i1 - i0, meta["BLOCK_M"]), b * h, split)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h, split)
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, os_buf, out_p,
-        out_p if lse_buf is None else lse_buf, n, split_len, i0,
+        out_p if lse_buf is None else lse_buf, n, split_len,
         base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), os_buf.stride(0), os_buf.stride(1), os_buf.stride(2),
@@ -452,54 +440,20 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     return merge_key_ranges(os_buf, out_p, lse_buf, out_s)
 
 
-def launch_bias_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,
-                          pair_repr, pair_weight, modes: Modes, *, split: int = 1,
-                          chunks: int = 1, stats: torch.Tensor | None = None,
-                          q_scale: float | None = None, **bias_options
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pair bias GEMM (`launch_pair_bias` in `modes.bias`, with `bias_options`: problem
-    openfold's mask and scale), then the attention kernel over it. With `stats` the training
-    forward's form: the bias in fp32 whatever the dtype, overwritten by the attention kernel
-    with the base-2 logits, and each row's statistics saved. `chunks` > 1 (split 1): in that
-    many query-row chunks, each chunk's attention beside the next chunk's bias GEMM
-    (`common.pipelined`: a memory-bound GEMM next to an issue-bound kernel). Returns
-    (out_p, the bias or logits (B, H, N, N))."""
-    b, n, h, _ = q.shape
-    training = stats is not None
-    bias = torch.empty(b, h, n, n, dtype=torch.float32 if training else pair_repr.dtype,
-                       device=q.device)
-    if split > 1 or chunks == 1:
-        launch_pair_bias(pair_repr, pair_weight, modes.bias, out=bias, **bias_options)
-        return launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,
-                                bias, modes, stats=stats, split=split, q_scale=q_scale,
-                                write_logits=training), bias
-    out_p = torch.empty(b, n, h, v_pts.shape[3], dtype=torch.float32, device=q.device)
-    block_m = max(largest_meta(form, "BLOCK_M") for form in _LOGITS_TWIN.values())
-    chunks, rows = split_range(n, chunks, block_m)  # each chunk whole query blocks
-    ranges = [(c * rows, min(n, (c + 1) * rows)) for c in range(chunks)]
-    pipelined(
-        chunks,
-        lambda c: launch_pair_bias(pair_repr, pair_weight, modes.bias, out=bias,
-                                   query_rows=ranges[c], **bias_options),
-        lambda c: launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight,
-                                   out_s, bias, modes, stats=stats, q_scale=q_scale,
-                                   write_logits=training, query_rows=ranges[c], out_p=out_p),
-        q.device,
-    )
-    return out_p, bias
-
-
 def launch_logits_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,
                             pair_repr, pair_weight, modes: Modes, *, q_scale: float | None = None,
                             **bias_options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training forward's pair (`launch_bias_attention` with statistics): returns (out_p,
-    stats (B, N, H, 3) fp32, logits (B, H, N, N) fp32), what the backwards read instead of
-    recomputing them (`bias_backward.py`)."""
+    """The training forward's pair: the pair bias as a (B, H, N, N) fp32 tensor in every dtype
+    (`launch_pair_bias` with `modes.bias` and `bias_options`: problem openfold's mask and
+    scale), then the attention kernel, which overwrites it with the base-2 logits and saves each
+    row's softmax statistics. Returns (out_p, stats (B, N, H, 3) fp32, logits), what the
+    backwards read instead of recomputing them (`bias_backward.py`)."""
     b, n, h, _ = q.shape
+    logits = launch_pair_bias(pair_repr, pair_weight, modes.bias, dtype=torch.float32,
+                              **bias_options)
     stats = torch.empty(b, n, h, 3, dtype=torch.float32, device=q.device)
-    out_p, logits = launch_bias_attention(q, k, v, q_pts, k_pts, v_pts, centred_t,
-                                          point_weight, out_s, pair_repr, pair_weight, modes,
-                                          stats=stats, q_scale=q_scale, **bias_options)
+    out_p = launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,
+                             logits, modes, stats=stats, q_scale=q_scale, write_logits=True)
     return out_p, stats, logits
 
 

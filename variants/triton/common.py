@@ -153,36 +153,6 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def pipelined(count: int, produce, consume, device: torch.device) -> None:
-    """produce(c) then consume(c) for c < count, where consume(c) needs produce(c)'s result
-    only. On the GPU consume(c) runs on a second, high-priority stream, after produce(c) and
-    beside produce(c + 1), and the caller's stream waits for all of it (as a CUDA graph
-    captures it: the side stream forks from and joins the capturing one). The callables
-    allocate nothing that outlives them: buffers come from the caller's stream."""
-    if count == 1 or device.type != "cuda":
-        for c in range(count):
-            produce(c)
-            consume(c)
-        return
-    main = torch.cuda.current_stream(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device, priority=-1)
-    side = _SIDE_STREAMS[index]
-    side.wait_stream(main)
-    for c in range(count):
-        produce(c)
-        done = torch.cuda.Event()
-        done.record(main)
-        with torch.cuda.stream(side):
-            side.wait_event(done)
-            consume(c)
-    main.wait_stream(side)
-
-
 # ---- how the dots run ----------------------------------------------------------------------
 
 
@@ -226,11 +196,10 @@ def require(ok: bool, message: str) -> None:
         raise IPAInputError(message)
 
 
-def check_split(split, name: str = "split") -> None:
-    """A count of ranges (`split`, `bias_chunks`): None (chosen by the launcher) or an int >= 1."""
+def check_split(split) -> None:
     require(split is None or (isinstance(split, int) and not isinstance(split, bool)
                               and split >= 1),
-            f"{name}: expected None or an int >= 1, got {split!r}")
+            f"split: expected None or an int >= 1, got {split!r}")
 
 
 def check_tensor(name, t, shape, *, dtype=None, device=None, contiguous=False):

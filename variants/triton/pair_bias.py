@@ -20,6 +20,7 @@ import triton.language as tl
 from variants import problem
 from variants.triton.common import (
     HEADS_PAD,
+    Modes,
     aligned,
     autotuned,
     cast_f32,
@@ -35,14 +36,13 @@ from variants.triton.tf32 import dot_split_tf32, tf32_hi
 # Sizes that vary per call are not specialised on (divisibility by 16), so that one compile
 # per config serves every N: compiles, not launches, dominate short runs. The strides are:
 # their divisibility keeps the z loads aligned and the unit channel stride vectorised.
-@triton.jit(do_not_specialize=["ROW_START", "ROWS", "NN", "N", "ROWS_KEY"])
+@triton.jit(do_not_specialize=["ROWS", "NN", "N", "ROWS_KEY"])
 def _pair_bias_kernel(
     Z,  # (B, N, N, C) pair_repr, strides (stride_zb, stride_zi, stride_zj, stride_zc)
     WB,  # (H, C) pair_bias.weight, contiguous
     OUT,  # (B, H, N, N) bias, contiguous, input dtype or fp32
     MASK,  # (B, N) fp32 residue mask when HAS_MASK (1 = present)
-    ROW_START,  # the rows (b, i, j) = b*N*N + i*N + j computed: ROW_START .. ROWS - 1
-    ROWS,  # at most B*N*N
+    ROWS,  # B*N*N
     NN,  # N*N
     N,
     C,
@@ -64,7 +64,6 @@ def _pair_bias_kernel(
     # read BLOCK_R * C elements of z, write BLOCK_R * H: memory-bound (C = 128, H = 12).
     N = multiple_of_16(N, ALIGNED)
     NN = multiple_of_16(NN, ALIGNED)
-    ROW_START = multiple_of_16(ROW_START, ALIGNED)
     ROWS = multiple_of_16(ROWS, ALIGNED)
     pid = tl.program_id(0)
     if ROWS_I64:
@@ -72,7 +71,7 @@ def _pair_bias_kernel(
     # Rows (b, i, j) divided in int32 unless there are 2^31 of them (an int64 division is a
     # long software sequence: a third of the kernel's instructions, sm_90 proxy: 46.8 -> 30.5
     # warp-instructions per row), then indices in int64 for the addresses.
-    offs_r = ROW_START + pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_h = tl.arange(0, H_PAD)
     r_ok = offs_r < ROWS
     h_ok = offs_h < H
@@ -137,35 +136,33 @@ def wide_rows(rows: int) -> bool:
 def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: str, *,
                      own_split: bool = True, mask: torch.Tensor | None = None,
                      scale: float = 1.0, mask_inf: float = 0.0,
-                     dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
-                     query_rows: tuple[int, int] | None = None):
+                     dtype: torch.dtype | None = None):
     """The Triton bias GEMM, unchecked (callers check): (B, N, N, C) any strides, (H, C)
-    -> (B, H, N, N) contiguous in `dtype` (default pair_repr's), or into `out`. `query_rows`
-    (i0, i1): only the rows i0 <= i < i1 of every batch element's bias (one launch per batch
-    element; default every row, one launch). `own_split` (precision "tf32x3"): the operands
-    split by `tf32.py` (default), else by Triton's tf32x3 (for comparison). The bias is scaled
-    by `scale`; `mask` ((B, N) fp32 contiguous) adds mask_i * mask_inf * (mask_j - 1), problem
+    -> (B, H, N, N) contiguous in `dtype` (default pair_repr's). `own_split` (precision
+    "tf32x3"): the operands split by `tf32.py` (default), else by Triton's tf32x3 (for
+    comparison). The bias is scaled by `scale`; `mask` ((B, N) fp32 contiguous) adds
+    mask_i * mask_inf * (mask_j - 1), problem
     openfold's inf * (mask_i mask_j - 1) less a shift uniform over a masked query row's keys,
     which the softmax cancels (`variants/openfold/triton_fused.py`, "Deviations")."""
     b, n, _, c = pair_repr.shape
     h = weight.shape[0]
-    if out is None:
-        out = torch.empty(b, h, n, n, dtype=dtype or pair_repr.dtype, device=pair_repr.device)
-    nn = n * n
-    i0, i1 = query_rows or (0, n)
-    # flattened (b, i, j) row ranges: all of them at once when every query row is wanted
-    spans = ([(0, b * nn)] if (i0, i1) == (0, n) else
-             [(e * nn + i0 * n, e * nn + i1 * n) for e in range(b)])
-    for start, end in spans:
-        count = end - start
-        _pair_bias[lambda meta, count=count: (triton.cdiv(count, meta["BLOCK_R"]),)](
-            pair_repr, weight, out, out if mask is None else mask, start, end, nn, n, c,
-            *pair_repr.stride(), scale, mask_inf, pow2(count, 1 << 16),
-            H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
-            SPLIT_Z=own_split and precision == "tf32x3", HAS_MASK=mask is not None,
-            ROWS_I64=wide_rows(end), ALIGNED=aligned(n),
-        )
+    out = torch.empty(b, h, n, n, dtype=dtype or pair_repr.dtype, device=pair_repr.device)
+    rows = b * n * n
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]),)
+    _pair_bias[grid](
+        pair_repr, weight, out, out if mask is None else mask, rows, n * n, n, c,
+        *pair_repr.stride(), scale, mask_inf, pow2(rows, 1 << 16),
+        H=h, H_PAD=HEADS_PAD, DOT_PRECISION=precision, CAST_F32=cast_f32(pair_repr.dtype),
+        SPLIT_Z=own_split and precision == "tf32x3", HAS_MASK=mask is not None,
+        ROWS_I64=wide_rows(rows), ALIGNED=aligned(n),
+    )
     return out
+
+
+def bias_tensor(pair_repr: torch.Tensor, weight: torch.Tensor, modes: Modes) -> torch.Tensor:
+    """The (B, H, N, N) bias as the `triton` forward computes it, unchecked: the Triton GEMM
+    in the modes' bias precision."""
+    return launch_pair_bias(pair_repr, weight, modes.bias)
 
 
 def cublas_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, *, tf32: bool):

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from variants.base2 import LOG2E, base2_units
 from variants.problem import IPAConfig, validate_inputs
 from variants.triton import frames, frames_op
-from variants.triton.attention import default_split, launch_bias_attention
+from variants.triton.attention import default_split, launch_attention
 from variants.triton.common import (
     HEADS_PAD,
     check_runnable,
@@ -44,6 +44,7 @@ from variants.triton.common import (
 )
 from variants.triton.core_op import bias_core_op, core_op
 from variants.triton.fullfuse import launch_fullfuse
+from variants.triton.pair_bias import bias_tensor
 
 # The SPEC state_dict's names; the six projections in the order of the one input GEMM.
 IN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "q_pts", "k_pts", "v_pts")
@@ -223,7 +224,6 @@ def triton_ipa(
     split: int | None = None,
     fp32_dots: str = "3xtf32",
     half_points: str = "3xbf16",
-    bias_chunks: int = 1,
 ) -> torch.Tensor:
     """IPA forward (SPEC.md), `triton` variant: the pair bias by one GEMM into a (B, H, N, N)
     tensor, then the streamed flash-style attention kernel.
@@ -238,9 +238,7 @@ def triton_ipa(
     `half_points` (bf16/fp16 inputs): the point distances' cross term and the value-point sum
     as three bf16 dots of split operands ("3xbf16", default: one tensor-core layout for the
     whole score tile; 2-4 % faster than "tf32" at N >= 1024 on the H200, as accurate) or as
-    3xTF32 and TF32 dots ("tf32"). `bias_chunks` (with one key range): the bias GEMM and the
-    attention kernel in that many query-row chunks, each chunk's attention on a second stream
-    beside the next chunk's GEMM (`attention.launch_bias_attention`; 1: one after the other).
+    3xTF32 and TF32 dots ("tf32").
     """
     _check(weights, node_repr, pair_repr, translations, rotations)
     modes = dot_modes(node_repr.dtype, math_mode)
@@ -250,8 +248,6 @@ def triton_ipa(
 
     require(half_points in ("tf32", "3xbf16"),
             f"half_points: expected 'tf32' or '3xbf16', got {half_points!r}")
-    require(bias_chunks is not None, "bias_chunks: expected an int >= 1, got None")
-    check_split(bias_chunks, "bias_chunks")
 
     if fp32_dots == "ieee":
         modes = replace(modes, split_dots=False)
@@ -262,11 +258,10 @@ def triton_ipa(
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         # The launchers' own checks are skipped: every operand is built by the prologue.
-        out_p, _ = launch_bias_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
-                                         ops.centred_t, ops.point_weight, ops.out_s, pair_repr,
-                                         weights.w_pair, modes, split=split,
-                                         chunks=bias_chunks)
-        return ops.out_s, out_p
+        bias = bias_tensor(pair_repr, weights.w_pair, modes)
+        return ops.out_s, launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts,
+                                           ops.v_pts, ops.centred_t, ops.point_weight,
+                                           ops.out_s, bias, modes, split=split)
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 
