@@ -24,7 +24,7 @@ VARIANTS = all_variants()
 CPU_CASES = [
     (1, 1, IPAConfig(node_dim=64, pair_dim=16, heads=4, query_points=1, value_points=1)),
     (2, 7, IPAConfig()),
-    # head_dim 96: the attention kernel's two head-dim chunks (64 + 32), and 24 coordinates
+    # head_dim 96 (padded to 128 in the kernels) and 24 query-point coordinates
     (1, 33, IPAConfig(node_dim=96, pair_dim=8, heads=1, query_points=8, value_points=3)),
     (2, 97, IPAConfig(node_dim=96, pair_dim=32, heads=4, query_points=3, value_points=5)),
     (1, 97, IPAConfig(heads=12, query_points=4, value_points=8)),

@@ -53,13 +53,7 @@ from variants.triton.common import (
 )
 from variants.triton.merge import merge_key_ranges
 from variants.triton.pair_bias import launch_pair_bias
-from variants.triton.tf32 import (
-    bf16_split,
-    dot_split_bf16,
-    dot_split_tf32,
-    tf32_hi,
-    tf32_parts,
-)
+from variants.triton.tf32 import bf16_split, dot_split_bf16, dot_split_tf32, tf32_hi
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
 
@@ -90,38 +84,6 @@ def squared_distances(q_coords, kp_base, offs_n, n_ok, N, P3: tl.constexpr):
     return dist
 
 
-@triton.jit
-def head_rows(ptr, row_stride, rows, row_ok, d0, DC: tl.constexpr, D, CAST_F32: tl.constexpr):
-    """(rows, DC) fp32-or-input tile of head dims d0 .. d0 + DC of one head's rows at ptr."""
-    offs = d0 + tl.arange(0, DC)
-    x = tl.load(ptr + rows[:, None] * row_stride + offs[None, :],
-                mask=row_ok[:, None] & (offs < D)[None, :], other=0.0)
-    if CAST_F32:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def head_cols(ptr, row_stride, rows, row_ok, d0, DC: tl.constexpr, D, CAST_F32: tl.constexpr):
-    """The same tile transposed, (DC, rows)."""
-    offs = d0 + tl.arange(0, DC)
-    x = tl.load(ptr + rows[None, :] * row_stride + offs[:, None],
-                mask=row_ok[None, :] & (offs < D)[:, None], other=0.0)
-    if CAST_F32:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def dot_acc(a, a_hi, a_lo, b, acc, SPLIT_DOTS: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + a @ b: with SPLIT_DOTS as 3xTF32 of a's given parts and b's split here, else one
-    dot in PRECISION (a 16-bit b takes a rounded to its dtype)."""
-    if SPLIT_DOTS:
-        b_hi = tf32_hi(b)
-        return dot_split_tf32(a_hi, a_lo, b_hi, b - b_hi, acc)
-    return acc + tl.dot(a.to(b.dtype), b, input_precision=PRECISION)
-
-
 @triton.jit(do_not_specialize=["N", "split_len", "N_KEY"])
 def _attention_kernel(
     Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
@@ -144,8 +106,7 @@ def _attention_kernel(
     N_KEY,  # autotune bucket, unused in the body
     H: tl.constexpr,
     D: tl.constexpr,
-    D1: tl.constexpr,  # the head dims as one or two power-of-two chunks: 0 .. D1 (then D1 ..
-    D2: tl.constexpr,  # D1 + D2 when D2 > 0), e.g. 96 = 64 + 32 instead of 128 with 32 masked
+    D_PAD: tl.constexpr,
     P3: tl.constexpr,
     P3_PAD: tl.constexpr,
     VP3: tl.constexpr,
@@ -176,16 +137,21 @@ def _attention_kernel(
     bh = b * H + h
     i0 = pid_m * BLOCK_M
     offs_m = i0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
     offs_e = tl.arange(0, VP3_PAD)
     m_ok = offs_m < N
+    d_ok = offs_d < D
     e_ok = offs_e < VP3
 
-    q_head = Q + b * stride_qb + h * D
-    q = head_rows(q_head, stride_qn, offs_m, m_ok, 0, D1, D, CAST_F32)
-    q_hi, q_lo = tf32_parts(q, SPLIT_DOTS)
-    if D2 > 0:
-        q2 = head_rows(q_head, stride_qn, offs_m, m_ok, D1, D2, D, CAST_F32)
-        q2_hi, q2_lo = tf32_parts(q2, SPLIT_DOTS)
+    q = tl.load(
+        Q + b * stride_qb + h * D + offs_m[:, None] * stride_qn + offs_d[None, :],
+        mask=m_ok[:, None] & d_ok[None, :], other=0.0,
+    )
+    if CAST_F32:
+        q = q.to(tl.float32)
+    if SPLIT_DOTS:
+        q_hi = tf32_hi(q)
+        q_lo = q - q_hi
     pw = tl.load(PW + h)
     # Value points are summed relative to this block's first frame origin (small summands).
     centre = tl.load(TC + (b * N + i0) * 3 + offs_e % 3)
@@ -217,9 +183,7 @@ def _attention_kernel(
     # per-block row sum here made triton 3.6 carry l (and m) in a second layout, computing the
     # exponentials twice (sm_90 TTGIR).
     l_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_s = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
-    if D2 > 0:
-        acc_s2 = tl.zeros([BLOCK_M, D2], dtype=tl.float32)
+    acc_s = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     acc_p = tl.zeros([BLOCK_M, VP3_PAD], dtype=tl.float32)
     acc_d = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum_j p_ij dist_ij, for STATS
     j_start = pid_s * split_len
@@ -227,14 +191,18 @@ def _attention_kernel(
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         # scalar term: q . k / sqrt(d), in log2 units
-        k_head = K + b * stride_kb + h * D
-        kt = head_cols(k_head, stride_kn, offs_n, n_ok, 0, D1, D, CAST_F32)
-        s = dot_acc(q, q_hi, q_lo, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
-                    SPLIT_DOTS, DOT_PRECISION)
-        if D2 > 0:
-            kt2 = head_cols(k_head, stride_kn, offs_n, n_ok, D1, D2, D, CAST_F32)
-            s = dot_acc(q2, q2_hi, q2_lo, kt2, s, SPLIT_DOTS, DOT_PRECISION)
-        s = s * q_scale
+        kt = tl.load(
+            K + b * stride_kb + h * D + offs_n[None, :] * stride_kn + offs_d[:, None],
+            mask=d_ok[:, None] & n_ok[None, :], other=0.0,
+        )
+        if CAST_F32:
+            kt = kt.to(tl.float32)
+        if SPLIT_DOTS:
+            kt_hi = tf32_hi(kt)
+            s = dot_split_tf32(q_hi, q_lo, kt_hi, kt - kt_hi,
+                               tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * q_scale
+        else:
+            s = tl.dot(q, kt, input_precision=DOT_PRECISION) * q_scale
         if POINTS_DOT:
             k_pts = tl.load(
                 kp_base + offs_c[:, None] * N + offs_n[None, :],
@@ -263,23 +231,27 @@ def _attention_kernel(
         l_acc = l_acc * alpha[:, None] + p
         if STORE_STATS:
             acc_d = acc_d * alpha + tl.sum(p * dist, 1)
-        v_head = V + b * stride_vb + h * D
-        v = head_rows(v_head, stride_vn, offs_n, n_ok, 0, D1, D, CAST_F32)
+        v = tl.load(
+            V + b * stride_vb + h * D + offs_n[:, None] * stride_vn + offs_d[None, :],
+            mask=n_ok[:, None] & d_ok[None, :], other=0.0,
+        )
         vp = tl.load(
             vp_base + offs_n[:, None] * VP3 + offs_e[None, :],
             mask=n_ok[:, None] & e_ok[None, :], other=0.0,
         )
         vp = tl.where(n_ok[:, None], vp - centre[None, :], 0.0)
-        p_hi, p_lo = tf32_parts(p, SPLIT_DOTS)
-        acc_s = dot_acc(p, p_hi, p_lo, v, acc_s * alpha[:, None], SPLIT_DOTS, DOT_PRECISION)
-        if D2 > 0:
-            v2 = head_rows(v_head, stride_vn, offs_n, n_ok, D1, D2, D, CAST_F32)
-            acc_s2 = dot_acc(p, p_hi, p_lo, v2, acc_s2 * alpha[:, None], SPLIT_DOTS,
-                             DOT_PRECISION)
         if SPLIT_DOTS:
-            vp_hi = tf32_hi(vp)
+            p_hi = tf32_hi(p)
+            p_lo = p - p_hi
+            v_hi, vp_hi = tf32_hi(v), tf32_hi(vp)
+            acc_s = dot_split_tf32(p_hi, p_lo, v_hi, v - v_hi, acc_s * alpha[:, None])
             acc_p = dot_split_tf32(p_hi, p_lo, vp_hi, vp - vp_hi, acc_p * alpha[:, None])
         else:
+            if CAST_F32:
+                pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+            else:
+                pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            acc_s = acc_s * alpha[:, None] + pv
             if SPLIT_BF16:
                 p_hi, p_lo = bf16_split(p, CAST_F32)
                 vp_hi, vp_lo = bf16_split(vp, CAST_F32)
@@ -289,16 +261,14 @@ def _attention_kernel(
         m_i = m_new
 
     l_i = tl.sum(l_acc, 1)
+    acc_s = acc_s / l_i[:, None]
     acc_p = acc_p / l_i[:, None] + centre[None, :]
     rows = pid_s * tl.num_programs(1) * N  # the (b, i, h) rows of the ranges before this one
-    os_rows = OS + pid_s * stride_os + b * stride_ob + h * D + offs_m[:, None] * stride_on
-    offs_d = tl.arange(0, D1)
-    tl.store(os_rows + offs_d[None, :], (acc_s / l_i[:, None]).to(OS.dtype.element_ty),
-             mask=m_ok[:, None] & (offs_d < D)[None, :])
-    if D2 > 0:
-        offs_d2 = D1 + tl.arange(0, D2)
-        tl.store(os_rows + offs_d2[None, :], (acc_s2 / l_i[:, None]).to(OS.dtype.element_ty),
-                 mask=m_ok[:, None] & (offs_d2 < D)[None, :])
+    tl.store(
+        OS + pid_s * stride_os + b * stride_ob + h * D + offs_m[:, None] * stride_on
+        + offs_d[None, :],
+        acc_s.to(OS.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :],
+    )
     tl.store(
         OP + rows * VP3 + ((b * N + offs_m[:, None]) * H + h) * VP3 + offs_e[None, :],
         acc_p, mask=m_ok[:, None] & e_ok[None, :],
@@ -315,7 +285,7 @@ def _attention_kernel(
 # Config lists from compiling for sm_90 and reading register/stack use (cuobjdump): only
 # configs without large spills. fp32 IEEE dots run on CUDA cores (FMA), whose Triton lowering
 # holds whole operand slices in registers, hence the smaller tiles.
-_ATTENTION_KEY = ["N_KEY", "H", "D1", "D2", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_PRECISION",
+_ATTENTION_KEY = ["N_KEY", "H", "D_PAD", "P3", "VP3_PAD", "DOT_PRECISION", "PTS_PRECISION",
                   "POINTS_DOT", "SPLIT_BF16"]
 _INTERPRETED = {"BLOCK_M": 64, "BLOCK_N": 64}
 
@@ -367,20 +337,6 @@ _attention_split = _tuned("attention_split", [(64, 16, 4, 2), (64, 32, 4, 2), (6
                                               (128, 32, 8, 2, 128)])
 
 
-def head_chunks(d: int) -> dict[str, int]:
-    """The attention kernel's head-dim chunks D1 (+ D2) for head_dim d: one power of two
-    (d = 48: 64, 32 of them masked), or two where the second is at least 32 wide and the pair
-    pads less (d = 81-96: 64 + 32, not 128). sm_90 proxy, H = 4 (d = 96), fp32: 3.71 -> 3.38
-    instructions per pair and 97 -> 7 spill loads and stores per key block; d = 48 as
-    32 + 16 gained nothing (a 16-wide p.v dot costs about what it saves)."""
-    one = pow2(d)
-    first = one // 2
-    second = pow2(d - first) if d > first else 0
-    if second >= 32 and first + second < one:
-        return {"D1": first, "D2": second}
-    return {"D1": one, "D2": 0}
-
-
 def default_split(batch: int, heads: int, length: int, device: torch.device) -> int:
     """Key ranges per query block. A grid of 64-row query blocks that fills two programs per SM
     is not split (the merge would cost more than the fuller waves gain); a smaller one is split
@@ -428,7 +384,7 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
         base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), os_buf.stride(0), os_buf.stride(1), os_buf.stride(2),
-        pow2(n, 64), H=h, D=d, **head_chunks(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
+        pow2(n, 64), H=h, D=d, D_PAD=pow2(d), P3=p3, P3_PAD=pow2(p3), VP3=vp3,
         VP3_PAD=pow2(vp3), DOT_PRECISION=modes.dot, PTS_PRECISION=modes.points,
         POINTS_DOT=modes.points_dot, SPLIT_DOTS=split_dots, CAST_F32=cast_f32(q.dtype),
         SPLIT_BF16=split_bf16,

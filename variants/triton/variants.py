@@ -70,8 +70,7 @@ What differs from the reference (all of it on purpose, none of it changes the fu
   (`variants/base2.py`).
 
 Caveats. Only the two training variants have a backward. Heads 1..16, points 1..16, head_dim
-8..128 (padded to powers of two, so e.g. d = 48 does 64-wide dots; the attention
-kernel runs d = 81-96 as 64 + 32). IEEE fp32 dots are slow:
+8..128 (padded to powers of two, so e.g. d = 48 does 64-wide dots). IEEE fp32 dots are slow:
 Triton lowers them to CUDA-core FMAs at ~13 % of FP32 peak here (docs/perf-notes.md), hence the
 3xTF32 forms above. At N <= 1024 the forward is bound by host-side launch overhead
 (~20 PyTorch ops and two Triton launches), not by the GPU. Under the CPU interpreter
