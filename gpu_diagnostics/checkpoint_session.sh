@@ -3,13 +3,14 @@
 # single machine start: the GPU tests of triton-train (#16), of `triton` (#17) and of problem
 # openfold's triton-bias (#18), sharded over SHARDS processes; a sweep of each issue's headline
 # cells (their rows carry err_ratio / grad_err_ratio against the float64 oracle, so they check as
-# well as time): triton-train's step at N = 4096 and 1024 (eager, and
-# replayed at 1024), the `triton` forward at N = 256, 1024, 4096 (replayed to 1024), openfold
-# triton-bias's forward at N = 2048; then torch.profiler on one fp32 training step at N = 4096.
-# fp32 and bf16 throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD,
-# LIM_OF, LIM_PROF seconds; 170 + 130 + 80 + 75 + 40 s) and every sweep cell is fsync'ed, so a
-# cut stage still reports what finished. Everything lands in one archive, $OUT/checkpoint.tgz
-# (the device returns at most 8 files), with summary.md beside it.
+# well as time): triton-train's step at N = 1024 (eager and replayed) and 4096, the `triton`
+# forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048;
+# then torch.profiler on one fp32 training step at N = 4096, and openfold triton-bias's fp32
+# forward at N = 2048 with synchronous launches (it faulted on 2026-12-05). fp32 and bf16
+# throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD, LIM_OF,
+# LIM_PROF, LIM_FAULT seconds; 170 + 170 + 70 + 60 + 35 + 40 s) and every sweep cell is
+# fsync'ed, so a cut stage still reports what finished. Everything lands in one archive,
+# $OUT/checkpoint.tgz (the device returns at most 8 files), with summary.md beside it.
 #
 #   OUT=DIR bash gpu_diagnostics/checkpoint_session.sh
 source gpu_diagnostics/session_env.sh
@@ -31,13 +32,17 @@ sweep() {
         > "$work/$name-report.md" 2>&1
 }
 base='[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n'
-sweep training "${LIM_TRAIN:-130}" triton-train \
-    "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [4096, 1024]\n"
-sweep forward "${LIM_FWD:-80}" triton "${base}\n[[slice]]\nlength = [256, 1024, 4096]\n"
-sweep openfold "${LIM_OF:-75}" triton-bias \
+sweep training "${LIM_TRAIN:-170}" triton-train \
+    "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [1024, 4096]\n"
+sweep forward "${LIM_FWD:-70}" triton "${base}\n[[slice]]\nlength = [256, 1024, 4096]\n"
+sweep openfold "${LIM_OF:-60}" triton-bias \
     "${base}problem = \"openfold\"\n\n[[slice]]\nlength = [2048]\n"
-timeout -s INT "${LIM_PROF:-40}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
+timeout -s INT "${LIM_PROF:-35}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
     > "$work/train-profile.log" 2>&1
+# openfold triton-bias fp32 at N = 2048 hit an illegal memory access on 2026-12-05 (H100): with
+# synchronous launches the traceback names the launcher that faults, if one still does
+CUDA_LAUNCH_BLOCKING=1 timeout -s INT "${LIM_FAULT:-40}" python3 gpu_diagnostics/profile_call.py \
+    2048 fp32 triton-bias --problem openfold --pass forward > "$work/openfold-fault.log" 2>&1
 
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -48,6 +53,8 @@ timeout -s INT "${LIM_PROF:-40}" python3 gpu_diagnostics/profile_call.py 4096 fp
         echo "## $name"; head -30 "$work/$name-report.md"
     done
     echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
+    echo "## openfold triton-bias fp32 N = 2048, synchronous launches"
+    grep -E "_kernel |Error|error|launch_|\.py:[0-9]+" "$work/openfold-fault.log" | tail -12
 } > "$OUT/summary.md" 2>&1
 rm -f "$work"/*/.ipa-bench.lock
 tar -czf "$OUT/checkpoint.tgz" -C "$work" .

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.triton.common import HEADS_PAD, autotuned, cast_f32, pow2, whole_blocks
+from variants.triton.common import HEADS_PAD, autotuned, cast_f32, pow2
 from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 
@@ -46,7 +46,6 @@ def _pair_values_kernel(
     C: tl.constexpr,
     PRECISION: tl.constexpr,  # "tf32x3" (split here), "tf32", or "ieee" (16-bit z)
     CAST_F32: tl.constexpr,
-    EVEN: tl.constexpr,  # N a multiple of every BLOCK_M and BLOCK_N
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -72,27 +71,15 @@ def _pair_values_kernel(
     z_rows = (Z + b * stride_zb + offs_m[:, None, None] * stride_zi
               + offs_c[None, None, :] * stride_zc)
     z_ok = m_ok[:, None, None] & c_ok[None, None, :]
-    # EVEN: whole query and key blocks, masks only for the padded heads (and channels): the
-    # per-element masks were ~15 % of the loop (sm_90 proxy)
-    heads_ok = h_ok[None, :, None]
-    UNMASKED: tl.constexpr = EVEN and C % BLOCK_C == 0  # z tiles need no mask
     acc = tl.zeros([BLOCK_M, H_PAD, BLOCK_C], dtype=tl.float32)
     for j0 in range(0, N, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        if EVEN:
-            s = tl.load(s_rows + offs_n[None, None, :], mask=heads_ok, other=float("-inf"))
-        else:
-            s = tl.load(s_rows + offs_n[None, None, :], mask=s_ok & n_ok[None, None, :],
-                        other=float("-inf"))
+        s = tl.load(s_rows + offs_n[None, None, :], mask=s_ok & n_ok[None, None, :],
+                    other=float("-inf"))
         a = tl.exp2((s - row_max) - log_sum)  # (BM, H_PAD, BN); 0 past N and in padded heads
-        z_tile = z_rows + offs_n[None, :, None] * stride_zj  # (BM, BN, BC)
-        if UNMASKED:
-            z = tl.load(z_tile)
-        elif EVEN:
-            z = tl.load(z_tile, mask=c_ok[None, None, :], other=0.0)
-        else:
-            z = tl.load(z_tile, mask=z_ok & n_ok[None, :, None], other=0.0)
+        z = tl.load(z_rows + offs_n[None, :, None] * stride_zj,
+                    mask=z_ok & n_ok[None, :, None], other=0.0)  # (BM, BN, BC)
         if CAST_F32:
             z = z.to(tl.float32)
         if PRECISION == "tf32x3":  # `tf32.dot_split_tf32`'s products, inline: through the
@@ -155,5 +142,4 @@ def launch_pair_values(logits: torch.Tensor, stats: torch.Tensor, pair_repr: tor
         logits, stats, pair_repr, out, n, *pair_repr.stride(), out.stride(0), out.stride(1),
         pow2(n, 64), H=h, H_PAD=HEADS_PAD, C=c, PRECISION=precision,
         CAST_F32=cast_f32(pair_repr.dtype),
-        EVEN=whole_blocks(n, _pair_values, "BLOCK_M", "BLOCK_N"),
     )
