@@ -4,18 +4,19 @@
 # openfold's triton-bias (#18), sharded over SHARDS processes; a sweep of each issue's headline
 # cells (their rows carry err_ratio / grad_err_ratio against the float64 oracle, so they check as
 # well as time): triton-train's step at N = 1024 (eager and replayed) and 4096, the `triton`
-# forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048;
+# forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048
+# and its training step at N = 1024 (whole blocks: the backward's EVEN paths, never run on a GPU);
 # then torch.profiler on one fp32 training step at N = 4096, and openfold triton-bias's fp32
 # forward at N = 2048 with synchronous launches (it faulted on 2026-12-05). fp32 and bf16
 # throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD, LIM_OF,
-# LIM_PROF, LIM_FAULT seconds; 170 + 170 + 70 + 60 + 35 + 40 s) and every sweep cell is
+# LIM_PROF, LIM_FAULT seconds; 160 + 160 + 70 + 100 + 35 + 40 s) and every sweep cell is
 # fsync'ed, so a cut stage still reports what finished. Everything lands in one archive,
 # $OUT/checkpoint.tgz (the device returns at most 8 files), with summary.md beside it.
 #
 #   OUT=DIR bash gpu_diagnostics/checkpoint_session.sh
 source gpu_diagnostics/session_env.sh
 work=$(mktemp -d)
-sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-170}" "$work/gpu-tests.log" -m gpu \
+sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-160}" "$work/gpu-tests.log" -m gpu \
     tests/test_triton_backward.py tests/test_variants.py tests/test_openfold_triton.py \
     -k "(triton-train and not fullfuse) or (test_matches_oracle_gpu and triton-B) or triton-bias \
         or test_triton_bias_training"
@@ -32,11 +33,11 @@ sweep() {
         > "$work/$name-report.md" 2>&1
 }
 base='[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n'
-sweep training "${LIM_TRAIN:-170}" triton-train \
+sweep training "${LIM_TRAIN:-160}" triton-train \
     "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [1024, 4096]\n"
 sweep forward "${LIM_FWD:-70}" triton "${base}\n[[slice]]\nlength = [256, 1024, 4096]\n"
-sweep openfold "${LIM_OF:-60}" triton-bias \
-    "${base}problem = \"openfold\"\n\n[[slice]]\nlength = [2048]\n"
+sweep openfold "${LIM_OF:-100}" triton-bias "${base}problem = \"openfold\"\n\n[[slice]]\nlength = [2048]\n
+[[slice]]\nlength = [1024]\npasses = [\"forward+backward\"]\n"
 timeout -s INT "${LIM_PROF:-35}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
     > "$work/train-profile.log" 2>&1
 # openfold triton-bias fp32 at N = 2048 hit an illegal memory access on 2026-12-05 (H100): with
