@@ -55,8 +55,9 @@ def run_one(args, index: int) -> str:
     if args.kernel.startswith("bias_backward_"):
         return training_step(args, config, state_dict)
     weights = TritonIPAWeights.from_state_dict(state_dict, config, "cuda", dtype)
-    inputs = make_inputs(config, args.batch, args.length, seed=1, device="cuda")
-    out = triton_ipa(weights, *inputs.to(dtype=dtype).as_tuple(), split=args.split,
+    # the oracle sees the inputs the kernel sees (rounded to 16 bits), as the harness's does
+    inputs = make_inputs(config, args.batch, args.length, seed=1, device="cuda").to(dtype=dtype)
+    out = triton_ipa(weights, *inputs.as_tuple(), split=args.split,
                      fp32_dots=args.fp32_dots, half_points=args.half_points)
     torch.cuda.synchronize()
     return f"ok, rel_l2 {rel_l2(out, oracle_forward(state_dict, config, inputs)):.2e}"
