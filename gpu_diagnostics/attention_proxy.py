@@ -10,19 +10,18 @@ kernel (whose venv it needs: see there). Configs that spill are the ones to drop
         [--layer heads=4,value_points=12]
 
 Forms: fp32 with 3xTF32 dots (`_attention_split`, the default), fp32 IEEE (`_attention_direct`,
-`triton_ipa(fp32_dots="ieee")`), bf16 with its point dots as 3xBF16 (`_attention_bf16_split`,
-the default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`);
-triton-train's forward, the same kernel writing the logits and the row statistics
-(`TRAIN_FORMS`); the
-backward's key, query and pair kernels in fp32 (3xTF32) and 16-bit (`BACKWARD_FORMS`); problem
-openfold's `triton-bias` kernels, its attention kernel writing the logits and its pair values
-(`OPENFOLD_BIAS_FORMS`), and its backward's (`OPENFOLD_BACKWARD_FORMS`). FORM
-names the labels to compile (default: all). One line per config on stdout: registers, spills,
-shared bytes, and the main loop's warp-instructions per (query, key) pair (the pair kernel's:
-per (i, j) pair) with its shared-memory loads and stores (LDS, STS) and its spill loads and
-stores (LDL, STL) per warp and block. Memory: the N^2-sized operands are left uninitialised
-(never touched), but problem openfold's forward forms draw real inputs, z alone N^2 x 128 x 4
-bytes (8.6 GB at N = 4096): compile those at N <= 2048 on this 23 GB machine.
+`triton_ipa(fp32_dots="ieee")`), bf16 with its point dots as 3xBF16 (`_attention_bf16_split`, the
+default) and as 3xTF32/TF32 (`_attention_dot`, `triton_ipa(half_points="tf32")`); triton-train's
+forward, the same kernel writing the logits and the row statistics (`TRAIN_FORMS`); the backward's
+key, query and pair kernels in fp32 (3xTF32) and 16-bit (`BACKWARD_FORMS`); problem openfold's
+`triton-bias` kernels, its attention kernel writing the logits and its pair values
+(`OPENFOLD_BIAS_FORMS`), and its backward's (`OPENFOLD_BACKWARD_FORMS`). FORM names the labels to
+compile (default: all). One line per config on stdout: registers, spills, shared bytes, and the main
+loop's warp-instructions per (query, key) pair (the pair kernel's: per (i, j) pair) with its
+shared-memory loads and stores (LDS, STS) and its spill loads and stores (LDL, STL) per warp and
+block. Memory: the N^2-sized operands are left uninitialised (never touched), but problem openfold's
+forward forms draw real inputs, z alone N^2 x 128 x 4 bytes (8.6 GB at N = 4096): compile those at N
+<= 2048 on this 23 GB machine.
 """
 
 from __future__ import annotations
