@@ -8,6 +8,11 @@ kernel's fastest configs with their times.
         [--problem simplified|openfold] [--pass forward|forward+backward] [--device cuda|cpu]
         [--nvtx | --host]
 
+With `--ab MODULE:FLAG` the call is timed instead with a module-level switch off and on in
+turn (seven rounds of five calls each way, the host clock around synchronised calls; medians in
+ms): an A/B of one change in one process, e.g.
+`--ab variants.triton.bias_backward:SUMS_BESIDE_PAIR_PASS`.
+
 With `--nvtx` the measured call runs inside an NVTX range named `ipa` instead of under
 torch.profiler, for Nsight Compute to profile that call's kernels alone (the warm-ups and
 the autotuner's launches fall outside it). With `--host`, 20 calls run under cProfile instead
@@ -26,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import pstats
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -57,6 +64,8 @@ def main(argv: list[str]) -> int:
                         help="run the measured call in an NVTX range `ipa` (for ncu)")
     parser.add_argument("--host", action="store_true",
                         help="cProfile 20 calls instead: where the host's time goes")
+    parser.add_argument("--ab", metavar="MODULE:FLAG",
+                        help="time the call with a module-level switch off and on in turn")
     args = parser.parse_args(argv)
     problem = PROBLEMS[args.problem]
     config = problem.config_class()
@@ -89,6 +98,9 @@ def main(argv: list[str]) -> int:
                 call()
                 sync()
             return 0
+        if args.ab:
+            print_ab(args.ab, call, sync)
+            return 0
         if args.host:
             host = cProfile.Profile()
             host.enable()
@@ -111,6 +123,31 @@ def main(argv: list[str]) -> int:
     print(table.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
     print_tuning()
     return 0
+
+
+def print_ab(switch: str, call, sync, rounds: int = 7, calls: int = 5) -> None:
+    """Median ms of `call` with the module-level boolean `switch` ("module:FLAG") off and on,
+    alternating by rounds so that drift in the device's clocks hits both alike."""
+    module_name, flag = switch.split(":")
+    module = importlib.import_module(module_name)
+    original = getattr(module, flag)  # a typo fails here, not silently
+    assert isinstance(original, bool), f"{switch} is not a boolean switch"
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for value in (False, True):
+            setattr(module, flag, value)
+            call()
+            sync()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            sync()
+            times[value].append((time.perf_counter() - start) * 1e3 / calls)
+    setattr(module, flag, original)
+    for value, samples in times.items():
+        samples.sort()
+        print(f"{switch}={value}: median {samples[len(samples) // 2]:.3f} ms "
+              f"(min {samples[0]:.3f}, max {samples[-1]:.3f}, {rounds} x {calls} calls)")
 
 
 def print_tuning() -> None:
