@@ -10,18 +10,25 @@ kernel's fastest configs with their times.
 
 With `--ab MODULE:FLAG` the call is timed instead with a module-level switch off and on in
 turn (seven rounds of five calls each way, the host clock around synchronised calls; medians in
-ms): an A/B of one change in one process, e.g.
-`--ab variants.triton.bias_backward:SUMS_BESIDE_PAIR_PASS`.
+ms): an A/B of one change in one process, behind a module-level boolean that the change adds
+for the experiment (the seventeenth session's `bias_backward.SUMS_BESIDE_PAIR_PASS`,
+docs/perf-notes.md).
 
-With `--nvtx` the measured call runs inside an NVTX range named `ipa` instead of under
-torch.profiler, for Nsight Compute to profile that call's kernels alone (the warm-ups and
-the autotuner's launches fall outside it). With `--host`, 20 calls run under cProfile instead
-(the Python functions by own time: where an eager call's host overhead goes).
+With `--nvtx` the measured call runs inside an NVTX range named `ipa` and the CUDA profiler
+range (cudaProfilerStart / Stop) instead of under torch.profiler, for Nsight Compute to
+profile that call's kernels alone (the warm-ups and the autotuner's launches fall outside
+it). Autograd runs the backward on a thread of its own, outside the NVTX range, which is per
+thread: for a training step's kernels use `--profile-from-start off` instead. With `--host`,
+20 calls run under cProfile instead (the Python functions by own time: where an eager call's
+host overhead goes).
 
 Nsight Compute:
 
     ncu --nvtx --nvtx-include "ipa/" --section SpeedOfLight --section WarpStateStats \
         python3 gpu_diagnostics/profile_call.py 4096 bf16 triton-pairdot --pass forward --nvtx
+    ncu --profile-from-start off --kernel-name regex:"_key_kernel|_pair_kernel" \
+        --section SpeedOfLight --section WarpStateStats \
+        python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train --nvtx
 
 Defaults: N = 4096, fp32, `triton-train`, problem simplified, pass forward+backward, cuda
 (`--device cpu` with TRITON_INTERPRET=1 and a small N: a dry run of this script).
@@ -94,9 +101,11 @@ def main(argv: list[str]) -> int:
             call()
         sync()
         if args.nvtx:
+            torch.cuda.profiler.start()
             with torch.cuda.nvtx.range("ipa"):
                 call()
                 sync()
+            torch.cuda.profiler.stop()
             return 0
         if args.ab:
             print_ab(args.ab, call, sync)

@@ -78,7 +78,6 @@ from variants.triton.backward import single_key_gradients
 from variants.triton.common import (
     INTERPRET,
     Modes,
-    SideStream,
     aligned,
     autotuned,
     block_configs,
@@ -396,29 +395,23 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
                                     pair_weight, point_weight)
     # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
     delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
-    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (d_pair, d_weight) = attention_gradients(
+    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point = attention_gradients(
         grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
-        modes, lambda ds: pair_gradients(ds, pair_repr, pair_weight), split=split)
+        modes, split=split)
+    d_pair, d_weight = pair_gradients(logits, pair_repr, pair_weight)  # logits now hold dS
     return (dq, dk, dv, dq_pts, dk_pts, dv_pts, d_pair, d_weight.to(pair_weight.dtype),
             d_point)
 
 
-# The sums of dS (the point-weight kernel and the two SGEMMs: latency- and compute-bound) run
-# on a side stream beside the pair pass (memory-bound); all of them only read dS.
-SUMS_BESIDE_PAIR_PASS = True
-
-
 def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats,
-                        logits, delta, modes: Modes, pair_pass, *, split: int | None = None,
+                        logits, delta, modes: Modes, *, split: int | None = None,
                         q_scale: float | None = None, ds: torch.Tensor | None = None):
     """The per-head work of the backward (the key kernel, then the sums of dS), unchecked: the
-    gradients of q, k, v (their dtype), q_pts, k_pts, v_pts and point_weight (fp32), and last
-    `pair_pass(dS)`'s result: it is launched on the caller's stream right after the key kernel,
-    and the sums run beside it (`SUMS_BESIDE_PAIR_PASS`). `logits` (B, H, N, N) fp32: the
-    forward's base-2 logits. `delta` (B, N, H) fp32: D_i = sum_j P_ij dP_ij. `q_scale`: the
-    forward's q.k factor (default log2(e) / sqrt(D)). `ds` None: dS overwrites `logits`; else
-    (B, H, N, N) fp32, a term of dP per (row, key) (problem openfold's pair values,
-    do_pair . z), overwritten with dS, and the logits stay."""
+    gradients of q, k, v (their dtype), q_pts, k_pts, v_pts and point_weight (fp32); dS is left
+    in `ds`. `logits` (B, H, N, N) fp32: the forward's base-2 logits. `delta` (B, N, H) fp32:
+    D_i = sum_j P_ij dP_ij. `q_scale`: the forward's q.k factor (default log2(e) / sqrt(D)).
+    `ds` None: dS overwrites `logits`; else (B, H, N, N) fp32, a term of dP per (row, key) (problem
+    openfold's pair values, do_pair . z), overwritten with dS, and the logits stay."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     dev, f32 = q.device, torch.float32
@@ -444,17 +437,14 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
         HAS_G=ds is not None, ALIGNED=aligned(n, split_len),
     )
     ds = logits if ds is None else ds  # dS, written by the key kernel
-    pair_grads = pair_pass(ds)
+    d_point = torch.empty(b, h, n, dtype=f32, device=dev)
+    _point_weight[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
+        ds, q_pts, k_pts, stats, d_point, n, pow2(n, 64), H=h, P3=p3, ALIGNED=aligned(n))
     q_scale = base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale
-    with SideStream(dev, SUMS_BESIDE_PAIR_PASS) as side:
-        d_point = torch.empty(b, h, n, dtype=f32, device=dev)
-        _point_weight[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
-            ds, q_pts, k_pts, stats, d_point, n, pow2(n, 64), H=h, P3=p3, ALIGNED=aligned(n))
-        dq, dk, dq_pts, dk_pts = gemm_ds_sums(ds, q, k, q_pts, k_pts, point_weight, q_scale)
-        dq, dk, d_point = dq.to(q.dtype), dk.to(k.dtype), d_point.sum((0, 2)) * LN2_F
-    side.join(dq, dk, dq_pts, dk_pts, d_point)
+    dq, dk, dq_pts, dk_pts = gemm_ds_sums(ds, q, k, q_pts, k_pts, point_weight, q_scale)
     dv, dv_pts = (t[0] if t.shape[0] == 1 else t.sum(0) for t in (dv, dv_pts))
-    return dq, dk, dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_point, pair_grads
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts,
+            d_point.sum((0, 2)) * LN2_F)
 
 
 def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torch.Tensor,
