@@ -58,12 +58,14 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
 # (`_point_weight_kernel`) and the pair kernel (`_pair_kernel`, d pair_repr and dW_b; the sums
 # of dS run on cuBLAS), label: (autotuned form, input dtype)
 KERNELS = {"_point_weight": "_point_weight_kernel",
-           "_pair": "_pair_kernel"}  # else the key kernel
+           "_pair": "_pair_kernel", "_pair_narrow": "_pair_kernel"}  # else the key kernel
 BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "keys_16bit": ("_key_16bit", torch.bfloat16),
                   "point_weight": ("_point_weight", torch.float32),
                   "pairs_3xtf32": ("_pair", torch.float32),
-                  "pairs_16bit": ("_pair", torch.bfloat16)}
+                  "pairs_16bit": ("_pair", torch.bfloat16),
+                  "pairs_narrow_3xtf32": ("_pair_narrow", torch.float32),
+                  "pairs_narrow_16bit": ("_pair_narrow", torch.bfloat16)}
 
 
 def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
@@ -78,8 +80,9 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
     rec.configs = getattr(bb, name).configs
     logits = torch.empty(b, h, n, n)  # N^2-sized operands: empty, never touched
     pair_weight = torch.zeros(h, cfg.pair_dim, dtype=dtype)
-    if name == "_pair":
-        with standing_in([(bb, name, rec), (bb, "sm_count", lambda device: 132)]):
+    if name in ("_pair", "_pair_narrow"):  # either stands for the one pair_gradients launches
+        with standing_in([(bb, "_pair", rec), (bb, "_pair_narrow", rec),
+                          (bb, "sm_count", lambda device: 132)]):
             bb.pair_gradients(logits, torch.empty(b, n, n, cfg.pair_dim, dtype=dtype), pair_weight)
         return rec.args, rec.kwargs
     f32 = torch.float32

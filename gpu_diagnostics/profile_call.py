@@ -8,11 +8,13 @@ kernel's fastest configs with their times.
         [--problem simplified|openfold] [--pass forward|forward+backward] [--device cuda|cpu]
         [--nvtx | --host]
 
-With `--ab MODULE:FLAG` the call is timed instead with a module-level switch off and on in
-turn (seven rounds of five calls each way, the host clock around synchronised calls; medians in
-ms): an A/B of one change in one process, behind a module-level boolean that the change adds
-for the experiment (the seventeenth session's `bias_backward.SUMS_BESIDE_PAIR_PASS`,
-docs/perf-notes.md).
+With `--ab SETTING [SETTING ...]` the call is timed instead under each SETTING in turn (seven
+rounds of five calls each, the host clock around synchronised calls; medians in ms): an A/B of
+one change in one process, behind module-level switches that the change adds for the
+experiment. A SETTING is `MODULE:NAME=VALUE[,MODULE:NAME=VALUE...]` (VALUE a Python literal);
+a lone `MODULE:NAME` (a boolean) stands for its two settings, off and on. The eighteenth
+session's: `--ab variants.triton.bias_backward:SUMS_BESIDE_PAIR_PASS=False
+variants.triton.bias_backward:SUMS_BESIDE_PAIR_PASS=True,variants.triton.bias_backward:PAIR_PROGRAMS_PER_SM=1`.
 
 With `--nvtx` the measured call runs inside an NVTX range named `ipa` and the CUDA profiler
 range (cudaProfilerStart / Stop) instead of under torch.profiler, for Nsight Compute to
@@ -37,6 +39,7 @@ Defaults: N = 4096, fp32, `triton-train`, problem simplified, pass forward+backw
 from __future__ import annotations
 
 import argparse
+import ast
 import cProfile
 import importlib
 import pstats
@@ -71,8 +74,8 @@ def main(argv: list[str]) -> int:
                         help="run the measured call in an NVTX range `ipa` (for ncu)")
     parser.add_argument("--host", action="store_true",
                         help="cProfile 20 calls instead: where the host's time goes")
-    parser.add_argument("--ab", metavar="MODULE:FLAG",
-                        help="time the call with a module-level switch off and on in turn")
+    parser.add_argument("--ab", nargs="+", metavar="SETTING",
+                        help="time the call under each MODULE:NAME=VALUE[,...] setting in turn")
     args = parser.parse_args(argv)
     problem = PROBLEMS[args.problem]
     config = problem.config_class()
@@ -134,28 +137,53 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def print_ab(switch: str, call, sync, rounds: int = 7, calls: int = 5) -> None:
-    """Median ms of `call` with the module-level boolean `switch` ("module:FLAG") off and on,
-    alternating by rounds so that drift in the device's clocks hits both alike."""
-    module_name, flag = switch.split(":")
-    module = importlib.import_module(module_name)
-    original = getattr(module, flag)  # a typo fails here, not silently
-    assert isinstance(original, bool), f"{switch} is not a boolean switch"
-    times: dict[bool, list[float]] = {False: [], True: []}
+def parse_settings(specs: list[str]) -> list[dict[tuple[str, str], object]]:
+    """`--ab`'s settings: each maps (module, name) to a value; a lone boolean `MODULE:NAME`
+    becomes two settings, False and True. A module or name that does not exist fails here."""
+    settings = []
+    for spec in specs:
+        if "=" not in spec:
+            specs_of_flag = [f"{spec}=False", f"{spec}=True"]
+            settings += parse_settings(specs_of_flag)
+            continue
+        setting = {}
+        for assignment in spec.split(","):
+            target, value = assignment.split("=", 1)
+            module_name, name = target.split(":")
+            getattr(importlib.import_module(module_name), name)  # a typo fails here
+            setting[module_name, name] = ast.literal_eval(value)
+        settings.append(setting)
+    return settings
+
+
+def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5) -> None:
+    """Median ms of `call` under each setting (`parse_settings`), alternating by rounds so that
+    drift in the device's clocks hits every setting alike; the switches are restored after."""
+    settings = parse_settings(specs)
+    originals = {key: getattr(importlib.import_module(key[0]), key[1])
+                 for setting in settings for key in setting}
+
+    def apply(values: dict) -> None:
+        for (module_name, name), value in values.items():
+            setattr(importlib.import_module(module_name), name, value)
+
+    times: list[list[float]] = [[] for _ in settings]
     for _ in range(rounds):
-        for value in (False, True):
-            setattr(module, flag, value)
+        for setting, samples in zip(settings, times, strict=True):
+            apply(originals)
+            apply(setting)
             call()
             sync()
             start = time.perf_counter()
             for _ in range(calls):
                 call()
             sync()
-            times[value].append((time.perf_counter() - start) * 1e3 / calls)
-    setattr(module, flag, original)
-    for value, samples in times.items():
+            samples.append((time.perf_counter() - start) * 1e3 / calls)
+    apply(originals)
+    for setting, samples in zip(settings, times, strict=True):
         samples.sort()
-        print(f"{switch}={value}: median {samples[len(samples) // 2]:.3f} ms "
+        label = ", ".join(f"{name}={value!r}" for (_, name), value in setting.items())
+        print(f"{label}: median {samples[len(samples) // 2]:.3f} ms "
               f"(min {samples[0]:.3f}, max {samples[-1]:.3f}, {rounds} x {calls} calls)")
 
 

@@ -9,11 +9,15 @@
 # the fp32 `triton` kernel spilling at H = 4 (head_dim 96, padded to 128) and ~1.5x slower per
 # unit of work at Qp = 8. Stage limits LIM_SWEEP, LIM_REPORT (seconds; 520 + 30): a cut sweep
 # still returns its finished rows. Writes sweep.log, report.md, results.csv, metadata.json.
+# RUN_DIR (default $OUT/slices) holds the sweep's own folder: one outside $OUT (e.g.
+# /tmp/slices) survives between calls on a warm machine, and a second call resumes the sweep.
 #
 #   OUT=DIR bash gpu_diagnostics/slices_session.sh
+#   OUT=DIR RUN_DIR=/tmp/slices bash gpu_diagnostics/slices_session.sh   (twice: resumes)
 #   OUT=DIR VARIANTS="flex-attention sdpa-decomposition torch-compile" bash ...
 source gpu_diagnostics/session_env.sh
 VARIANTS=${VARIANTS:-triton cuda-fused cuda-hybrid triton-fullfuse}
+RUN_DIR=${RUN_DIR:-$OUT/slices}
 grid=$(mktemp --suffix .toml)
 cat > "$grid" <<'EOF'
 [base]
@@ -45,11 +49,11 @@ EOF
 variant_args=()
 for v in $VARIANTS; do variant_args+=(--variant "$v"); done
 timeout -s INT "${LIM_SWEEP:-520}" python3 -m harness.cli sweep --grid "$grid" --device cuda \
-    -o "$OUT/slices" --no-plots --no-progress "${variant_args[@]}" > "$OUT/sweep.log" 2>&1
-timeout -s INT "${LIM_REPORT:-30}" python3 -m harness.cli report "$OUT/slices/results.csv" \
+    -o "$RUN_DIR" --no-plots --no-progress "${variant_args[@]}" > "$OUT/sweep.log" 2>&1
+timeout -s INT "${LIM_REPORT:-30}" python3 -m harness.cli report "$RUN_DIR/results.csv" \
     > "$OUT/report.md" 2>&1
-mv "$OUT/slices/results.csv" "$OUT/slices/metadata.json" "$OUT/" 2>/dev/null
-rm -rf "$OUT/slices"
+cp "$RUN_DIR/results.csv" "$RUN_DIR/metadata.json" "$OUT/" 2>/dev/null
+[ "$RUN_DIR" = "$OUT/slices" ] && rm -rf "$RUN_DIR"
 tail -5 "$OUT/sweep.log"
 head -120 "$OUT/report.md"
 exit 0

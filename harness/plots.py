@@ -34,7 +34,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from harness.problems import DEFAULT  # noqa: E402
+from harness.problems import DEFAULT, PROBLEMS  # noqa: E402
 from harness.results import ERR_RATIO_LABEL, NO_NUMBER, SHAPE_COLUMNS, read_results  # noqa: E402
 from variants.problem import IPAInputError  # noqa: E402
 
@@ -83,11 +83,24 @@ def variant_style(name: str) -> dict[str, str]:
 
 
 def length_slice(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of the shape (batch, heads, ...) that covers the most distinct lengths."""
+    """Rows of the shape (batch, heads, ...) that covers the most distinct lengths; among
+    shapes that cover as many, the problem's default layer at B = 1 (a sweep of slices around
+    it), else the first."""
     counts = df.groupby(SHAPE_COLUMNS)["length"].nunique()
-    shape = counts.idxmax()
+    widest = list(counts[counts == counts.max()].index)
+    default = default_shape(str(df["problem"].iloc[0]) if "problem" in df else DEFAULT)
+    shape = default if default in widest else widest[0]
     mask = (df[SHAPE_COLUMNS] == pd.Series(shape, index=SHAPE_COLUMNS)).all(axis=1)
     return df[mask]
+
+
+def default_shape(problem: str) -> tuple:
+    """The SHAPE_COLUMNS values of `problem`'s default layer at B = 1 (None: a problem this
+    version does not know)."""
+    if problem not in PROBLEMS:
+        return None
+    columns = {"batch": 1, **PROBLEMS[problem].config_class().columns()}
+    return tuple(columns[c] for c in SHAPE_COLUMNS)
 
 
 def shape_label(df: pd.DataFrame) -> str:

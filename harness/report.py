@@ -1,10 +1,12 @@
 """`ipa-bench report RESULTS.csv`: a markdown summary of a sweep.
 
-Per problem and GPU model (when a file has several), pass and dtype, over the N slice: the
-best variant at each N with its latency, speedup over the baseline and memory; latency and
-memory of every variant side by side; the same latency tables for CUDA-graph replay where the
-sweep has them (small N, where eager calls are launch-bound); then every cell that failed,
-with its reason. Rows of different problems (`simplified`, `openfold`) never share a table.
+Per problem and GPU model (when a file has several), pass and dtype, over the N slice (the
+shape with the most lengths; among equals the default layer): the best variant at each N with
+its latency, speedup over the baseline and memory; latency and memory of every variant side by
+side; where the sweep has other shapes (slices), every shape's fastest variant and each
+variant's time over it; the same tables for CUDA-graph replay where the sweep has them (small
+N, where eager calls are launch-bound); then every cell that failed, with its reason. Rows of
+different problems (`simplified`, `openfold`) never share a table.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import math
 import pandas as pd
 
 from harness.plots import length_slice, shape_label
-from harness.results import ERR_RATIO_LABEL, FLAGS, NO_NUMBER, has_flag, read_results
+from harness.results import (
+    ERR_RATIO_LABEL,
+    FLAGS,
+    NO_NUMBER,
+    SHAPE_COLUMNS,
+    has_flag,
+    read_results,
+)
 from harness.runner import PASSES
 from variants.problem import IPAInputError
 
@@ -78,6 +87,39 @@ def _sections(df: pd.DataFrame):
                     yield f"{prefix}{dtype}, {what}", mode, ddf
 
 
+SHAPE_TITLES = {"batch": "B", "heads": "H", "head_dim": "C", "node_dim": "node",
+                "pair_dim": "pair", "query_points": "Qp", "value_points": "Vp"}
+
+
+def shapes_table(rows: pd.DataFrame) -> list[str]:
+    """Every shape and N of a section's rows (a sweep of slices): the fastest passing variant
+    and each variant's median over the fastest's (1.00 is the fastest; a status where it has no
+    time), so that where a variant loses, and by how much, shows at a glance. Only the shape
+    columns that vary are shown."""
+    varying = [c for c in SHAPE_COLUMNS if rows[c].nunique() > 1]
+    variants = list(dict.fromkeys(rows["variant"]))
+    table = []
+    for key, cell in rows.groupby([*varying, "length"]):
+        ok = cell[cell["status"] == "ok"].dropna(subset=["median_ms"])
+        fastest = ok.loc[ok["median_ms"].idxmin()] if not ok.empty else None
+        ratios = []
+        for variant in variants:
+            match = cell[cell["variant"] == variant]
+            if match.empty:
+                ratios.append("not run")
+            elif fastest is not None and variant in set(ok["variant"]):
+                ratios.append(_fmt(ok[ok["variant"] == variant]["median_ms"].iloc[0]
+                                   / fastest["median_ms"], ".2f"))
+            else:
+                ratios.append(str(match["status"].iloc[0]))
+        table.append([*(str(k) for k in key),
+                      "none passed" if fastest is None else fastest["variant"],
+                      "-" if fastest is None else _fmt(fastest["median_ms"], ".4g"), *ratios])
+    return ["Every shape: each variant's median over the fastest passing one's (1.00 = fastest):",
+            "", markdown_table([*(SHAPE_TITLES[c] for c in varying), "N", "fastest", "ms",
+                                *variants], table)]
+
+
 def report(df: pd.DataFrame) -> str:
     """The markdown summary of results rows (`read_results`' DataFrame, or a part of one)."""
     if df.empty:
@@ -117,6 +159,8 @@ def report(df: pd.DataFrame) -> str:
             table = [[str(n)] + [_cell(rows, v, column, spec) for v in variants]
                      for n, rows in nslice.groupby("length")]
             parts += ["", f"{title}:", "", markdown_table(["N"] + variants, table)]
+        if ddf.groupby(SHAPE_COLUMNS).ngroups > 1:
+            parts += ["", *shapes_table(ddf)]
     noisy = df[has_flag(df, "noisy")]
     if not noisy.empty:
         parts += ["", f"{len(noisy)} timed row(s) are marked `(noisy)`: {FLAGS['noisy']}. "

@@ -192,3 +192,37 @@ def test_markdown_table_is_a_valid_github_table():
     # Every line has the same number of unescaped cell separators.
     assert {len(re.findall(r"(?<!\\)\|", line)) for line in lines} == {3}
     assert markdown_table(["a", "b"], []).count("\n") == 1
+
+
+def _default_layer(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` moved to the simplified problem's default layer (H = 12, C = 32) at B = 1."""
+    return rows.assign(batch=1, heads=12, head_dim=32, node_dim=384, pair_dim=128,
+                       query_points=4, value_points=8)
+
+
+def test_the_n_slice_among_shapes_of_as_many_lengths_is_the_default_layer(smoke):
+    # The smoke rows (H = 4) sort before the default layer (H = 12): the tie-break, not the
+    # order, must pick it.
+    both = pd.concat([smoke, _default_layer(smoke)], ignore_index=True)
+    assert set(length_slice(both)["heads"]) == {12}
+    # More lengths still win over the default layer.
+    longer = pd.concat([smoke, smoke.assign(length=smoke["length"] + 1000)], ignore_index=True)
+    assert set(length_slice(pd.concat([longer, _default_layer(smoke)]))["heads"]) == {4}
+
+
+def test_report_ranks_every_shape_of_a_sweep_of_slices(smoke):
+    slower = _default_layer(smoke)
+    slower.loc[slower["variant"] == "reference", "median_ms"] *= 10
+    text = report(pd.concat([smoke, slower], ignore_index=True))
+    lines = [line for line in text.splitlines() if line.startswith("| 12 ")]
+    assert "Every shape" in text and len(lines) == 2  # default layer, N = 16 and 45
+    # N = 16 at H = 12: torch-compile 0.178 ms is fastest, reference 4.457 / 0.178 = 25.06.
+    table = text.splitlines()
+    header_line = next(line for line in reversed(table[:table.index(lines[0])])
+                       if "| fastest " in line)
+    header = [c.strip() for c in header_line.strip("|").split("|")]
+    row = dict(zip(header, [c.strip() for c in lines[0].strip("|").split("|")], strict=True))
+    assert (row["H"], row["C"], row["N"], row["fastest"]) == ("12", "32", "16", "torch-compile")
+    assert row["torch-compile"] == "1.00" and row["reference"] == "25.06"
+    assert row["triton"] == "unsupported"
+    assert "Every shape" not in report(smoke)  # one shape: the N slice's tables say it all

@@ -219,15 +219,18 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
     g = torch.empty(b, h, n, n, dtype=f32, device=z.device)
     _pair_terms[(n, b)](z, grad_o_pair, g, n, *z.stride(), **shared,
                         EVEN=whole_blocks(n, _pair_terms, "BLOCK_N"))
-    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point = attention_gradients(
+    def pair_pass(ds):
+        dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
+        partial = torch.empty(b, n, shared["H_PAD"], shared["C_PAD"], dtype=f32,
+                              device=z.device)
+        _pair_backward[(n, b)](ds, logits, stats, z, grad_o_pair, w_b.contiguous(), dz,
+                               partial, n, bias_scale, *z.stride(), **shared,
+                               EVEN=whole_blocks(n, _pair_backward, "BLOCK_N"))
+        return dz, (partial.sum((0, 1))[:h, :c] * bias_scale).to(w_b.dtype)
+
+    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (dz, dw) = attention_gradients(
         grad_o, grad_o_pt, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
-        modes, q_scale=q_scale, ds=g)
-    dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
-    partial = torch.empty(b, n, shared["H_PAD"], shared["C_PAD"], dtype=f32, device=z.device)
-    _pair_backward[(n, b)](g, logits, stats, z, grad_o_pair, w_b.contiguous(), dz, partial, n,
-                           bias_scale, *z.stride(), **shared,
-                           EVEN=whole_blocks(n, _pair_backward, "BLOCK_N"))
-    dw = (partial.sum((0, 1))[:h, :c] * bias_scale).to(w_b.dtype)
+        modes, pair_pass, q_scale=q_scale, ds=g)
     return dq, dk, dv, dq_pts, dk_pts, dv_pts, dz, dw, d_point
 
 

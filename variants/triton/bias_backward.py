@@ -34,7 +34,9 @@ attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i preco
   pair kernel (a program owns a run of (i, j) pairs of one batch element) reads each dS and
       z tile once: d pair_repr = dS^T W_b written once (the only N x N x C tensor of the step)
       and dW_b = sum dS z into a partial sum per program (no atomic hot spot), summed by
-      PyTorch. fp32 dots as 3xTF32: cuBLAS ran both products as SIMT sgemm (K = H = 12).
+      PyTorch. fp32 dots as 3xTF32: cuBLAS ran both products as SIMT sgemm (K = H = 12). One
+      4-warp program per SM, so that the point weight and the sums of dS run beside it on a
+      side stream (`PAIR_PROGRAMS_PER_SM`, `SUMS_BESIDE_PAIR_PASS`).
 
 fp32 dots run as 3xTF32 from operands split once (`tf32.tf32_parts`, `dot_parts`): Triton's own
 tf32x3 splits both operands of every dot again, in five instructions per element.
@@ -78,6 +80,7 @@ from variants.triton.backward import single_key_gradients
 from variants.triton.common import (
     INTERPRET,
     Modes,
+    SideStream,
     aligned,
     autotuned,
     block_configs,
@@ -373,13 +376,29 @@ _point_weight = autotuned(
     key=["N_KEY", "H", "P3"], interpreted=_INTERPRETED,
 )
 
+_PAIR_KEY = ["PAIRS_KEY", "H_PAD", "C_PAD", "PRECISION"]
 _pair = autotuned(
     "bias_backward_pairs", _pair_kernel,
     configs=[triton.Config({"BLOCK_P": p}, num_warps=w, num_stages=st)
              for p, w, st in [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3), (32, 4, 3),
                               (256, 8, 2)]],
-    key=["PAIRS_KEY", "H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_P": 64},
+    key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
 )
+# The pair pass at one program per SM (`PAIR_PROGRAMS_PER_SM`): 4-warp configs only, so that a
+# program holds at most half an SM's registers (~253 a thread) and the sums of dS on the side
+# stream can run beside it.
+_pair_narrow = autotuned(
+    "bias_backward_pairs_narrow", _pair_kernel,
+    configs=[triton.Config({"BLOCK_P": p}, num_warps=4, num_stages=st)
+             for p, st in [(64, 2), (64, 3), (32, 3), (32, 4), (128, 2)]],
+    key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
+)
+# Programs of the pair pass per SM. 4 is two waves of two resident 4-warp programs at ~253
+# registers, which hold every SM's register file for the whole pass (Nsight Compute,
+# 2026-12-05): the sums of dS wait for it. 1 (`_pair_narrow`) leaves half of each SM to them.
+# H100, N = 4096, training step (docs/perf-notes.md, eighteenth session): the narrow pass alone
+# is slower (fp32 16.10 -> 16.84 ms), beside the sums faster (15.49; bf16 9.83 -> 9.43).
+PAIR_PROGRAMS_PER_SM = 1
 
 
 def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight,
@@ -395,23 +414,31 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
                                     pair_weight, point_weight)
     # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
     delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
-    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point = attention_gradients(
+    dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (d_pair, d_weight) = attention_gradients(
         grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
-        modes, split=split)
-    d_pair, d_weight = pair_gradients(logits, pair_repr, pair_weight)  # logits now hold dS
+        modes, lambda ds: pair_gradients(ds, pair_repr, pair_weight), split=split)
     return (dq, dk, dv, dq_pts, dk_pts, dv_pts, d_pair, d_weight.to(pair_weight.dtype),
             d_point)
 
 
+# The sums of dS (the point-weight kernel and the two SGEMMs: latency- and compute-bound) run
+# on a side stream beside the pair pass (memory-bound); all of them only read dS. The side
+# stream must fork before the pair pass is queued: forked after it (the seventeenth session's
+# form), it waited for the pass and the A/B measured nothing.
+SUMS_BESIDE_PAIR_PASS = True
+
+
 def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats,
-                        logits, delta, modes: Modes, *, split: int | None = None,
+                        logits, delta, modes: Modes, pair_pass, *, split: int | None = None,
                         q_scale: float | None = None, ds: torch.Tensor | None = None):
     """The per-head work of the backward (the key kernel, then the sums of dS), unchecked: the
-    gradients of q, k, v (their dtype), q_pts, k_pts, v_pts and point_weight (fp32); dS is left
-    in `ds`. `logits` (B, H, N, N) fp32: the forward's base-2 logits. `delta` (B, N, H) fp32:
-    D_i = sum_j P_ij dP_ij. `q_scale`: the forward's q.k factor (default log2(e) / sqrt(D)).
-    `ds` None: dS overwrites `logits`; else (B, H, N, N) fp32, a term of dP per (row, key) (problem
-    openfold's pair values, do_pair . z), overwritten with dS, and the logits stay."""
+    gradients of q, k, v (their dtype), q_pts, k_pts, v_pts and point_weight (fp32), and last
+    `pair_pass(dS)`'s result: it is launched on the caller's stream right after the key kernel,
+    and the sums run beside it (`SUMS_BESIDE_PAIR_PASS`). `logits` (B, H, N, N) fp32: the
+    forward's base-2 logits. `delta` (B, N, H) fp32: D_i = sum_j P_ij dP_ij. `q_scale`: the
+    forward's q.k factor (default log2(e) / sqrt(D)). `ds` None: dS overwrites `logits`; else
+    (B, H, N, N) fp32, a term of dP per (row, key) (problem openfold's pair values,
+    do_pair . z), overwritten with dS, and the logits stay."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     dev, f32 = q.device, torch.float32
@@ -437,14 +464,18 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
         HAS_G=ds is not None, ALIGNED=aligned(n, split_len),
     )
     ds = logits if ds is None else ds  # dS, written by the key kernel
-    d_point = torch.empty(b, h, n, dtype=f32, device=dev)
-    _point_weight[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
-        ds, q_pts, k_pts, stats, d_point, n, pow2(n, 64), H=h, P3=p3, ALIGNED=aligned(n))
+    side = SideStream(dev, SUMS_BESIDE_PAIR_PASS)  # after the key kernel, before the pair pass
+    pair_grads = pair_pass(ds)
     q_scale = base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale
-    dq, dk, dq_pts, dk_pts = gemm_ds_sums(ds, q, k, q_pts, k_pts, point_weight, q_scale)
+    with side:
+        d_point = torch.empty(b, h, n, dtype=f32, device=dev)
+        _point_weight[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
+            ds, q_pts, k_pts, stats, d_point, n, pow2(n, 64), H=h, P3=p3, ALIGNED=aligned(n))
+        dq, dk, dq_pts, dk_pts = gemm_ds_sums(ds, q, k, q_pts, k_pts, point_weight, q_scale)
+        dq, dk, d_point = dq.to(q.dtype), dk.to(k.dtype), d_point.sum((0, 2)) * LN2_F
+    side.join(dq, dk, dq_pts, dk_pts, d_point)
     dv, dv_pts = (t[0] if t.shape[0] == 1 else t.sum(0) for t in (dv, dv_pts))
-    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dq_pts, dk_pts, dv_pts,
-            d_point.sum((0, 2)) * LN2_F)
+    return dq, dk, dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_point, pair_grads
 
 
 def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torch.Tensor,
@@ -502,17 +533,19 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
     b, h, n, _ = ds.shape
     c = pair_repr.shape[3]
     pairs = n * n
-    programs = min(triton.cdiv(pairs, 64), 64 if INTERPRET else 4 * sm_count(ds.device))
+    per_sm = PAIR_PROGRAMS_PER_SM
+    programs = min(triton.cdiv(pairs, 64), 64 if INTERPRET else per_sm * sm_count(ds.device))
+    kernel = _pair_narrow if per_sm == 1 else _pair
     h_pad, c_pad = max(16, pow2(h)), max(16, pow2(c))
     pair_repr = pair_repr.contiguous()
     d_pair = torch.empty(pair_repr.shape, dtype=pair_repr.dtype, device=pair_repr.device)
     partial = torch.empty(b, programs, h_pad, c_pad, dtype=torch.float32, device=ds.device)
     fp32 = pair_repr.dtype == torch.float32
-    _pair[(programs, b)](  # every trial writes the same d_pair and partials: no restore
+    kernel[(programs, b)](  # every trial writes the same d_pair and partials: no restore
         ds, pair_repr, pair_weight.contiguous(), d_pair, partial, pairs, pow2(pairs, 4096),
         H=h, H_PAD=h_pad, C=c, C_PAD=c_pad,
         PRECISION="tf32x3" if fp32 else "ieee", CAST_F32=cast_f32(pair_repr.dtype),
-        EVEN=whole_blocks(pairs, _pair, "BLOCK_P"),
+        EVEN=whole_blocks(pairs, kernel, "BLOCK_P"),
     )
     return d_pair, partial.sum((0, 1))[:h, :c].contiguous()
 

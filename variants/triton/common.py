@@ -156,6 +156,47 @@ def sm_count(device: torch.device) -> int:
 # ---- how the dots run ----------------------------------------------------------------------
 
 
+class SideStream:
+    """Kernels launched inside `with side:` run on a second CUDA stream that starts after the
+    work queued on the caller's stream when `side` was made, so that they run beside what the
+    caller launches after that on its own (made before the caller's launch that they are to run
+    beside, entered after it); `side.join(*tensors)` then makes the caller's stream wait for
+    them, and marks the tensors made on the side stream as used by the caller's (the caching
+    allocator then keeps their memory until the caller's work is done). Both streams are
+    captured alike in a CUDA graph. Where `enabled` is false, or off the GPU, the block runs
+    on the caller's stream and `join` does nothing."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.stream = None
+        if enabled and device.type == "cuda" and not INTERPRET:
+            self.main = torch.cuda.current_stream(device)
+            index = torch.cuda.current_device() if device.index is None else device.index
+            if index not in _side_streams:
+                _side_streams[index] = torch.cuda.Stream(index, priority=-1)
+            self.stream = _side_streams[index]
+            self.stream.wait_stream(self.main)
+        self._context = None
+
+    def __enter__(self) -> SideStream:
+        if self.stream is not None:
+            self._context = torch.cuda.stream(self.stream)
+            self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._context is not None:
+            self._context.__exit__(*exc)
+
+    def join(self, *tensors: torch.Tensor) -> None:
+        if self.stream is not None:
+            self.main.wait_stream(self.stream)
+            for t in tensors:
+                t.record_stream(self.main)
+
+
+_side_streams: dict[int, torch.cuda.Stream] = {}
+
+
 @dataclass(frozen=True)
 class Modes:
     """How each dot of the kernels runs for one (dtype, math mode)."""
