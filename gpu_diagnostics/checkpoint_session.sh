@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks the open issues' main cells at once, for a session that may get a
-# single machine start: the GPU tests of triton-train (#16), of `triton` (#17) and of problem
-# openfold's triton-bias (#18), sharded over SHARDS processes; a sweep of each issue's headline
+# single machine start: the GPU tests of triton-train (#16), of `triton` (#17), of problem
+# openfold's triton-bias (#18) and of the host-bound flag, sharded over SHARDS processes; a sweep of each issue's headline
 # cells (their rows carry err_ratio / grad_err_ratio against the float64 oracle, so they check as
 # well as time): triton-train's step at N = 4096 (eager) and 1024 (eager and replayed), the `triton`
 # forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048
@@ -18,8 +18,9 @@ source gpu_diagnostics/session_env.sh
 work=$(mktemp -d)
 sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-160}" "$work/gpu-tests.log" -m gpu \
     tests/test_triton_backward.py tests/test_variants.py tests/test_openfold_triton.py \
+    tests/test_integrity.py \
     -k "(triton-train and not fullfuse) or (test_matches_oracle_gpu and triton-B) or triton-bias \
-        or test_triton_bias_training"
+        or test_triton_bias_training or tiny_launches"
 
 # sweep NAME LIMIT VARIANT GRID_TOML [sweep args...]: one sweep and its report under $work/NAME.
 sweep() {

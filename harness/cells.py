@@ -44,6 +44,7 @@ from harness.measure import (
     Timing,
     TimingPolicy,
     copy_bandwidth_gbps,
+    host_bound,
 )
 from harness.problems import DEFAULT, problem_of
 from harness.results import (
@@ -434,9 +435,13 @@ class CellRunner:
             speedup_vs_baseline=(base_ms / timing.median_ms) if base_ms else "",
             tflops=flops(cell.config, cell.batch, cell.length, cell.pass_name)
             / (timing.median_ms * 1e-3) / 1e12,
-            notes="; ".join(notes),
+            notes="; ".join([*notes, *([f"host-bound: the host took {timing.host_ms:.4g} ms "
+                                        f"to issue the call, the device events "
+                                        f"{timing.median_ms:.4g} ms"]
+                                       if host_bound(timing) else [])]),
             flags=";".join(f for f in (known, "noisy" if timing.rel_noise > NOISY_REL_NOISE
-                                       else "", "review" if review else "") if f),
+                                       else "", "review" if review else "",
+                                       "host-bound" if host_bound(timing) else "") if f),
         )
         row["pct_of_floor"] = 100.0 * row["floor_ms"] / timing.median_ms
         if timing.median_ms < row["floor_ms"]:  # physics: faster than reading the inputs once

@@ -43,6 +43,10 @@ class Timing:
     # CUDA: median host ms of the device-wide synchronize after each sample's end event, i.e.
     # work still running on other streams when the timed stream had finished
     trailing_ms: float = 0.0
+    # CUDA: median host ms from the call's start to its return, without synchronising: the
+    # time the host takes to issue the call's work. Near median_ms, the device waited for the
+    # host (`host_bound`). NaN on CPU, where the call is all host.
+    host_ms: float = math.nan
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -108,11 +112,14 @@ def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher
     stream) shows up there as `trailing_ms`."""
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     trailing: list[float] = []
+    issue: list[float] = []
 
     def run_once() -> float:
         flusher()
         begin.record()
+        start = time.perf_counter()
         fn()
+        issue.append((time.perf_counter() - start) * 1e3)
         end.record()
         end.synchronize()
         start = time.perf_counter()
@@ -122,7 +129,20 @@ def time_cuda(fn: Callable[[], object], policy: TimingPolicy, flusher: L2Flusher
 
     timing = _sample_until_quiet(run_once, policy, before_sample)
     return dataclasses.replace(timing,
-                               trailing_ms=statistics.median(trailing[-timing.n_samples:]))
+                               trailing_ms=statistics.median(trailing[-timing.n_samples:]),
+                               host_ms=statistics.median(issue[-timing.n_samples:]))
+
+
+# A timed call whose host issue time is at least this share of its device-event median kept
+# the device waiting for its launches: the row measures the host (flag `host-bound`).
+HOST_BOUND_SHARE = 0.8
+
+
+def host_bound(timing: Timing) -> bool:
+    """Whether the host took at least `HOST_BOUND_SHARE` of the median to issue the call, so
+    that the device mostly waited for launches (an eager call of small kernels; a CUDA-graph
+    replay measures the kernels instead). False where `host_ms` was not measured (CPU)."""
+    return timing.host_ms >= HOST_BOUND_SHARE * timing.median_ms
 
 
 def capture_cuda_graph(fn: Callable[[], object], *, on_warmup_stream: bool = False,

@@ -57,8 +57,11 @@ def _cell(rows: pd.DataFrame, variant: str, column: str, spec: str) -> str:
     if r["status"] in NO_NUMBER:
         return r["status"]
     text = _fmt(r[column], spec)
-    if column == "median_ms" and "noisy" in str(r["flags"]).split(";"):  # as has_flag
+    flags = str(r["flags"]).split(";")  # as has_flag
+    if column == "median_ms" and "noisy" in flags:
         text += " (noisy)"
+    if column == "median_ms" and "host-bound" in flags:
+        text += " (host)"
     return text + (" (MISMATCH)" if r["status"] == "mismatch" else "")
 
 
@@ -165,6 +168,10 @@ def report(df: pd.DataFrame) -> str:
     if not noisy.empty:
         parts += ["", f"{len(noisy)} timed row(s) are marked `(noisy)`: {FLAGS['noisy']}. "
                   "Their speed-ups are not to be trusted."]
+    host = df[has_flag(df, "host-bound")]
+    if not host.empty:
+        parts += ["", f"{len(host)} timed row(s) are marked `(host)`, host-bound: "
+                  f"{FLAGS['host-bound']}."]
     failed = df[df["status"] != "ok"]
     untimed = df[(df["status"] == "ok") & df["median_ms"].isna()]
     parts += ["", "## Failures, unsupported and untimed cells", ""]

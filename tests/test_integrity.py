@@ -185,3 +185,37 @@ def test_one_slow_batch_is_measured_again_before_it_accuses(batches, suspect):
     assert bool(reasons) == suspect, reasons
     if suspect:
         assert reasons[0].startswith("work outside the timed stream"), reasons
+
+
+@pytest.mark.parametrize(("host_ms", "bound"),
+                         [(0.95, True), (0.8, True), (0.2, False), (float("nan"), False)])
+def test_a_row_is_host_bound_when_issuing_its_call_took_most_of_its_median(host_ms, bound):
+    # Events say 1 ms a call; NaN is a CPU row, where host_ms is not measured.
+    from harness.measure import Timing, host_bound
+
+    assert host_bound(Timing(1.0, 0.9, 1.1, 20, 0.01, host_ms=host_ms)) is bound
+
+
+@pytest.mark.gpu
+def test_many_tiny_launches_are_host_bound_and_their_graph_replay_is_not():
+    import torch
+
+    from harness.measure import (
+        L2Flusher,
+        TimingPolicy,
+        capture_cuda_graph,
+        host_bound,
+        time_cuda,
+    )
+
+    x = torch.zeros(16, device="cuda")
+
+    def tiny_launches():
+        for _ in range(200):
+            x.add_(1)
+
+    policy, flusher = TimingPolicy(budget_s=0.3), L2Flusher(torch.device("cuda"))
+    eager = time_cuda(tiny_launches, policy, flusher)
+    replay = time_cuda(capture_cuda_graph(tiny_launches), policy, flusher)
+    assert host_bound(eager), eager
+    assert not host_bound(replay), replay

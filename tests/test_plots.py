@@ -226,3 +226,12 @@ def test_report_ranks_every_shape_of_a_sweep_of_slices(smoke):
     assert row["torch-compile"] == "1.00" and row["reference"] == "25.06"
     assert row["triton"] == "unsupported"
     assert "Every shape" not in report(smoke)  # one shape: the N slice's tables say it all
+
+
+def test_report_marks_host_bound_rows_and_says_what_it_means(smoke):
+    flagged = smoke.copy()
+    first_ok = flagged.index[flagged["status"] == "ok"][0]
+    flagged.loc[first_ok, "flags"] = "host-bound"
+    text = report(flagged)
+    assert text.count(" (host)") == 1 and "1 timed row(s) are marked `(host)`" in text
+    assert "(host)" not in report(smoke)
