@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call that checks the open issues' main cells at once, for a session that may get a
 # single machine start: the GPU tests of triton-train (#16), of `triton` (#17), of problem
-# openfold's triton-bias (#18) and of the host-bound flag, sharded over SHARDS processes; a sweep of each issue's headline
-# cells (their rows carry err_ratio / grad_err_ratio against the float64 oracle, so they check as
-# well as time): triton-train's step at N = 4096 (eager) and 1024 (eager and replayed), the `triton`
+# openfold's triton-bias (#18) and of the host-bound flag, sharded over SHARDS processes; a
+# sweep of each issue's headline cells (their rows carry err_ratio / grad_err_ratio against the
+# float64 oracle, so they check as well as time): triton-train's step at N = 4096 (eager) and 1024 (eager and replayed), the `triton`
 # forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048
 # and its training step at N = 1024 (whole blocks: the backward's EVEN paths, never run on a GPU);
 # then torch.profiler on one fp32 training step at N = 4096, and openfold triton-bias's fp32
