@@ -94,8 +94,9 @@ FLAGS = {
     "review": f"more than {REVIEW_SPEEDUP:g}x faster than the best built-in variant at this "
               "cell: check the kernel before believing the number",
     "host-bound": "the host took most of the median to issue the call (its time is in `notes`): "
-                  "the device waited for launches, so the row measures launch overhead; a "
-                  "CUDA-graph replay row of the same cell measures the kernels",
+                  "the device waited for launches, so the row measures launch overhead (a "
+                  "CUDA-graph replay row of the same cell measures the kernels), or the call "
+                  "waits for the device inside",
 }
 
 # The error figure every table shows: the variant's rel_l2 over the reference's own rel_l2
