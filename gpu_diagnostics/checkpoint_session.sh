@@ -6,10 +6,10 @@
 # float64 oracle, so they check as well as time): triton-train's step at N = 4096 (eager) and 1024 (eager and replayed), the `triton`
 # forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048
 # and its training step at N = 1024 (whole blocks: the backward's EVEN paths, never run on a GPU);
-# then torch.profiler on one fp32 training step at N = 4096, and openfold triton-bias's fp32
-# forward at N = 2048 with synchronous launches (it faulted on 2026-12-05). fp32 and bf16
-# throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD, LIM_OF,
-# LIM_PROF, LIM_FAULT seconds; 160 + 160 + 70 + 100 + 35 + 40 s) and every sweep cell is
+# then torch.profiler on one fp32 training step at N = 4096, and cProfile of 20 eager `triton`
+# forwards at N = 256 in bf16 (where its eager rows' ~0.9 ms of host time goes, #17's slices).
+# fp32 and bf16 throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD,
+# LIM_OF, LIM_PROF, LIM_HOST seconds; 160 + 160 + 70 + 100 + 35 + 40 s) and every sweep cell is
 # fsync'ed, so a cut stage still reports what finished. Everything lands in one archive,
 # $OUT/checkpoint.tgz (the device returns at most 8 files), with summary.md beside it.
 #
@@ -43,10 +43,8 @@ sweep openfold "${LIM_OF:-100}" triton-bias "${base}problem = \"openfold\"\n\n[[
 [[slice]]\nlength = [1024]\npasses = [\"forward+backward\"]\n"
 timeout -s INT "${LIM_PROF:-35}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
     > "$work/train-profile.log" 2>&1
-# openfold triton-bias fp32 at N = 2048 hit an illegal memory access on 2026-12-05 (H100): with
-# synchronous launches the traceback names the launcher that faults, if one still does
-CUDA_LAUNCH_BLOCKING=1 timeout -s INT "${LIM_FAULT:-40}" python3 gpu_diagnostics/profile_call.py \
-    2048 fp32 triton-bias --problem openfold --pass forward > "$work/openfold-fault.log" 2>&1
+timeout -s INT "${LIM_HOST:-40}" python3 gpu_diagnostics/profile_call.py 256 bf16 triton \
+    --pass forward --host > "$work/triton-host.log" 2>&1
 
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -57,8 +55,8 @@ CUDA_LAUNCH_BLOCKING=1 timeout -s INT "${LIM_FAULT:-40}" python3 gpu_diagnostics
         echo "## $name"; head -30 "$work/$name-report.md"
     done
     echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
-    echo "## openfold triton-bias fp32 N = 2048, synchronous launches"
-    grep -E "_kernel |Error|error|launch_|\.py:[0-9]+" "$work/openfold-fault.log" | tail -12
+    echo "## triton bf16 N = 256 eager forward, host (cProfile of 20 calls, by own time)"
+    grep -A30 "Ordered by" "$work/triton-host.log" | cut -c1-160
 } > "$OUT/summary.md" 2>&1
 rm -f "$work"/*/.ipa-bench.lock
 tar -czf "$OUT/checkpoint.tgz" -C "$work" .
