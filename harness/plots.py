@@ -94,7 +94,7 @@ def length_slice(df: pd.DataFrame) -> pd.DataFrame:
     return df[mask]
 
 
-def default_shape(problem: str) -> tuple:
+def default_shape(problem: str) -> tuple | None:
     """The SHAPE_COLUMNS values of `problem`'s default layer at B = 1 (None: a problem this
     version does not know)."""
     if problem not in PROBLEMS:

@@ -219,6 +219,7 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
     g = torch.empty(b, h, n, n, dtype=f32, device=z.device)
     _pair_terms[(n, b)](z, grad_o_pair, g, n, *z.stride(), **shared,
                         EVEN=whole_blocks(n, _pair_terms, "BLOCK_N"))
+
     def pair_pass(ds):
         dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
         partial = torch.empty(b, n, shared["H_PAD"], shared["C_PAD"], dtype=f32,
