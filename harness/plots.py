@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -290,6 +291,64 @@ def pareto_figure(ddf: pd.DataFrame, dtype: str) -> Figure | str:
     return fig
 
 
+SHAPE_TITLES = {"batch": "B", "heads": "H", "head_dim": "C", "node_dim": "node",
+                "pair_dim": "pair", "query_points": "Qp", "value_points": "Vp"}
+
+
+def rank_shapes(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per shape and N of `rows` (one pass, mode and dtype of a sweep of slices): the
+    shape columns that vary (titled as `SHAPE_TITLES`), N, the fastest passing variant and its
+    median, then per variant its median over the fastest's (a float; 1.0 is the fastest) or,
+    where it has no time, its status ("not run" where it has no row)."""
+    varying = [c for c in SHAPE_COLUMNS if rows[c].nunique() > 1]
+    variants = list(dict.fromkeys(rows["variant"]))
+    lines = []
+    for key, cell in rows.groupby([*varying, "length"]):
+        ok = cell[cell["status"] == "ok"].dropna(subset=["median_ms"])
+        fastest = ok.loc[ok["median_ms"].idxmin()] if not ok.empty else None
+        line = dict(zip([SHAPE_TITLES[c] for c in varying] + ["N"], key, strict=True))
+        line["fastest"] = "none passed" if fastest is None else fastest["variant"]
+        line["ms"] = math.nan if fastest is None else fastest["median_ms"]
+        for variant in variants:
+            timed = ok[ok["variant"] == variant]["median_ms"]
+            match = cell[cell["variant"] == variant]
+            line[variant] = (timed.iloc[0] / fastest["median_ms"] if not timed.empty
+                             else "not run" if match.empty else str(match["status"].iloc[0]))
+        lines.append(line)
+    return pd.DataFrame(lines)
+
+
+def shapes_figure(ddf: pd.DataFrame, dtype: str) -> Figure | str:
+    """Each variant's median over the fastest passing variant's, at every shape and N of one
+    dtype's rows, one panel per timing mode (a sweep of slices: `default` preset); or why
+    there is none (a sweep of one shape)."""
+    if ddf.groupby(SHAPE_COLUMNS).ngroups < 2:
+        return "the sweep has one shape: the N-slice figures show it"
+    modes = [m for m in MODE_LINES if (ddf["mode"] == m).any()]
+    ranked = {m: rank_shapes(ddf[ddf["mode"] == m]) for m in modes}
+    height = max(len(r) for r in ranked.values())
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes) + 1.5, 0.32 * height + 2),
+                             squeeze=False, layout="constrained")
+    for ax, mode in zip(axes[0], modes, strict=True):
+        table = ranked[mode]
+        variants = [c for c in table.columns if c in set(ddf["variant"])]
+        labels = [" ".join(f"{k}={v}" for k, v in line.items() if k not in
+                           ("fastest", "ms", *variants)) for _, line in table.iterrows()]
+        ratios = table[variants].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
+        image = ax.imshow(np.log2(ratios), cmap="Reds", vmin=0, vmax=2, aspect="auto")
+        for (i, j), value in np.ndenumerate(ratios):
+            text = f"{value:.2f}" if np.isfinite(value) else str(table[variants[j]].iloc[i])
+            ax.text(j, i, text, ha="center", va="center", fontsize=6,
+                    color="white" if np.isfinite(value) and value > 2.5 else "black")
+        ax.set_xticks(range(len(variants)), variants, rotation=30, ha="right", fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_title(mode, fontsize=9)
+    fig.colorbar(image, ax=axes[0][-1], label="log2 of median over the fastest's")
+    fig.suptitle(f"every shape: each variant's median over the fastest passing one's: "
+                 f"{_devices(ddf)}, {dtype}", fontsize=9)
+    return fig
+
+
 def figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure | str]]:
     """(file stem, figure or the reason it is not drawn) for every figure of every problem,
     pass and dtype: rows of two problems never share a figure. The caller closes each
@@ -306,6 +365,8 @@ def figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure | str]]:
         for name in METRICS:
             yield f"{name}_{stem}", metric_figure(nslice, name, label)
         yield f"error_vs_latency_{stem}", pareto_figure(ddf, label)
+        if ddf.groupby(SHAPE_COLUMNS).ngroups > 1:  # a sweep of slices
+            yield f"shapes_{stem}", shapes_figure(ddf, label)
 
 
 class Figures(list):

@@ -16,7 +16,7 @@ import math
 
 import pandas as pd
 
-from harness.plots import length_slice, shape_label
+from harness.plots import length_slice, rank_shapes, shape_label
 from harness.results import (
     ERR_RATIO_LABEL,
     FLAGS,
@@ -90,37 +90,16 @@ def _sections(df: pd.DataFrame):
                     yield f"{prefix}{dtype}, {what}", mode, ddf
 
 
-SHAPE_TITLES = {"batch": "B", "heads": "H", "head_dim": "C", "node_dim": "node",
-                "pair_dim": "pair", "query_points": "Qp", "value_points": "Vp"}
-
-
 def shapes_table(rows: pd.DataFrame) -> list[str]:
-    """Every shape and N of a section's rows (a sweep of slices): the fastest passing variant
-    and each variant's median over the fastest's (1.00 is the fastest; a status where it has no
-    time), so that where a variant loses, and by how much, shows at a glance. Only the shape
-    columns that vary are shown."""
-    varying = [c for c in SHAPE_COLUMNS if rows[c].nunique() > 1]
-    variants = list(dict.fromkeys(rows["variant"]))
-    table = []
-    for key, cell in rows.groupby([*varying, "length"]):
-        ok = cell[cell["status"] == "ok"].dropna(subset=["median_ms"])
-        fastest = ok.loc[ok["median_ms"].idxmin()] if not ok.empty else None
-        ratios = []
-        for variant in variants:
-            match = cell[cell["variant"] == variant]
-            if match.empty:
-                ratios.append("not run")
-            elif fastest is not None and variant in set(ok["variant"]):
-                ratios.append(_fmt(ok[ok["variant"] == variant]["median_ms"].iloc[0]
-                                   / fastest["median_ms"], ".2f"))
-            else:
-                ratios.append(str(match["status"].iloc[0]))
-        table.append([*(str(k) for k in key),
-                      "none passed" if fastest is None else fastest["variant"],
-                      "-" if fastest is None else _fmt(fastest["median_ms"], ".4g"), *ratios])
+    """Every shape and N of a section's rows (a sweep of slices, `plots.rank_shapes`): the
+    fastest passing variant and each variant's median over the fastest's (1.00 is the fastest;
+    a status where it has no time), so that where a variant loses, and by how much, shows at
+    a glance. Only the shape columns that vary are shown."""
+    ranked = rank_shapes(rows)
+    cells = [[_fmt(v, ".4g") if column == "ms" else _fmt(v, ".2f") if isinstance(v, float)
+              else str(v) for column, v in line.items()] for _, line in ranked.iterrows()]
     return ["Every shape: each variant's median over the fastest passing one's (1.00 = fastest):",
-            "", markdown_table([*(SHAPE_TITLES[c] for c in varying), "N", "fastest", "ms",
-                                *variants], table)]
+            "", markdown_table(list(ranked.columns), cells)]
 
 
 def report(df: pd.DataFrame) -> str:

@@ -23,6 +23,7 @@ from harness.plots import (
     pareto_front,
     plot_results,
     run_plot,
+    shapes_figure,
     variant_style,
 )
 from harness.report import markdown_table, report, run_report
@@ -235,3 +236,16 @@ def test_report_marks_host_bound_rows_and_says_what_it_means(smoke):
     text = report(flagged)
     assert text.count(" (host)") == 1 and "1 timed row(s) are marked `(host)`" in text
     assert "(host)" not in report(smoke)
+
+
+def test_a_sweep_of_slices_gets_a_shapes_figure_and_one_shape_none(smoke):
+    slower = _default_layer(smoke)
+    slower.loc[slower["variant"] == "reference", "median_ms"] *= 10
+    drawn = dict(figures(pd.concat([smoke, slower], ignore_index=True)))
+    fig = drawn["shapes_fp32"]
+    assert not isinstance(fig, str)
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"1.00", "25.06", "unsupported"} <= texts  # the ratios of the report's table
+    plt.close(fig)
+    assert "shapes_fp32" not in dict(figures(smoke))
+    assert "one shape" in shapes_figure(smoke, "fp32")
