@@ -427,6 +427,7 @@ class CellRunner:
                            default=None)
         review = (variant.name not in BUILTIN_NAMES and best_builtin is not None
                   and timing.median_ms * REVIEW_SPEEDUP < best_builtin)
+        host = host_bound(timing)
         row = self._row(
             cell, variant, mode, env, status=status, reason="; ".join(check.failures),
             build_s=build_s, median_ms=timing.median_ms, p20_ms=timing.p20_ms,
@@ -437,11 +438,10 @@ class CellRunner:
             / (timing.median_ms * 1e-3) / 1e12,
             notes="; ".join([*notes, *([f"host-bound: the host took {timing.host_ms:.4g} ms "
                                         f"to issue the call, the device events "
-                                        f"{timing.median_ms:.4g} ms"]
-                                       if host_bound(timing) else [])]),
+                                        f"{timing.median_ms:.4g} ms"] if host else [])]),
             flags=";".join(f for f in (known, "noisy" if timing.rel_noise > NOISY_REL_NOISE
                                        else "", "review" if review else "",
-                                       "host-bound" if host_bound(timing) else "") if f),
+                                       "host-bound" if host else "") if f),
         )
         row["pct_of_floor"] = 100.0 * row["floor_ms"] / timing.median_ms
         if timing.median_ms < row["floor_ms"]:  # physics: faster than reading the inputs once

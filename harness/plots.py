@@ -295,6 +295,11 @@ SHAPE_TITLES = {"batch": "B", "heads": "H", "head_dim": "C", "node_dim": "node",
                 "pair_dim": "pair", "query_points": "Qp", "value_points": "Vp"}
 
 
+def several_shapes(rows: pd.DataFrame) -> bool:
+    """Whether `rows` hold more than one layer shape (a sweep of slices)."""
+    return rows.groupby(SHAPE_COLUMNS).ngroups > 1
+
+
 def rank_shapes(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per shape and N of `rows` (one pass, mode and dtype of a sweep of slices): the
     shape columns that vary (titled as `SHAPE_TITLES`), N, the fastest passing variant and its
@@ -322,7 +327,7 @@ def shapes_figure(ddf: pd.DataFrame, dtype: str) -> Figure | str:
     """Each variant's median over the fastest passing variant's, at every shape and N of one
     dtype's rows, one panel per timing mode (a sweep of slices: `default` preset); or why
     there is none (a sweep of one shape)."""
-    if ddf.groupby(SHAPE_COLUMNS).ngroups < 2:
+    if not several_shapes(ddf):
         return "the sweep has one shape: the N-slice figures show it"
     modes = [m for m in MODE_LINES if (ddf["mode"] == m).any()]
     ranked = {m: rank_shapes(ddf[ddf["mode"] == m]) for m in modes}
@@ -331,9 +336,9 @@ def shapes_figure(ddf: pd.DataFrame, dtype: str) -> Figure | str:
                              squeeze=False, layout="constrained")
     for ax, mode in zip(axes[0], modes, strict=True):
         table = ranked[mode]
-        variants = [c for c in table.columns if c in set(ddf["variant"])]
-        labels = [" ".join(f"{k}={v}" for k, v in line.items() if k not in
-                           ("fastest", "ms", *variants)) for _, line in table.iterrows()]
+        columns = list(table.columns)  # shape columns, N, "fastest", "ms", then the variants
+        shape, variants = columns[:columns.index("fastest")], columns[columns.index("ms") + 1:]
+        labels = [" ".join(f"{k}={line[k]}" for k in shape) for _, line in table.iterrows()]
         ratios = table[variants].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
         image = ax.imshow(np.log2(ratios), cmap="Reds", vmin=0, vmax=2, aspect="auto")
         for (i, j), value in np.ndenumerate(ratios):
@@ -365,7 +370,7 @@ def figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure | str]]:
         for name in METRICS:
             yield f"{name}_{stem}", metric_figure(nslice, name, label)
         yield f"error_vs_latency_{stem}", pareto_figure(ddf, label)
-        if ddf.groupby(SHAPE_COLUMNS).ngroups > 1:  # a sweep of slices
+        if several_shapes(ddf):
             yield f"shapes_{stem}", shapes_figure(ddf, label)
 
 

@@ -16,12 +16,11 @@ import math
 
 import pandas as pd
 
-from harness.plots import length_slice, rank_shapes, shape_label
+from harness.plots import length_slice, rank_shapes, several_shapes, shape_label
 from harness.results import (
     ERR_RATIO_LABEL,
     FLAGS,
     NO_NUMBER,
-    SHAPE_COLUMNS,
     has_flag,
     read_results,
 )
@@ -141,7 +140,7 @@ def report(df: pd.DataFrame) -> str:
             table = [[str(n)] + [_cell(rows, v, column, spec) for v in variants]
                      for n, rows in nslice.groupby("length")]
             parts += ["", f"{title}:", "", markdown_table(["N"] + variants, table)]
-        if ddf.groupby(SHAPE_COLUMNS).ngroups > 1:
+        if several_shapes(ddf):
             parts += ["", *shapes_table(ddf)]
     noisy = df[has_flag(df, "noisy")]
     if not noisy.empty:
