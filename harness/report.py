@@ -1,4 +1,4 @@
-"""`ipa-bench report RESULTS.csv`: a markdown summary of a sweep.
+"""`ipa-bench report RESULTS.csv [...]`: a markdown summary of a sweep (or of several, as one).
 
 Per problem and GPU model (when a file has several), pass and dtype, over the N slice (the
 shape with the most lengths; among equals the default layer): the best variant at each N with
@@ -22,6 +22,7 @@ from harness.results import (
     FLAGS,
     NO_NUMBER,
     has_flag,
+    latest_per_key,
     read_results,
 )
 from harness.runner import PASSES
@@ -172,7 +173,10 @@ def report(df: pd.DataFrame) -> str:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    print(report(read_results(args.results)), end="")
+    # Several files: one table, a cell measured in more than one counting by the last file's row.
+    frames = [read_results(path) for path in args.results]
+    df = frames[0] if len(frames) == 1 else latest_per_key(pd.concat(frames, ignore_index=True))
+    print(report(df), end="")
     return 0
 
 
@@ -180,6 +184,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "report", help="markdown summary of a sweep",
         description="Print a markdown summary of a sweep: fastest passing variant per N and "
-        "dtype, speedups, memory, and every failed or unsupported cell.")
-    p.add_argument("results", metavar="RESULTS.csv")
+        "dtype, speedups, memory, and every failed or unsupported cell. Several CSVs (e.g. the "
+        "kernels' sweep and the anchors' of the same grid, on the same GPU model) are reported "
+        "as one; a cell in more than one counts by the last file's row.")
+    p.add_argument("results", metavar="RESULTS.csv", nargs="+")
     p.set_defaults(run=run_report)

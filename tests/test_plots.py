@@ -158,7 +158,7 @@ def test_report_on_a_header_only_csv_raises(tmp_path):
     path = tmp_path / "results.csv"
     path.write_text(",".join(COLUMNS) + "\n")
     with pytest.raises(IPAInputError, match="no rows"):
-        run_report(argparse.Namespace(results=str(path)))
+        run_report(argparse.Namespace(results=[str(path)]))
     with pytest.raises(IPAInputError, match="no rows"):
         report(pd.DataFrame(columns=COLUMNS))
 
@@ -168,11 +168,26 @@ def test_report_on_all_error_rows_does_not_say_every_cell_passed(tmp_path, smoke
     failed[["median_ms", "p20_ms", "p80_ms", "rel_l2", "err_ratio"]] = np.nan
     path = tmp_path / "results.csv"
     failed.to_csv(path, index=False)
-    assert run_report(argparse.Namespace(results=str(path))) == 0
+    assert run_report(argparse.Namespace(results=[str(path)])) == 0
     text = capsys.readouterr().out
     assert "every cell passed" not in text
     assert "none passed" in text and f"Rows: {len(failed)} ({len(failed)} error)" in text
     assert "RuntimeError: planted \\| second line" in text  # one cell, not two
+
+
+def test_report_of_several_csvs_is_one_table_and_a_repeated_cell_counts_by_the_last_file(
+        tmp_path, smoke, capsys):
+    is_anchor = smoke["variant"] == "reference"
+    kernels, anchors = smoke[~is_anchor], smoke[is_anchor]
+    remeasured = kernels[kernels["status"] == "ok"].head(1).assign(median_ms=1234.5)
+    paths = [tmp_path / f"{name}.csv" for name in ("kernels", "anchors", "again")]
+    for frame, path in zip((kernels, anchors, remeasured), paths, strict=True):
+        frame.to_csv(path, index=False)
+    assert run_report(argparse.Namespace(results=[str(p) for p in paths])) == 0
+    text = capsys.readouterr().out
+    assert f"Rows: {len(smoke)} (" in text  # every cell once, the remeasured one included
+    assert "1234" in text and text == report(pd.concat(
+        [kernels.drop(remeasured.index), anchors, remeasured], ignore_index=True))
 
 
 def test_report_says_every_cell_passed_only_when_it_did(smoke):
