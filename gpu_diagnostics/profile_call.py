@@ -21,8 +21,8 @@ range (cudaProfilerStart / Stop) instead of under torch.profiler, for Nsight Com
 profile that call's kernels alone (the warm-ups and the autotuner's launches fall outside
 it). Autograd runs the backward on a thread of its own, outside the NVTX range, which is per
 thread: for a training step's kernels use `--profile-from-start off` instead. With `--host`,
-20 calls run under cProfile instead (the Python functions by own time: where an eager call's
-host overhead goes).
+20 calls run without a profiler, the host's time to issue one printed, then 20 under cProfile
+(the Python functions by own time: where an eager call's host overhead goes).
 
 Nsight Compute:
 
@@ -114,6 +114,12 @@ def main(argv: list[str]) -> int:
             print_ab(args.ab, call, sync)
             return 0
         if args.host:
+            start = time.perf_counter()
+            for _ in range(20):
+                call()
+            issue_ms = (time.perf_counter() - start) / 20 * 1e3
+            sync()
+            print(f"host: {issue_ms:.3f} ms to issue one call (20 calls, no profiler)")
             host = cProfile.Profile()
             host.enable()
             for _ in range(20):
