@@ -112,6 +112,7 @@ def main(argv: list[str]) -> int:
             return 0
         if args.ab:
             print_ab(args.ab, call, sync)
+            print_tuning()
             return 0
         if args.host:
             start = time.perf_counter()
