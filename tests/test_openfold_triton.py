@@ -364,11 +364,12 @@ def test_bad_input_is_refused_before_any_launch(spoil, message, name, monkeypatc
     from variants.openfold import triton_kernel
     from variants.openfold.triton_bias import BiasForward
     from variants.openfold.triton_fused import FusedForward
-    from variants.triton import frames
+    from variants.triton import frames, pair_bias
 
     launches = []
     monkeypatch.setattr(triton_kernel, "launch", lambda *a, **k: launches.append(a))
     monkeypatch.setattr(frames, "prologue", lambda *a, **k: launches.append(a))
+    monkeypatch.setattr(pair_bias, "launch_pair_bias", lambda *a, **k: launches.append(a))
     module = make_module(init_state_dict(SMALL), SMALL, "cpu", torch.float32)
     forward = FusedForward if name == "triton" else BiasForward
     fn = forward(module, torch.device("cpu"), torch.float32, "ieee")
@@ -378,6 +379,21 @@ def test_bad_input_is_refused_before_any_launch(spoil, message, name, monkeypatc
     with pytest.raises(IPAInputError, match=message):
         fn(**spoil(fields))
     assert launches == []
+
+
+@needs_interpreter
+def test_triton_bias_bias_first_or_in_the_core_gives_the_same_output(monkeypatch):
+    # The A/B switch's two sides (`triton_bias.BIAS_FIRST`): the same kernels in another order.
+    from variants.openfold import triton_bias
+
+    _, fn, _ = built(SMALL, name="triton-bias")
+    x = make_inputs(SMALL, 2, 23, seed=12).as_tuple()
+    outputs = []
+    for first in (True, False):
+        monkeypatch.setattr(triton_bias, "BIAS_FIRST", first)
+        with torch.no_grad():
+            outputs.append(fn(*x))
+    assert torch.equal(*outputs)
 
 
 @needs_interpreter

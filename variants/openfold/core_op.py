@@ -38,7 +38,8 @@ def bias_core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, 
 
 
 def run_core(q, k, v, q_pts, k_pts, v_pts, centre, z, w_b, point_weight, mask, o, o_pair, *,
-             math_mode: str, q_scale: float, bias_scale: float, inf: float):
+             math_mode: str, q_scale: float, bias_scale: float, inf: float,
+             bias: Tensor | None = None):
     """The three kernels, unchecked: o into `o` ((B, N, H, C) view, head stride C, unit
     innermost stride), o_pair into `o_pair` (the same for c_z); returns o_pt (B, N, H, 3 Pv)
     fp32, the row statistics and the logits.
@@ -49,17 +50,31 @@ def run_core(q, k, v, q_pts, k_pts, v_pts, centre, z, w_b, point_weight, mask, o
     z              (B, N, N, c_z) any strides; w_b (H, c_z) linear_b.weight, z's dtype
     point_weight   (H,) fp32: -w_h / 2 * log2(e); mask (B, N) fp32 contiguous
     q_scale        the q.k factor in base-2 units; bias_scale the bias's (natural units)
+    bias           `pair_bias(z, w_b, mask, ...)`, launched by the caller ahead of the O(N)
+                   work; None: launched here
     """
     from variants.openfold.pair_values import launch_pair_values
     from variants.triton.attention import launch_logits_attention
 
     modes = dot_modes(q.dtype, math_mode)
+    if bias is None:
+        bias = pair_bias(z, w_b, mask, math_mode=math_mode, bias_scale=bias_scale, inf=inf)
     o_pt, stats, logits = launch_logits_attention(q, k, v, q_pts, k_pts, v_pts, centre,
-                                                  point_weight, o, z, w_b, modes,
-                                                  q_scale=q_scale, mask=mask, scale=bias_scale,
-                                                  mask_inf=inf)
+                                                  point_weight, o, bias, modes,
+                                                  q_scale=q_scale)
     launch_pair_values(logits, stats, z, o_pair, modes.bias)
     return o_pt, stats, logits
+
+
+def pair_bias(z, w_b, mask, *, math_mode: str, bias_scale: float, inf: float) -> Tensor:
+    """The core's first kernel, unchecked: bias_scale z.W_b^T and the mask term as a (B, H, N,
+    N) fp32 tensor (`pair_bias.launch_pair_bias`), which the attention kernel then overwrites
+    with the logits. It reads only z and the mask: a caller launches it before the O(N)
+    projections, so that the GPU runs it while the host issues them."""
+    from variants.triton.pair_bias import launch_pair_bias
+
+    return launch_pair_bias(z, w_b, dot_modes(z.dtype, math_mode).bias, dtype=torch.float32,
+                            mask=mask, scale=bias_scale, mask_inf=inf)
 
 
 @bias_core_op.register_fake

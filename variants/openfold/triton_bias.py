@@ -50,6 +50,11 @@ from variants.openfold.problem import validate_inputs
 from variants.openfold.reference import OpenFoldIPA
 from variants.openfold.triton_fused import OpenFoldTriton, Projections, point_weight
 
+# The pair bias before the O(N) projections and frames (True), so that the GPU runs it (a full
+# read of z) while the host issues them; False: after them, in the core (the form until
+# 2026-12-05). As `variants.triton.pipeline.BIAS_FIRST`: an A/B switch, not yet timed on a GPU.
+BIAS_FIRST = True
+
 
 class BiasForward(Projections):
     """The callable `triton-bias`'s build returns. Without autograd: the projections and frames
@@ -89,20 +94,24 @@ class BiasForward(Projections):
 
     @torch.no_grad()
     def _no_grad(self, s, z, translations, rotations, mask):
-        from variants.openfold.core_op import run_core
+        from variants.openfold.core_op import pair_bias, run_core
         from variants.triton import frames
 
         self._current_weights()
         cfg = self.config
-        q, k, v, pts, cat = self.project(s, z, translations, rotations, mask, frames.OPERANDS)
+        self.check(s, z, translations, rotations, mask)
+        mask = mask.float().contiguous()
+        # The bias reads only z and the mask, so it may go first (`BIAS_FIRST`).
+        scales = dict(math_mode=self.math_mode, bias_scale=self.bias_scale, inf=cfg.inf)
+        bias = pair_bias(z, self.module.linear_b.weight, mask, **scales) if BIAS_FIRST else None
+        q, k, v, pts, cat = self.project(s, translations, rotations, frames.OPERANDS)
         B, N = s.shape[:2]
         H, C = cfg.no_heads, cfg.c_hidden
         o = cat[..., :H * C].view(B, N, H, C)
         o_pair = cat[..., cat.shape[2] - H * cfg.c_z:].view(B, N, H, cfg.c_z)
         o_pt, _, _ = run_core(q, k, v, pts.q_pts, pts.k_pts, pts.v_pts, pts.centred_t, z,
-                              self.module.linear_b.weight, self.point_weight,
-                              mask.float().contiguous(), o, o_pair, math_mode=self.math_mode,
-                              q_scale=self.q_scale, bias_scale=self.bias_scale, inf=cfg.inf)
+                              self.module.linear_b.weight, self.point_weight, mask, o, o_pair,
+                              q_scale=self.q_scale, bias=bias, **scales)
         return self.finish(o_pt, rotations, pts, cat)
 
     def _differentiable(self, s, z, translations, rotations, mask):

@@ -337,17 +337,22 @@ class Projections:
         return (torch.cat([p.weight for p in points]).float(),
                 torch.cat([p.bias for p in points]).float())
 
-    def project(self, s, z, translations, rotations, mask, layout):
-        """Checks the inputs (`validate_inputs`, no value scan) and runs SPEC steps 1-2:
-        returns q, k, v (B, N, H, C) views, the prologue's `frames.Points` in `layout`, and
-        linear_out's input `cat` (B, N, H (C + 4 Pv + c_z)) fp32, uninitialised."""
-        from variants.triton import frames
+    def check(self, s, z, translations, rotations, mask) -> None:
+        """The inputs' checks before any launch: `validate_inputs` (no value scan), and CUDA
+        tensors where the kernels are compiled."""
         from variants.triton.common import check_runnable
 
-        cfg = self.config
-        validate_inputs(cfg, s, z, translations, rotations, mask, dtypes=(self.dtype,),
+        validate_inputs(self.config, s, z, translations, rotations, mask, dtypes=(self.dtype,),
                         device=self.device, check_values=False)
         check_runnable("s", s)
+
+    def project(self, s, translations, rotations, layout):
+        """SPEC steps 1-2 on checked inputs (`check`): returns q, k, v (B, N, H, C) views, the
+        prologue's `frames.Points` in `layout`, and linear_out's input `cat` (B, N, H (C + 4 Pv
+        + c_z)) fp32, uninitialised."""
+        from variants.triton import frames
+
+        cfg = self.config
         B, N, _ = s.shape
         H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
         # Points in fp32, in a frame centred on each batch element's mean translation (the
@@ -400,7 +405,8 @@ class FusedForward(Projections):
     @torch.no_grad()
     def __call__(self, s, z, translations, rotations, mask):
         cfg = self.config
-        q, k, v, pts, cat = self.project(s, z, translations, rotations, mask, self.layout)
+        self.check(s, z, translations, rotations, mask)
+        q, k, v, pts, cat = self.project(s, translations, rotations, self.layout)
         B, N, H, Pv = s.shape[0], s.shape[1], cfg.no_heads, cfg.no_v_points
         o_pt = torch.empty(B, N, H, 3 * Pv, dtype=torch.float32, device=s.device)
         self.core(q, k, v if pts.v is None else pts.v, pts.q_pts, pts.k_pts, pts.v_pts, z,

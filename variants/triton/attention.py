@@ -52,7 +52,6 @@ from variants.triton.common import (
     split_range,
 )
 from variants.triton.merge import merge_key_ranges
-from variants.triton.pair_bias import launch_pair_bias
 from variants.triton.tf32 import bf16_split, dot_split_bf16, dot_split_tf32, tf32_hi
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
@@ -397,20 +396,18 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
 
 
 def launch_logits_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,
-                            pair_repr, pair_weight, modes: Modes, *, q_scale: float | None = None,
-                            **bias_options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training forward's pair: the pair bias as a (B, H, N, N) fp32 tensor in every dtype
-    (`launch_pair_bias` with `modes.bias` and `bias_options`: problem openfold's mask and
-    scale), then the attention kernel, which overwrites it with the base-2 logits and saves each
-    row's softmax statistics. Returns (out_p, stats (B, N, H, 3) fp32, logits), what the
-    backwards read instead of recomputing them (`bias_backward.py`)."""
+                            bias, modes: Modes, *, q_scale: float | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training forward's attention: `bias`, the pair bias as a (B, H, N, N) fp32 tensor
+    in every dtype (`launch_pair_bias` with `modes.bias` and dtype fp32; problem openfold's
+    with its mask and scale), is read by the attention kernel, which overwrites it with the
+    base-2 logits and saves each row's softmax statistics. Returns (out_p, stats (B, N, H, 3)
+    fp32, logits), what the backwards read instead of recomputing them (`bias_backward.py`)."""
     b, n, h, _ = q.shape
-    logits = launch_pair_bias(pair_repr, pair_weight, modes.bias, dtype=torch.float32,
-                              **bias_options)
     stats = torch.empty(b, n, h, 3, dtype=torch.float32, device=q.device)
     out_p = launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s,
-                             logits, modes, stats=stats, q_scale=q_scale, write_logits=True)
-    return out_p, stats, logits
+                             bias, modes, stats=stats, q_scale=q_scale, write_logits=True)
+    return out_p, stats, bias
 
 
 def ipa_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias, *,

@@ -36,6 +36,7 @@ from variants.triton.common import (
     dot_modes,
 )
 from variants.triton.fullfuse import launch_fullfuse
+from variants.triton.pair_bias import launch_pair_bias
 
 Tensor = torch.Tensor
 
@@ -106,9 +107,10 @@ def bias_core_op(q: Tensor, k: Tensor, v: Tensor, q_pts: Tensor, k_pts: Tensor, 
                  centre: Tensor, pair_repr: Tensor, pair_weight: Tensor, point_weight: Tensor,
                  math_mode: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     out_s = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    modes = dot_modes(q.dtype, math_mode)
+    bias = launch_pair_bias(pair_repr, pair_weight, modes.bias, dtype=torch.float32)
     out_p, stats, logits = launch_logits_attention(q, k, v, q_pts, k_pts, v_pts, centre,
-                                                   point_weight, out_s, pair_repr, pair_weight,
-                                                   dot_modes(q.dtype, math_mode))
+                                                   point_weight, out_s, bias, modes)
     return out_s, out_p, stats, logits
 
 

@@ -212,6 +212,13 @@ def _around_kernels(
 
 # ---- the public forwards -------------------------------------------------------------------
 
+# `triton`'s bias GEMM reads only pair_repr, so it may go first: the GPU then runs it (the
+# forward's largest kernel from N ~ 1024) while the host issues the O(N) prologue, whose
+# launches otherwise leave the GPU idle in front of it (eager calls are host-bound at N <= 1024:
+# ~0.8 ms of host time a call on the H100 and H200). False: after the prologue, the form until
+# 2026-12-05. An A/B switch (`profile_call.py --ab ... --latency`), not yet timed on a GPU.
+BIAS_FIRST = True
+
 
 def triton_ipa(
     weights: TritonIPAWeights,
@@ -255,10 +262,14 @@ def triton_ipa(
     batch, length = node_repr.shape[:2]
     if split is None:
         split = default_split(batch, weights.config.heads, length, node_repr.device)
+    check_runnable("node_repr", node_repr)
+    bias = bias_tensor(pair_repr, weights.w_pair, modes) if BIAS_FIRST else None
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         # The launchers' own checks are skipped: every operand is built by the prologue.
-        bias = bias_tensor(pair_repr, weights.w_pair, modes)
+        nonlocal bias
+        if bias is None:
+            bias = bias_tensor(pair_repr, weights.w_pair, modes)
         return ops.out_s, launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts,
                                            ops.v_pts, ops.centred_t, ops.point_weight,
                                            ops.out_s, bias, modes, split=split)
