@@ -58,14 +58,15 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
 # (`_point_weight_kernel`) and the pair kernel (`_pair_kernel`, d pair_repr and dW_b; the sums
 # of dS run on cuBLAS), label: (autotuned form, input dtype)
 KERNELS = {"_point_weight": "_point_weight_kernel",
-           "_pair": "_pair_kernel", "_pair_narrow": "_pair_kernel"}  # else the key kernel
+           "_pair": "_pair_kernel", "_pair_narrow": "_pair_kernel",
+           "_pair_narrow_16bit": "_pair_kernel"}  # else the key kernel
 BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "keys_16bit": ("_key_16bit", torch.bfloat16),
                   "point_weight": ("_point_weight", torch.float32),
                   "pairs_3xtf32": ("_pair", torch.float32),
                   "pairs_16bit": ("_pair", torch.bfloat16),
                   "pairs_narrow_3xtf32": ("_pair_narrow", torch.float32),
-                  "pairs_narrow_16bit": ("_pair_narrow", torch.bfloat16)}
+                  "pairs_narrow_16bit": ("_pair_narrow_16bit", torch.bfloat16)}
 
 
 def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
@@ -80,8 +81,9 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
     rec.configs = getattr(bb, name).configs
     logits = torch.empty(b, h, n, n)  # N^2-sized operands: empty, never touched
     pair_weight = torch.zeros(h, cfg.pair_dim, dtype=dtype)
-    if name in ("_pair", "_pair_narrow"):  # either stands for the one pair_gradients launches
-        with standing_in([(bb, "_pair", rec), (bb, "_pair_narrow", rec),
+    pair_forms = ("_pair", "_pair_narrow", "_pair_narrow_16bit")
+    if name in pair_forms:  # each stands for the one pair_gradients launches
+        with standing_in([*((bb, form, rec) for form in pair_forms),
                           (bb, "sm_count", lambda device: 132)]):
             bb.pair_gradients(logits, torch.empty(b, n, n, cfg.pair_dim, dtype=dtype), pair_weight)
         return rec.args, rec.kwargs
@@ -133,7 +135,7 @@ TRAIN_FORMS = {"train_logits_fp32": torch.float32, "train_logits_bf16": torch.bf
 
 def train_launch_args(dtype: torch.dtype, n: int, layer: dict) -> tuple[object, tuple, dict]:
     """(the autotuned form, the arguments triton-train's forward passes it) at the default layer
-    with `layer`'s fields changed, B = 1; the bias GEMM only stands still."""
+    with `layer`'s fields changed, B = 1 (its bias an empty stand-in)."""
     cfg = problem.IPAConfig(**layer)
     b, h, d, p3, vp3 = 1, cfg.heads, cfg.head_dim, 3 * cfg.query_points, 3 * cfg.value_points
     f32 = torch.float32
@@ -142,13 +144,10 @@ def train_launch_args(dtype: torch.dtype, n: int, layer: dict) -> tuple[object, 
     recorders = {form: Recorder() for form in att._LOGITS_TWIN}
     for form, rec in recorders.items():
         rec.configs = att._LOGITS_TWIN[form].configs
-    stand_ins = [(att, "_LOGITS_TWIN", recorders),
-                 (att, "launch_pair_bias", lambda *a, **kw: torch.empty(b, h, n, n))]
-    with standing_in(stand_ins), torch.no_grad():
+    with standing_in([(att, "_LOGITS_TWIN", recorders)]), torch.no_grad():
         att.launch_logits_attention(q, k, v, q_pts, k_pts, torch.zeros(b, h, n, vp3),
-                                    torch.zeros(b, n, 3), torch.zeros(h), out_s, None,
-                                    torch.zeros(h, cfg.pair_dim, dtype=dtype),
-                                    common.dot_modes(dtype, "ieee"))
+                                    torch.zeros(b, n, 3), torch.zeros(h), out_s,
+                                    torch.empty(b, h, n, n), common.dot_modes(dtype, "ieee"))
     form, rec = next((f, r) for f, r in recorders.items() if hasattr(r, "args"))
     return att._LOGITS_TWIN[form], rec.args, rec.kwargs
 

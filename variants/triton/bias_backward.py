@@ -376,23 +376,41 @@ _point_weight = autotuned(
     key=["N_KEY", "H", "P3"], interpreted=_INTERPRETED,
 )
 
+
+def _pair_configs(blocks: list[tuple[int, ...]]) -> list:
+    """Autotune configs from (BLOCK_P, warps, stages[, register cap]) tuples."""
+    return [triton.Config({"BLOCK_P": p}, num_warps=w, num_stages=st, maxnreg=cap)
+            for p, w, st, cap in (b + (None,) * (4 - len(b)) for b in blocks)]
+
+
 _PAIR_KEY = ["PAIRS_KEY", "H_PAD", "C_PAD", "PRECISION"]
 _pair = autotuned(
     "bias_backward_pairs", _pair_kernel,
-    configs=[triton.Config({"BLOCK_P": p}, num_warps=w, num_stages=st)
-             for p, w, st in [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3), (32, 4, 3),
-                              (256, 8, 2)]],
+    configs=_pair_configs([(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3), (32, 4, 3),
+                           (256, 8, 2)]),
     key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
 )
-# The pair pass at one program per SM (`PAIR_PROGRAMS_PER_SM`): 4-warp configs only, so that a
-# program holds at most half an SM's registers (~253 a thread) and the sums of dS on the side
-# stream can run beside it.
+# The pair pass at one program per SM (`PAIR_PROGRAMS_PER_SM`): configs that hold at most half
+# an SM's registers (4 warps at ~253 a thread, or 8 capped at 128), so that the sums of dS on the
+# side stream can run beside it. fp32: 4-warp configs only (8 warps capped at 128 registers
+# spill, 84-89 instructions per pair against 46 on the sm_90 proxy).
 _pair_narrow = autotuned(
     "bias_backward_pairs_narrow", _pair_kernel,
-    configs=[triton.Config({"BLOCK_P": p}, num_warps=4, num_stages=st)
-             for p, st in [(64, 2), (64, 3), (32, 3), (32, 4), (128, 2)]],
+    configs=_pair_configs([(64, 4, 2), (64, 4, 3), (32, 4, 3), (32, 4, 4), (128, 4, 2)]),
     key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
 )
+# 16-bit: the 4-warp configs, more stages, and 8 warps capped at 128 registers (no spills on the
+# proxy): more loads in flight per SM, to win back the ~12 % of bandwidth that one 4-warp
+# program per SM lost against two (H100, eighteenth session).
+_pair_narrow_16bit = autotuned(
+    "bias_backward_pairs_narrow_16bit", _pair_kernel,
+    configs=_pair_configs([(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3),
+                           (64, 8, 3, 128), (128, 8, 2, 128), (128, 8, 3, 128)]),
+    key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
+)
+# 16-bit inputs' narrow pass from `_pair_narrow_16bit` (True) or from the fp32 table
+# `_pair_narrow` (False: the form until 2026-12-05). An A/B switch, not yet timed on a GPU.
+NARROW_16BIT_TABLE = True
 # Programs of the pair pass per SM. 4 is two waves of two resident 4-warp programs at ~253
 # registers, which hold every SM's register file for the whole pass (Nsight Compute,
 # 2026-12-05): the sums of dS wait for it. 1 (`_pair_narrow`) leaves half of each SM to them.
@@ -535,12 +553,13 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
     pairs = n * n
     per_sm = PAIR_PROGRAMS_PER_SM
     programs = min(triton.cdiv(pairs, 64), 64 if INTERPRET else per_sm * sm_count(ds.device))
-    kernel = _pair_narrow if per_sm == 1 else _pair
+    fp32 = pair_repr.dtype == torch.float32
+    kernel = (_pair if per_sm != 1 else _pair_narrow_16bit if NARROW_16BIT_TABLE and not fp32
+              else _pair_narrow)
     h_pad, c_pad = max(16, pow2(h)), max(16, pow2(c))
     pair_repr = pair_repr.contiguous()
     d_pair = torch.empty(pair_repr.shape, dtype=pair_repr.dtype, device=pair_repr.device)
     partial = torch.empty(b, programs, h_pad, c_pad, dtype=torch.float32, device=ds.device)
-    fp32 = pair_repr.dtype == torch.float32
     kernel[(programs, b)](  # every trial writes the same d_pair and partials: no restore
         ds, pair_repr, pair_weight.contiguous(), d_pair, partial, pairs, pow2(pairs, 4096),
         H=h, H_PAD=h_pad, C=c, C_PAD=c_pad,
