@@ -9,7 +9,9 @@ kernel's fastest configs with their times.
         [--nvtx | --host]
 
 With `--ab SETTING [SETTING ...]` the call is timed instead under each SETTING in turn (seven
-rounds of five calls each, the host clock around synchronised calls; medians in ms): an A/B of
+rounds of five calls each, the host clock around five back-to-back calls and a synchronise,
+or with `--latency` device events around each call alone after an L2 flush, as the sweep
+times an eager row (host overhead in front of the kernels counts); medians in ms): an A/B of
 one change in one process, behind module-level switches that the change adds for the
 experiment. A SETTING is `MODULE:NAME=VALUE[,MODULE:NAME=VALUE...]` (VALUE a Python literal);
 a lone `MODULE:NAME` (a boolean) stands for its two settings, off and on. The eighteenth
@@ -49,6 +51,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from harness.measure import L2Flusher
 from harness.problems import PROBLEMS
 from harness.runner import (
     InputRecipe,
@@ -76,6 +79,9 @@ def main(argv: list[str]) -> int:
                         help="cProfile 20 calls instead: where the host's time goes")
     parser.add_argument("--ab", nargs="+", metavar="SETTING",
                         help="time the call under each MODULE:NAME=VALUE[,...] setting in turn")
+    parser.add_argument("--latency", action="store_true",
+                        help="--ab: each call alone after an L2 flush, by device events (an "
+                        "eager row's latency), instead of back-to-back calls")
     args = parser.parse_args(argv)
     problem = PROBLEMS[args.problem]
     config = problem.config_class()
@@ -111,7 +117,7 @@ def main(argv: list[str]) -> int:
             torch.cuda.profiler.stop()
             return 0
         if args.ab:
-            print_ab(args.ab, call, sync)
+            print_ab(args.ab, call, sync, latency=args.latency)
             print_tuning()
             return 0
         if args.host:
@@ -163,10 +169,40 @@ def parse_settings(specs: list[str]) -> list[dict[tuple[str, str], object]]:
     return settings
 
 
-def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5) -> None:
+def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5,
+             latency: bool = False) -> None:
     """Median ms of `call` under each setting (`parse_settings`), alternating by rounds so that
-    drift in the device's clocks hits every setting alike; the switches are restored after."""
+    drift in the device's clocks hits every setting alike; the switches are restored after.
+    By default back-to-back calls by the host clock (throughput: one call's host work overlaps
+    the last one's kernels); `latency`: each call alone as the sweep times an eager row (an L2
+    flush, then device events around the call, synchronised after), the round's median."""
     settings = parse_settings(specs)
+    cuda = torch.cuda.is_available()
+    flush = L2Flusher(torch.device("cuda")) if latency and cuda else None
+
+    def timed_round() -> float:
+        if not latency:
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            sync()
+            return (time.perf_counter() - start) * 1e3 / calls
+        samples = []
+        for _ in range(calls):
+            if not cuda:  # a dry run on the CPU: the host clock
+                start = time.perf_counter()
+                call()
+                samples.append((time.perf_counter() - start) * 1e3)
+                continue
+            begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            flush()
+            begin.record()
+            call()
+            end.record()
+            end.synchronize()
+            samples.append(begin.elapsed_time(end))
+        return sorted(samples)[len(samples) // 2]
+
     originals = {key: getattr(importlib.import_module(key[0]), key[1])
                  for setting in settings for key in setting}
 
@@ -181,11 +217,7 @@ def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5) -> N
             apply(setting)
             call()
             sync()
-            start = time.perf_counter()
-            for _ in range(calls):
-                call()
-            sync()
-            samples.append((time.perf_counter() - start) * 1e3 / calls)
+            samples.append(timed_round())
     apply(originals)
     for setting, samples in zip(settings, times, strict=True):
         samples.sort()
