@@ -172,14 +172,15 @@ def test_point_weight_gradient_is_centred():
     assert error < 0.15 * tol, (error, tol)
 
 
-@needs_triton
+@needs_interpreter
 def test_gemm_ds_sums_match_float64_in_the_centred_frame():
     # The sums of dS for dq, dk and the points' gradients run as fp32 GEMMs on points in the
     # layer's centred frame (one centre per batch element, not per block as a kernel would
     # use): against float64 on a protein-like chain (3.8 A steps, ~30 A across) and a
     # softmax-shaped dS, each result must stay far inside the fp32 floor (2e-5); 100 A off the
-    # origin the point sums cancel visibly (the reason the frame is centred).
-    from variants.triton.bias_backward import LN2_F, gemm_ds_sums
+    # origin the point sums cancel visibly (the reason the frame is centred). q and k are
+    # strided views, as the projection's split gives them.
+    from variants.triton.sums import LN2_F, gemm_ds_sums
 
     g = torch.Generator().manual_seed(3)
     b, h, n, d, qp = 2, 3, 300, 16, 4
@@ -196,7 +197,8 @@ def test_gemm_ds_sums_match_float64_in_the_centred_frame():
                                                     dtype=torch.float64), -1)
     dp = torch.randn(dist.shape, generator=g, dtype=torch.float64)
     ds = attn * (dp - (attn * dp).sum(-1, keepdim=True))
-    q, k = (torch.randn(b, n, h, d, generator=g, dtype=torch.float64) for _ in range(2))
+    qk = torch.randn(b, n, 2 * h * d + 5, generator=g, dtype=torch.float64)
+    q, k = (qk[..., i * h * d:(i + 1) * h * d].view(b, n, h, d) for i in range(2))
     point_weight = -torch.rand(h, generator=g, dtype=torch.float64)
     scale = 0.3
 
@@ -209,14 +211,35 @@ def test_gemm_ds_sums_match_float64_in_the_centred_frame():
                 w * (ko * ds.sum(-2)[:, :, None] - torch.einsum("bhij,bhci->bhcj", ds, qo)))
 
     def errors(offset):
-        got = gemm_ds_sums(ds.float(), q.float(), k.float(), (q_pts + offset).float(),
-                           (k_pts + offset).float(), point_weight.float(), scale)
+        got = gemm_ds_sums(ds.float(), *(x.float().view(b, n, h, d) for x in (
+            qk[..., :h * d], qk[..., h * d:2 * h * d])), (q_pts + offset).float(),
+            (k_pts + offset).float(), point_weight.float(), scale)
         return [rel_l2(x.double(), y) for x, y in zip(got, want(offset), strict=True)]
 
     centred = errors(0.0)
     assert max(centred) < 2e-6, centred
     off_origin = errors(100.0)
     assert max(off_origin[2:]) > 4 * max(centred[2:]), (centred, off_origin)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pair_values", [False, True], ids=["simplified", "openfold"])
+def test_row_delta_is_the_rows_dot_products(dtype, pair_values):
+    # D = dO . O per (b, n, h), the softmax's row term, in fp32 from any input dtype; awkward
+    # widths (D = 24, 3 Vp = 9, c_z = 20) and a row count that is no multiple of the block.
+    from variants.triton.sums import row_delta
+
+    g = torch.Generator().manual_seed(8)
+    b, n, h = 2, 13, 3
+    shapes = [(24, dtype), (24, dtype), (9, torch.float32), (9, torch.float32)]
+    if pair_values:
+        shapes += [(20, torch.float32), (20, torch.float32)]
+    ops = [torch.randn(b, n, h, w, generator=g).to(t) for w, t in shapes]
+    want = sum((x.double() * y.double()).sum(-1) for x, y in zip(ops[::2], ops[1::2], strict=True))
+    got = row_delta(*ops)
+    assert got.dtype == torch.float32 and got.shape == (b, n, h)
+    assert rel_l2(got.double(), want) < 1e-6
 
 
 @needs_interpreter

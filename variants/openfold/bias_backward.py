@@ -203,6 +203,7 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
     gradients of q, k, v (their dtype), q_pts, k_pts, v_pts (fp32), z and w_b (their dtype)
     and point_weight (fp32)."""
     from variants.triton.bias_backward import attention_gradients
+    from variants.triton.sums import row_delta
 
     b, n, h, _ = q.shape
     c = z.shape[3]
@@ -211,8 +212,8 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
                                      v_pts, z, w_b, point_weight)
     f32 = torch.float32
     grad_o_pair = grad_o_pair.float().contiguous()
-    delta = ((grad_o.float() * o.float()).sum(-1) + (grad_o_pt * o_pt).sum(-1)
-             + (grad_o_pair * o_pair).sum(-1))
+    grad_o = grad_o.contiguous()  # once: row_delta and the key kernel read it so
+    delta = row_delta(grad_o, o, grad_o_pt, o_pt, grad_o_pair, o_pair)
     precision = modes.bias  # the pair dots: as the forward's bias GEMM
     shared = dict(H=h, H_PAD=pow2(h, HEADS_PAD), C=c, C_PAD=pow2(c), PRECISION=precision,
                   CAST_F32=cast_f32(z.dtype))

@@ -42,6 +42,7 @@ import triton.language as tl
 from variants import base2
 from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, pow2, split_range
 from variants.triton.fullfuse import default_split, pair_pitch, pair_rows
+from variants.triton.sums import row_delta
 
 LOG2E = tl.constexpr(base2.LOG2E)
 LN2 = tl.constexpr(math.log(2.0))
@@ -306,7 +307,7 @@ def launch_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pai
     split, split_len = split_range(n, default_split(b, n, dev) if split is None else split)
     grad_s, grad_p = grad_s.contiguous(), grad_p.contiguous()
     # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
-    delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
+    delta = row_delta(grad_s, out_s, grad_p, out_p)
     dq = torch.zeros(b, n, h, d, dtype=f32, device=dev)
     dq_pts = torch.zeros(b, h, p3, n, dtype=f32, device=dev)
     dk = torch.empty(split, b, n, h, d, dtype=f32, device=dev)

@@ -74,7 +74,6 @@ import triton
 import triton.language as tl
 
 from variants import base2
-from variants.problem import math_mode
 from variants.triton.attention import query_coordinates, squared_distances
 from variants.triton.backward import single_key_gradients
 from variants.triton.common import (
@@ -93,10 +92,10 @@ from variants.triton.common import (
     split_range,
     whole_blocks,
 )
+from variants.triton.sums import LN2_F, gemm_ds_sums, row_delta
 from variants.triton.tf32 import dot_parts, tf32_parts
 
 LOG2E = tl.constexpr(base2.LOG2E)
-LN2_F = math.log(2.0)
 LN2 = tl.constexpr(LN2_F)
 
 
@@ -430,8 +429,10 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     if q.shape[1] == 1:
         return single_key_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
                                     pair_weight, point_weight)
-    # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements.
-    delta = (grad_s.float() * out_s.float()).sum(-1) + (grad_p * out_p).sum(-1)
+    # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements. (grad_s
+    # made contiguous once: the key kernel reads it so too.)
+    grad_s = grad_s.contiguous()
+    delta = row_delta(grad_s, out_s, grad_p, out_p)
     dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (d_pair, d_weight) = attention_gradients(
         grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
         modes, lambda ds: pair_gradients(ds, pair_repr, pair_weight), split=split)
@@ -490,48 +491,10 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
         _point_weight[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
             ds, q_pts, k_pts, stats, d_point, n, pow2(n, 64), H=h, P3=p3, ALIGNED=aligned(n))
         dq, dk, dq_pts, dk_pts = gemm_ds_sums(ds, q, k, q_pts, k_pts, point_weight, q_scale)
-        dq, dk, d_point = dq.to(q.dtype), dk.to(k.dtype), d_point.sum((0, 2)) * LN2_F
+        d_point = d_point.sum((0, 2)) * LN2_F
     side.join(dq, dk, dq_pts, dk_pts, d_point)
     dv, dv_pts = (t[0] if t.shape[0] == 1 else t.sum(0) for t in (dv, dv_pts))
     return dq, dk, dv.to(v.dtype), dq_pts, dk_pts, dv_pts, d_point, pair_grads
-
-
-def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torch.Tensor,
-                 k_pts: torch.Tensor, point_weight: torch.Tensor, q_scale: float
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sums of dS (B, H, N, N) fp32 as two batched IEEE fp32 GEMMs (cuBLAS on the GPU), one
-    read of dS per side: dS [k | kp | 1] for the queries and dS^T [q | qp | 1] for the keys give
-    dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp), and dk, dkp alike, with the row
-    (column) sums. Triton's TF32 dots cannot take dS's transposed tile from shared memory (its
-    key-side sums took 2.4 ms at N = 4096 on the H200) and its IEEE dots run as FMA loops; the
-    SGEMM reads a transposed operand for free. The points are in the layer's centred frame
-    (centred on the mean frame origin per batch element, as the prologue writes them): the
-    cancellation in qp rowsum - dS kp then costs ~7e-6 relative at N = 4096 and a 77 A radius
-    (an fp32 emulation; centred on each 64-key block, as a kernel could: 1e-6), against
-    gradient tolerances of 2e-5 and more. Both sides' operands and results share one buffer,
-    so the whole takes a dozen launches. Returns dq, dk (B, N, H, D) and dq_pts, dk_pts
-    (B, H, 3Qp, N), fp32, contiguous."""
-    b, h, n, _ = ds.shape
-    d, p3 = q.shape[3], q_pts.shape[2]
-    width = d + p3 + 1
-    # side 0, the queries: the keys' operand; side 1, the keys: the queries'
-    operand = torch.cat([torch.stack([k, q]).float().permute(0, 1, 3, 2, 4),
-                         torch.stack([k_pts, q_pts]).transpose(3, 4),
-                         ds.new_ones(2, b, h, n, 1)], 4).view(2, b * h, n, width)
-    sums = ds.new_empty(2, b * h, n, width)
-    ds = ds.view(b * h, n, n)
-    with math_mode("fp32"):  # IEEE SGEMM whatever the caller's TF32 switch
-        torch.bmm(ds, operand[0], out=sums[0])
-        torch.bmm(ds.transpose(1, 2), operand[1], out=sums[1])
-    sums = sums.view(2, b, h, n, width)
-    dq, dk = ds.new_empty(b, n, h, d), ds.new_empty(b, n, h, d)
-    for side, grad in enumerate((dq, dk)):
-        torch.mul(sums[side, ..., :d], q_scale * LN2_F, out=grad.permute(0, 2, 1, 3))
-    own = torch.stack([q_pts, k_pts])  # (2, B, H, 3Qp, N)
-    grads_p = (own * sums[..., -1].unsqueeze(3) - sums[..., d:d + p3].transpose(3, 4)) * (
-        point_weight.view(1, 1, h, 1, 1) * (2.0 * LN2_F))
-    # (a custom op's outputs may not alias one another: one side's points are copied out)
-    return dq, dk, grads_p[0], grads_p[1].clone()
 
 
 def key_split(programs_per_block: int, length: int, device: torch.device) -> int:

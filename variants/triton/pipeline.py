@@ -91,7 +91,9 @@ class TritonIPAWeights:
         """The same arrangement from `training_parameters`, by differentiable ops (one
         concatenation, the softplus in fp32), so gradients reach `params`."""
         w_in = torch.cat([params[f"{n}.weight"] for n in IN_PROJECTIONS])
-        point_weight = -F.softplus(params["head_weights"].float()) / 2.0 * LOG2E
+        # (-LOG2E / 2 scales LOG2E by -2^-1, exactly: bit for bit -softplus / 2 * LOG2E, in two
+        # kernels forward and two backward instead of four each)
+        point_weight = F.softplus(params["head_weights"].float()) * (-0.5 * LOG2E)
         return cls(config, params["layer_norm.weight"], params["layer_norm.bias"], w_in,
                    params["pair_bias.weight"], point_weight, params["out_proj.weight"],
                    params["out_proj.bias"])
