@@ -128,7 +128,9 @@ class BiasForward(Projections):
         B, N, _ = s.shape
         H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
         qkv = F.linear(s, *self.qkv_weights())  # [q | k | v]
-        q, k, v = (qkv[..., i * H * C:(i + 1) * H * C].view(B, N, H, C) for i in range(3))
+        # Split, not sliced: under autograd one split's backward is one concatenation, where each
+        # slice's is a zero fill and a copy, added up.
+        q, k, v = (t.view(B, N, H, C) for t in qkv.split(H * C, dim=-1))
         y = F.linear(s.float(), *self.point_projection_weights())  # [q_pts | kv_pts]
         # Points in fp32, in a frame centred on each batch element's mean translation.
         q_pts, k_pts, v_pts, centred_t = frames_op.prologue(
@@ -159,7 +161,7 @@ class OpenFoldTritonBias(OpenFoldTriton):
                                      "core_op.py", "bias_backward.py")),
                 *(here.parent / "triton" / f for f in (
                     "attention.py", "pair_bias.py", "bias_backward.py", "backward.py",
-                    "common.py", "frames.py", "frames_op.py", "tf32.py")),
+                    "common.py", "frames.py", "frames_op.py", "sums.py", "tf32.py")),
                 here.parent / "base2.py", here.parent / "custom_ops.py"]
 
     def import_kernels(self) -> None:

@@ -303,11 +303,7 @@ class Projections:
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype):
         self.module, self.config, self.device, self.dtype = module, module.config, device, dtype
-        H, C = module.config.no_heads, module.config.c_hidden
-        # linear_kv's rows interleave k and v per head (SPEC step 1); taken as [k | v] here,
-        # so that q, k and v are (B, N, H, C) views with head stride C.
-        self.kv_rows = torch.arange(2 * H * C, device=module.linear_kv.weight.device).view(
-            H, 2, C).transpose(0, 1).reshape(-1)
+        C = module.config.c_hidden
         self.q_scale = math.sqrt(1.0 / (3 * C)) * LOG2E
         self.take_weights()
 
@@ -323,10 +319,22 @@ class Projections:
     def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The three input projections as one GEMM's weight and bias, in the module's dtype
         (concatenated weights: the same dot products, two fewer cuBLAS calls on the host),
-        output [q | k | v] (`kv_rows`). Differentiable in the module's parameters."""
-        m = self.module
-        return (torch.cat([m.linear_q.weight, m.linear_kv.weight[self.kv_rows]]),
-                torch.cat([m.linear_q.bias, m.linear_kv.bias[self.kv_rows]]))
+        output [q | k | v]. Differentiable in the module's parameters.
+
+        linear_kv's rows interleave k and v per head (SPEC step 1): as a (H, 2, C) grid of rows
+        transposed to (2, H, C) they are [k | v], so that q, k and v are (B, N, H, C) views with
+        head stride C. One concatenation of those strided views per tensor, whose backward is
+        views: an index of the rows was a gather forward and a zero fill and a scatter back."""
+        m, cfg = self.module, self.config
+        H, C = cfg.no_heads, cfg.c_hidden
+
+        def q_kv(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+            rest = q.shape[1:]
+            return torch.cat([q.view(1, H, C, *rest),
+                              kv.view(H, 2, C, *rest).transpose(0, 1)]).view(3 * H * C, *rest)
+
+        return (q_kv(m.linear_q.weight, m.linear_kv.weight),
+                q_kv(m.linear_q.bias, m.linear_kv.bias))
 
     def point_projection_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The two point projections as one GEMM's weight and bias, output [q_pts | kv_pts],
@@ -358,7 +366,9 @@ class Projections:
         # Points in fp32, in a frame centred on each batch element's mean translation (the
         # output is invariant to that shift, and the kernels' point sums stay small).
         qkv = F.linear(s, self.w_qkv, self.b_qkv)  # (B, N, 3 H C): [q | k | v]
-        q, k, v = (qkv[..., i * H * C:(i + 1) * H * C].view(B, N, H, C) for i in range(3))
+        # Split, not sliced: under autograd one split's backward is one concatenation, where each
+        # slice's is a zero fill and a copy, added up.
+        q, k, v = (t.view(B, N, H, C) for t in qkv.split(H * C, dim=-1))
         s_pts = s if self.dtype == torch.float32 else s.float()
         # Each projection's output is [X | Y | Z] blocks of H * P (PointProjection's layout)
         y = F.linear(s_pts, self.w_points, self.b_points)
