@@ -156,13 +156,10 @@ class OpenFoldTritonBias(OpenFoldTriton):
     forward_class = BiasForward
 
     def code_paths(self):
-        here = Path(__file__).resolve().parent
+        here = Path(__file__).resolve().parent  # the kernels it shares: all of triton/
         return [*(here / f for f in ("triton_bias.py", "pair_values.py", "triton_fused.py",
-                                     "core_op.py", "bias_backward.py")),
-                *(here.parent / "triton" / f for f in (
-                    "attention.py", "pair_bias.py", "bias_backward.py", "backward.py",
-                    "common.py", "frames.py", "frames_op.py", "sums.py", "tf32.py")),
-                here.parent / "base2.py", here.parent / "custom_ops.py"]
+                                     "triton_kernel.py", "core_op.py", "bias_backward.py")),
+                here.parent / "triton", here.parent / "base2.py", here.parent / "custom_ops.py"]
 
     def import_kernels(self) -> None:
         from variants.openfold import pair_values  # noqa: F401

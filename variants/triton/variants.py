@@ -104,7 +104,10 @@ class Triton(Variant):
               "head_dim": (8, 128)}
 
     def code_paths(self):
-        return [Path(__file__).resolve().parent]  # the kernels live beside this module
+        # the kernels live beside this module; the frames' layouts read openfold's key padding
+        variants_dir = Path(__file__).resolve().parent.parent
+        return [variants_dir / "triton", variants_dir / "base2.py", variants_dir / "custom_ops.py",
+                variants_dir / "openfold" / "triton_kernel.py"]
 
     def math_mode_label(self, precision):
         # fp32 IEEE: the pair bias's z dots run as 3xTF32 (`common.dot_modes`)
@@ -184,9 +187,8 @@ class TritonPairDot(Triton):
     limits = {**Triton.limits, "pair_dim": (1, 128)}
 
     def code_paths(self):
-        here = Path(__file__).resolve().parent
-        return [here, here.parent / "openfold" / "triton_kernel.py",
-                here.parent / "openfold" / "triton_fused.py", here.parent / "base2.py"]
+        return [*super().code_paths(), Path(__file__).resolve().parent.parent / "openfold"
+                / "triton_fused.py"]
 
     def _forward(self, state_dict, config, device, precision: Precision) -> IPAFunction:
         from variants.triton.pipeline import TritonIPAWeights, pairdot_core, triton_pairdot_ipa
@@ -225,8 +227,6 @@ class _TrainingStep:
 
     supports_backward = True
 
-    def code_paths(self):
-        return [*super().code_paths(), Path(__file__).resolve().parent.parent / "custom_ops.py"]
 
 
 class TritonTrain(_TrainingStep, Triton):
