@@ -7,7 +7,8 @@
 #   2. the same for problem openfold's triton-bias (triton_bias.BIAS_FIRST), fp32 and bf16 at
 #      N = 2048;
 #   3. triton-train's 16-bit narrow pair pass from its own config table
-#      (bias_backward.NARROW_16BIT_TABLE), bf16 training step at N = 4096.
+#      (bias_backward.NARROW_16BIT_TABLE), bf16 training step at N = 4096;
+# after `launch_overhead.py` (the host's time to issue a torch op, a GEMM, a Triton launch).
 # Each A/B under LIM_AB seconds (default 60), so the whole fits a 10-minute call. Writes
 # ab.log (and prints it).
 #
@@ -20,6 +21,7 @@ ab() {  # ab ARGS...: one profile_call.py A/B, its output appended to ab.log
 }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  timeout -s INT 40 python3 gpu_diagnostics/launch_overhead.py
 } > "$OUT/ab.log" 2>&1
 first=variants.triton.pipeline:BIAS_FIRST
 for cell in "1024 bf16" "1024 fp32" "4096 fp32"; do
