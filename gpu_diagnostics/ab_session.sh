@@ -8,6 +8,8 @@
 #      N = 2048;
 #   3. triton-train's 16-bit narrow pair pass from its own config table
 #      (bias_backward.NARROW_16BIT_TABLE), bf16 training step at N = 4096;
+#   4. openfold triton-bias's flat pair pass at one program per SM, beside the sums of dS
+#      (openfold.bias_backward.PAIR_PROGRAMS_PER_SM), training step at N = 2048;
 # after `launch_overhead.py` (the host's time to issue a torch op, a GEMM, a Triton launch).
 # Each A/B under LIM_AB seconds (default 60), so the whole fits a 10-minute call. Writes
 # ab.log (and prints it).
@@ -33,5 +35,9 @@ for dtype in fp32 bf16; do
         --ab variants.openfold.triton_bias:BIAS_FIRST --latency
 done
 ab 4096 bf16 triton-train --ab variants.triton.bias_backward:NARROW_16BIT_TABLE
+flat=variants.openfold.bias_backward:PAIR_PROGRAMS_PER_SM
+for dtype in fp32 bf16; do
+    ab 2048 "$dtype" triton-bias --problem openfold --ab "$flat=None" "$flat=1"
+done
 cat "$OUT/ab.log"
 exit 0

@@ -34,6 +34,7 @@ import variants.triton.attention as att
 import variants.triton.bias_backward as bb
 import variants.triton.common as common
 import variants.triton.pipeline as pipeline
+import variants.triton.sums as sums
 from gpu_diagnostics.sm90_proxy import (
     Recorder,
     compile_config,
@@ -69,6 +70,15 @@ BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "pairs_narrow_16bit": ("_pair_narrow_16bit", torch.bfloat16)}
 
 
+# The backwards' O(N) row terms (`variants/triton/sums.py`), standing still: D from its operands'
+# shapes, the sums of dS returning its inputs.
+SUMS_STAND_INS = [
+    (bb, "row_delta", lambda grad_s, *a: torch.zeros(grad_s.shape[:3])),
+    (sums, "row_delta", lambda grad_s, *a: torch.zeros(grad_s.shape[:3])),
+    (bb, "gemm_ds_sums", lambda ds, q, k, q_pts, k_pts, *a: (q, k, q_pts, k_pts)),
+]
+
+
 def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
                          ) -> tuple[tuple, dict]:
     """The arguments `bias_backward.launch_bias_backward` passes to the backward kernel's
@@ -97,8 +107,7 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
     key_rec = Recorder()
     key_rec.configs = getattr(bb, key_kernel).configs
     stand_ins = [(bb, key_kernel, key_rec), (bb, "_point_weight", Recorder()), (bb, name, rec),
-                 (bb, "pair_gradients", lambda *a: (None, torch.zeros(1))),
-                 (bb, "gemm_ds_sums", lambda ds, q, k, q_pts, k_pts, *a: (q, k, q_pts, k_pts))]
+                 (bb, "pair_gradients", lambda *a: (None, torch.zeros(1))), *SUMS_STAND_INS]
     with standing_in(stand_ins), torch.no_grad():
         bb.launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, None, pair_weight,
                                 torch.zeros(h), out_s, out_p, stats, logits,
@@ -200,7 +209,11 @@ OPENFOLD_BACKWARD_FORMS = {"openfold_pair_terms_fp32": ("_pair_terms", torch.flo
                            "openfold_keys_fp32": ("_key_3xtf32", torch.float32),
                            "openfold_keys_bf16": ("_key_16bit", torch.bfloat16),
                            "openfold_pair_backward_fp32": ("_pair_backward", torch.float32),
-                           "openfold_pair_backward_bf16": ("_pair_backward", torch.bfloat16)}
+                           "openfold_pair_backward_bf16": ("_pair_backward", torch.bfloat16),
+                           "openfold_pair_backward_flat_fp32": ("_pair_backward_flat",
+                                                                torch.float32),
+                           "openfold_pair_backward_flat_bf16": ("_pair_backward_flat",
+                                                                torch.bfloat16)}
 
 
 def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
@@ -223,13 +236,16 @@ def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
     stats, logits = torch.zeros(b, n, h, 3), torch.empty(b, h, n, n)
     recorders = {}
     stand_ins = []
-    for module, attr in [(ob, "_pair_terms"), (ob, "_pair_backward"), (bb, "_key_3xtf32"),
-                         (bb, "_key_16bit"), (bb, "_point_weight")]:
+    if name == "_pair_backward_flat":  # the flat pass, one program per SM of an H200
+        stand_ins += [(ob, "PAIR_PROGRAMS_PER_SM", 1), (ob, "sm_count", lambda device: 132)]
+    for module, attr in [(ob, "_pair_terms"), (ob, "_pair_backward"),
+                         (ob, "_pair_backward_flat"), (bb, "_key_3xtf32"), (bb, "_key_16bit"),
+                         (bb, "_point_weight")]:
         rec = Recorder()
         rec.configs = getattr(module, attr).configs
         recorders[attr] = (getattr(module, attr), rec)
         stand_ins.append((module, attr, rec))
-    stand_ins.append((bb, "gemm_ds_sums", lambda ds, q, k, q_pts, k_pts, *a: (q, k, q_pts, k_pts)))
+    stand_ins += SUMS_STAND_INS
     with standing_in(stand_ins), torch.no_grad():
         ob.launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z,
                            w_b, torch.zeros(h), o, o_pt, o_pair, stats, logits,

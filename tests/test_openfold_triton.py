@@ -430,6 +430,23 @@ def test_triton_bias_gradients_match_the_oracle(config, lengths, precision):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("config, lengths, precision", [
+    (AF2ISH, [33, 20], "fp32"), (SMALL, [32, 9], "fp32"), (SMALL, [17, 9], "bf16")],
+    ids=["af2ish-33-20-fp32", "small-32-9-fp32", "small-17-9-bf16"])
+def test_flat_pair_pass_gradients_match_the_oracle(config, lengths, precision, monkeypatch):
+    """The flat pair pass (`bias_backward.PAIR_PROGRAMS_PER_SM`, 8 programs under the
+    interpreter): at N = 33 two 32-key blocks a row, 66 tiles, 9 a program, so runs start in
+    mid-row and cross rows; at N = 32 whole blocks."""
+    from variants.openfold import bias_backward
+
+    monkeypatch.setattr(bias_backward, "PAIR_PROGRAMS_PER_SM", 1)
+    result = check_variant(get_variant("triton-bias", "openfold"), config, batch=len(lengths),
+                           length=max(lengths), precision=precision, seeds=1,
+                           pass_name="forward+backward")
+    assert result.passed, (result.failures, result.grad_worst, result.grad_rel_l2)
+
+
+@needs_interpreter
 def test_triton_bias_ops_pass_opcheck():
     """torch.library.opcheck of the forward and the backward custom op (schema, autograd
     registration, fake tensors, AOT dispatch)."""

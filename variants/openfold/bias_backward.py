@@ -34,7 +34,16 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, pow2, whole_blocks
+from variants.triton.common import (
+    HEADS_PAD,
+    INTERPRET,
+    Modes,
+    autotuned,
+    cast_f32,
+    pow2,
+    sm_count,
+    whole_blocks,
+)
 from variants.triton.tf32 import dot_parts, tf32_parts
 
 
@@ -106,6 +115,43 @@ def _pair_terms_kernel(
         tl.store(g_row + offs_n[None, :], g, mask=h_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum, doz_hi, doz_lo,
+               w_hi, w_lo, acc_w, bias_scale, stride_zj, heads_ok, channels_ok,
+               C: tl.constexpr, C_PAD: tl.constexpr, PRECISION: tl.constexpr,
+               CAST_F32: tl.constexpr, EVEN: tl.constexpr, UNMASKED: tl.constexpr,
+               Z_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One key block of one query row (both pair-pass forms): reads its dS, logits and z tile,
+    writes its d z tile and returns acc_w + dS z."""
+    SPLIT: tl.constexpr = PRECISION == "tf32x3"
+    offs_n = j0 + tl.arange(0, BLOCK_N)
+    if EVEN:  # every key block whole
+        tile_ok, z_ok = heads_ok, channels_ok
+    else:
+        n_ok = offs_n < N
+        tile_ok, z_ok = heads_ok & n_ok[None, :], channels_ok & n_ok[:, None]
+    ds = tl.load(DS + rows + offs_n[None, :], mask=tile_ok, other=0.0)  # (H_PAD, BN)
+    s = tl.load(LOGITS + rows + offs_n[None, :], mask=tile_ok, other=float("-inf"))
+    p = tl.exp2((s - row_max) - log_sum)  # 0 past N and in padded heads
+    if UNMASKED:
+        z = tl.load(z_row + offs_n[:, None] * stride_zj)  # (BN, C_PAD)
+    else:
+        z = tl.load(z_row + offs_n[:, None] * stride_zj, mask=z_ok, other=0.0)
+    ds_hi, ds_lo = _operand(ds, SPLIT, CAST_F32, Z_DTYPE)
+    p_hi, p_lo = _operand(p, SPLIT, CAST_F32, Z_DTYPE)
+    z_hi, z_lo = _operand(z, SPLIT, CAST_F32, Z_DTYPE)
+    dz = dot_parts(tl.trans(ds_hi), tl.trans(ds_lo), w_hi, w_lo,
+                   tl.zeros([BLOCK_N, C_PAD], dtype=tl.float32), PRECISION)
+    if not SPLIT:
+        dz = dz * bias_scale
+    dz = dot_parts(tl.trans(p_hi), tl.trans(p_lo), doz_hi, doz_lo, dz, PRECISION)
+    if UNMASKED:
+        tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty))
+    else:
+        tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty), mask=z_ok)
+    return dot_parts(ds_hi, ds_lo, z_hi, z_lo, acc_w, PRECISION)
+
+
 @triton.jit(do_not_specialize=["N"])
 def _pair_backward_kernel(
     DS,  # (B, H, N, N) fp32: dS (natural units)
@@ -153,33 +199,75 @@ def _pair_backward_kernel(
     channels_ok = whole_n[:, None] & c_ok[None, :]  # (BN, C_PAD)
     UNMASKED: tl.constexpr = EVEN and C == C_PAD  # z and d z tiles need no mask
     for j0 in range(0, N, BLOCK_N):
-        offs_n = j0 + tl.arange(0, BLOCK_N)
-        if EVEN:  # every key block whole
-            tile_ok, z_ok = heads_ok, channels_ok
-        else:
-            n_ok = offs_n < N
-            tile_ok, z_ok = heads_ok & n_ok[None, :], channels_ok & n_ok[:, None]
-        ds = tl.load(DS + rows + offs_n[None, :], mask=tile_ok, other=0.0)  # (H_PAD, BN)
-        s = tl.load(LOGITS + rows + offs_n[None, :], mask=tile_ok, other=float("-inf"))
-        p = tl.exp2((s - row_max) - log_sum)  # 0 past N and in padded heads
-        if UNMASKED:
-            z = tl.load(z_row + offs_n[:, None] * stride_zj)  # (BN, C_PAD)
-        else:
-            z = tl.load(z_row + offs_n[:, None] * stride_zj, mask=z_ok, other=0.0)
-        ds_hi, ds_lo = _operand(ds, SPLIT, CAST_F32, Z.dtype.element_ty)
-        p_hi, p_lo = _operand(p, SPLIT, CAST_F32, Z.dtype.element_ty)
-        z_hi, z_lo = _operand(z, SPLIT, CAST_F32, Z.dtype.element_ty)
-        dz = dot_parts(tl.trans(ds_hi), tl.trans(ds_lo), w_hi, w_lo,
-                       tl.zeros([BLOCK_N, C_PAD], dtype=tl.float32), PRECISION)
-        if not SPLIT:
-            dz = dz * bias_scale
-        dz = dot_parts(tl.trans(p_hi), tl.trans(p_lo), doz_hi, doz_lo, dz, PRECISION)
-        if UNMASKED:
-            tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty))
-        else:
-            tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty), mask=z_ok)
-        acc_w = dot_parts(ds_hi, ds_lo, z_hi, z_lo, acc_w, PRECISION)
+        acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum, doz_hi,
+                           doz_lo, w_hi, w_lo, acc_w, bias_scale, stride_zj, heads_ok,
+                           channels_ok, C, C_PAD, PRECISION, CAST_F32, EVEN, UNMASKED,
+                           Z.dtype.element_ty, BLOCK_N)
     tl.store(DW + ((b * N + i) * H_PAD + offs_h[:, None]) * C_PAD + offs_c[None, :], acc_w)
+
+
+@triton.jit(do_not_specialize=["N"])
+def _pair_backward_flat_kernel(
+    DS, LOGITS, STATS, Z, DOZ, W, DZ,
+    DW,  # (B, programs, H_PAD, C_PAD) fp32: each program's partial sum of dS z
+    N,
+    bias_scale,
+    stride_zb, stride_zi, stride_zj, stride_zc,
+    H: tl.constexpr,
+    H_PAD: tl.constexpr,
+    C: tl.constexpr,
+    C_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    CAST_F32: tl.constexpr,
+    EVEN: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """`_pair_backward_kernel`'s work on a grid of a few programs per SM: the (row, key block)
+    tiles of one batch element in row-major order, an equal run of them per program, the row's
+    d o_pair and statistics loaded again where a run enters a new row, and one partial dW_b per
+    program. Other arguments as `_pair_backward_kernel`'s."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    SPLIT: tl.constexpr = PRECISION == "tf32x3"
+    blocks = tl.cdiv(N, BLOCK_N)
+    tiles = N * blocks
+    per_program = tl.cdiv(tiles, tl.num_programs(0))
+    start = pid * per_program
+    end = tl.minimum(start + per_program, tiles)
+    i = tl.minimum(start // blocks, N - 1).to(tl.int64)  # (a program past the end: no tiles)
+    offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
+        DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
+    w = tl.load(W + offs_h[:, None] * C + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :],
+                other=0.0)
+    if SPLIT:
+        w = w * bias_scale
+    w_hi, w_lo = _operand(w, SPLIT, CAST_F32, Z.dtype.element_ty)
+    stats = STATS + ((b * N + i) * H + offs_h) * 3
+    row_max = tl.load(stats, mask=h_ok, other=0.0)[:, None]
+    log_sum = tl.load(stats + 1, mask=h_ok, other=0.0)[:, None]
+    acc_w = tl.zeros([H_PAD, C_PAD], dtype=tl.float32)
+    whole_n = tl.arange(0, BLOCK_N) < BLOCK_N
+    heads_ok = h_ok[:, None] & whole_n[None, :]
+    channels_ok = whole_n[:, None] & c_ok[None, :]
+    UNMASKED: tl.constexpr = EVEN and C == C_PAD
+    for t in range(start, end):
+        block = t % blocks
+        if (block == 0) & (t != start):  # a new row
+            i = (t // blocks).to(tl.int64)
+            _, _, _, _, doz_hi, doz_lo = _row_setup(
+                DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
+            stats = STATS + ((b * N + i) * H + offs_h) * 3
+            row_max = tl.load(stats, mask=h_ok, other=0.0)[:, None]
+            log_sum = tl.load(stats + 1, mask=h_ok, other=0.0)[:, None]
+        rows = (b * H + offs_h[:, None]) * N * N + i * N
+        z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
+        dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
+        acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, block * BLOCK_N, N, row_max,
+                           log_sum, doz_hi, doz_lo, w_hi, w_lo, acc_w, bias_scale, stride_zj,
+                           heads_ok, channels_ok, C, C_PAD, PRECISION, CAST_F32, EVEN,
+                           UNMASKED, Z.dtype.element_ty, BLOCK_N)
+    dw = DW + ((b * tl.num_programs(0) + pid) * H_PAD + offs_h[:, None]) * C_PAD
+    tl.store(dw + offs_c[None, :], acc_w)
 
 
 _pair_terms = autotuned(
@@ -194,6 +282,19 @@ _pair_backward = autotuned(
              for n, w, s in [(16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 8, 2), (16, 2, 3)]],
     key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
 )
+# The flat pair pass (`PAIR_PROGRAMS_PER_SM`): 4-warp configs, so that one program per SM
+# leaves half of its registers to the sums of dS on the side stream.
+_pair_backward_flat = autotuned(
+    "openfold_pair_backward_flat", _pair_backward_flat_kernel,
+    configs=[triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s)
+             for n, s in [(16, 2), (32, 2), (32, 3), (64, 2)]],
+    key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
+)
+# Programs of the pair pass per SM: None, one program per query row (grid (N, B): every SM
+# full for the whole pass, so the sums of dS on the side stream wait for it); k, the flat
+# pass (`_pair_backward_flat_kernel`) at k programs per SM, as the simplified problem's pair
+# pass runs at one. An A/B switch, not yet timed on a GPU (nineteenth session).
+PAIR_PROGRAMS_PER_SM: int | None = None
 
 
 def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z, w_b,
@@ -223,11 +324,15 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
 
     def pair_pass(ds):
         dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
-        partial = torch.empty(b, n, shared["H_PAD"], shared["C_PAD"], dtype=f32,
+        per_sm = PAIR_PROGRAMS_PER_SM
+        kernel = _pair_backward if per_sm is None else _pair_backward_flat
+        programs = n if per_sm is None else min(n, 8 if INTERPRET else per_sm * sm_count(
+            z.device))
+        partial = torch.empty(b, programs, shared["H_PAD"], shared["C_PAD"], dtype=f32,
                               device=z.device)
-        _pair_backward[(n, b)](ds, logits, stats, z, grad_o_pair, w_b.contiguous(), dz,
-                               partial, n, bias_scale, *z.stride(), **shared,
-                               EVEN=whole_blocks(n, _pair_backward, "BLOCK_N"))
+        kernel[(programs, b)](ds, logits, stats, z, grad_o_pair, w_b.contiguous(), dz, partial,
+                              n, bias_scale, *z.stride(), **shared,
+                              EVEN=whole_blocks(n, kernel, "BLOCK_N"))
         return dz, (partial.sum((0, 1))[:h, :c] * bias_scale).to(w_b.dtype)
 
     dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (dz, dw) = attention_gradients(
