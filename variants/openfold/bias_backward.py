@@ -116,6 +116,26 @@ def _pair_terms_kernel(
 
 
 @triton.jit
+def _pair_weight(W, offs_h, offs_c, h_ok, c_ok, bias_scale, C: tl.constexpr,
+                 SPLIT: tl.constexpr, CAST_F32: tl.constexpr, DTYPE: tl.constexpr):
+    """W_b (H_PAD, C_PAD) as the pair pass's dot operand (`_operand`); fp32: bias_scale folded
+    in once (one rounding, as scaling d z would be)."""
+    w = tl.load(W + offs_h[:, None] * C + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :],
+                other=0.0)
+    if SPLIT:
+        w = w * bias_scale
+    return _operand(w, SPLIT, CAST_F32, DTYPE)
+
+
+@triton.jit
+def _row_statistics(STATS, b, i, N, H: tl.constexpr, offs_h, h_ok):
+    """Row i's softmax max and log2 of its sum per head, as (H_PAD, 1) columns."""
+    stats = STATS + ((b * N + i) * H + offs_h) * 3
+    return (tl.load(stats, mask=h_ok, other=0.0)[:, None],
+            tl.load(stats + 1, mask=h_ok, other=0.0)[:, None])
+
+
+@triton.jit
 def _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum, doz_hi, doz_lo,
                w_hi, w_lo, acc_w, bias_scale, stride_zj, heads_ok, channels_ok,
                C: tl.constexpr, C_PAD: tl.constexpr, PRECISION: tl.constexpr,
@@ -179,14 +199,9 @@ def _pair_backward_kernel(
     SPLIT: tl.constexpr = PRECISION == "tf32x3"
     offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
         DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
-    w = tl.load(W + offs_h[:, None] * C + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :],
-                other=0.0)
-    if SPLIT:  # fp32: bias_scale folded into W_b once (one rounding, as scaling d z would be)
-        w = w * bias_scale
-    w_hi, w_lo = _operand(w, SPLIT, CAST_F32, Z.dtype.element_ty)
-    stats = STATS + ((b * N + i) * H + offs_h) * 3
-    row_max = tl.load(stats, mask=h_ok, other=0.0)[:, None]
-    log_sum = tl.load(stats + 1, mask=h_ok, other=0.0)[:, None]
+    w_hi, w_lo = _pair_weight(W, offs_h, offs_c, h_ok, c_ok, bias_scale, C, SPLIT, CAST_F32,
+                              Z.dtype.element_ty)
+    row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
     rows = (b * H + offs_h[:, None]) * N * N + i * N  # (H_PAD, 1): row i of each head
     z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
     dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
@@ -237,14 +252,9 @@ def _pair_backward_flat_kernel(
     i = tl.minimum(start // blocks, N - 1).to(tl.int64)  # (a program past the end: no tiles)
     offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
         DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
-    w = tl.load(W + offs_h[:, None] * C + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :],
-                other=0.0)
-    if SPLIT:
-        w = w * bias_scale
-    w_hi, w_lo = _operand(w, SPLIT, CAST_F32, Z.dtype.element_ty)
-    stats = STATS + ((b * N + i) * H + offs_h) * 3
-    row_max = tl.load(stats, mask=h_ok, other=0.0)[:, None]
-    log_sum = tl.load(stats + 1, mask=h_ok, other=0.0)[:, None]
+    w_hi, w_lo = _pair_weight(W, offs_h, offs_c, h_ok, c_ok, bias_scale, C, SPLIT, CAST_F32,
+                              Z.dtype.element_ty)
+    row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
     acc_w = tl.zeros([H_PAD, C_PAD], dtype=tl.float32)
     whole_n = tl.arange(0, BLOCK_N) < BLOCK_N
     heads_ok = h_ok[:, None] & whole_n[None, :]
@@ -256,9 +266,7 @@ def _pair_backward_flat_kernel(
             i = (t // blocks).to(tl.int64)
             _, _, _, _, doz_hi, doz_lo = _row_setup(
                 DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
-            stats = STATS + ((b * N + i) * H + offs_h) * 3
-            row_max = tl.load(stats, mask=h_ok, other=0.0)[:, None]
-            log_sum = tl.load(stats + 1, mask=h_ok, other=0.0)[:, None]
+            row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
         rows = (b * H + offs_h[:, None]) * N * N + i * N
         z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
         dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
