@@ -408,8 +408,10 @@ _pair_narrow_16bit = autotuned(
     key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
 )
 # 16-bit inputs' narrow pass from `_pair_narrow_16bit` (True) or from the fp32 table
-# `_pair_narrow` (False: the form until 2026-12-05). An A/B switch, not yet timed on a GPU.
-NARROW_16BIT_TABLE = True
+# `_pair_narrow` (False, the default until a GPU has run the new table: its 8-warp register-capped
+# configs have only been compiled, and a config that faults poisons the CUDA context of every
+# training step after it). An A/B switch (`gpu_diagnostics/ab_session.sh`).
+NARROW_16BIT_TABLE = False
 # Programs of the pair pass per SM. 4 is two waves of two resident 4-warp programs at ~253
 # registers, which hold every SM's register file for the whole pass (Nsight Compute,
 # 2026-12-05): the sums of dS wait for it. 1 (`_pair_narrow`) leaves half of each SM to them.
