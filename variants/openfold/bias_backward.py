@@ -39,6 +39,7 @@ from variants.triton.common import (
     INTERPRET,
     Modes,
     autotuned,
+    block_configs,
     cast_f32,
     pow2,
     sm_count,
@@ -172,6 +173,17 @@ def _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum, doz
     return dot_parts(ds_hi, ds_lo, z_hi, z_lo, acc_w, PRECISION)
 
 
+@triton.jit
+def _row_pointers(Z, DZ, b, i, N, stride_zb, stride_zi, stride_zc, offs_h, offs_c,
+                  H: tl.constexpr, C: tl.constexpr):
+    """Row i of batch element b: its offset in each head's (N, N) plane (H_PAD, 1), and its z
+    and d z rows (1, C_PAD)."""
+    rows = (b * H + offs_h[:, None]) * N * N + i * N
+    z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
+    dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
+    return rows, z_row, dz_row
+
+
 @triton.jit(do_not_specialize=["N"])
 def _pair_backward_kernel(
     DS,  # (B, H, N, N) fp32: dS (natural units)
@@ -181,49 +193,6 @@ def _pair_backward_kernel(
     DOZ,  # (B, N, H, C) fp32 contiguous: d loss / d o_pair
     W,  # (H, C) linear_b.weight, contiguous, z's dtype
     DZ,  # (B, N, N, C) contiguous, z's dtype: d loss / d z, written once
-    DW,  # (B, N, H_PAD, C_PAD) fp32: each program's partial sum of dS z (one row i)
-    N,
-    bias_scale,
-    stride_zb, stride_zi, stride_zj, stride_zc,
-    H: tl.constexpr,
-    H_PAD: tl.constexpr,
-    C: tl.constexpr,
-    C_PAD: tl.constexpr,
-    PRECISION: tl.constexpr,
-    CAST_F32: tl.constexpr,
-    EVEN: tl.constexpr,  # N a multiple of every BLOCK_N
-    BLOCK_N: tl.constexpr,
-):
-    i = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    SPLIT: tl.constexpr = PRECISION == "tf32x3"
-    offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
-        DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
-    w_hi, w_lo = _pair_weight(W, offs_h, offs_c, h_ok, c_ok, bias_scale, C, SPLIT, CAST_F32,
-                              Z.dtype.element_ty)
-    row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
-    rows = (b * H + offs_h[:, None]) * N * N + i * N  # (H_PAD, 1): row i of each head
-    z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
-    dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
-    acc_w = tl.zeros([H_PAD, C_PAD], dtype=tl.float32)
-    # Masks only where a key block can be partial (not EVEN) or channels padded: per-element
-    # masks were a fifth of the loop (sm_90 proxy, fp32: 94.6 -> 77.3 instructions per pair
-    # with the scale folded into W_b).
-    whole_n = tl.arange(0, BLOCK_N) < BLOCK_N
-    heads_ok = h_ok[:, None] & whole_n[None, :]  # (H_PAD, BN)
-    channels_ok = whole_n[:, None] & c_ok[None, :]  # (BN, C_PAD)
-    UNMASKED: tl.constexpr = EVEN and C == C_PAD  # z and d z tiles need no mask
-    for j0 in range(0, N, BLOCK_N):
-        acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum, doz_hi,
-                           doz_lo, w_hi, w_lo, acc_w, bias_scale, stride_zj, heads_ok,
-                           channels_ok, C, C_PAD, PRECISION, CAST_F32, EVEN, UNMASKED,
-                           Z.dtype.element_ty, BLOCK_N)
-    tl.store(DW + ((b * N + i) * H_PAD + offs_h[:, None]) * C_PAD + offs_c[None, :], acc_w)
-
-
-@triton.jit(do_not_specialize=["N"])
-def _pair_backward_flat_kernel(
-    DS, LOGITS, STATS, Z, DOZ, W, DZ,
     DW,  # (B, programs, H_PAD, C_PAD) fp32: each program's partial sum of dS z
     N,
     bias_scale,
@@ -234,68 +203,85 @@ def _pair_backward_flat_kernel(
     C_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
-    EVEN: tl.constexpr,
+    EVEN: tl.constexpr,  # N a multiple of every BLOCK_N
+    ROW_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """`_pair_backward_kernel`'s work on a grid of a few programs per SM: the (row, key block)
-    tiles of one batch element in row-major order, an equal run of them per program, the row's
-    d o_pair and statistics loaded again where a run enters a new row, and one partial dW_b per
-    program. Other arguments as `_pair_backward_kernel`'s."""
+    """The pair pass. ROW_PER_PROGRAM: grid (N, B), program i owns query row i and walks its key
+    blocks. Else (the flat pass) a few programs per SM, each an equal run of the row-major (row,
+    key block) tiles of one batch element, loading a row's d o_pair and statistics again where
+    its run enters a new row."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     SPLIT: tl.constexpr = PRECISION == "tf32x3"
-    blocks = tl.cdiv(N, BLOCK_N)
-    tiles = N * blocks
-    per_program = tl.cdiv(tiles, tl.num_programs(0))
-    start = pid * per_program
-    end = tl.minimum(start + per_program, tiles)
-    i = tl.minimum(start // blocks, N - 1).to(tl.int64)  # (a program past the end: no tiles)
+    if ROW_PER_PROGRAM:
+        i = pid
+    else:
+        blocks = tl.cdiv(N, BLOCK_N)
+        tiles = N * blocks
+        per_program = tl.cdiv(tiles, tl.num_programs(0))
+        start = pid * per_program
+        end = tl.minimum(start + per_program, tiles)
+        i = tl.minimum(start // blocks, N - 1).to(tl.int64)  # (a program past the end: no tiles)
     offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
         DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
     w_hi, w_lo = _pair_weight(W, offs_h, offs_c, h_ok, c_ok, bias_scale, C, SPLIT, CAST_F32,
                               Z.dtype.element_ty)
     row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
+    if ROW_PER_PROGRAM:
+        rows, z_row, dz_row = _row_pointers(Z, DZ, b, i, N, stride_zb, stride_zi, stride_zc,
+                                            offs_h, offs_c, H, C)
     acc_w = tl.zeros([H_PAD, C_PAD], dtype=tl.float32)
+    # Masks only where a key block can be partial (not EVEN) or channels padded: per-element
+    # masks were a fifth of the loop (sm_90 proxy, fp32: 94.6 -> 77.3 instructions per pair
+    # with the scale folded into W_b).
     whole_n = tl.arange(0, BLOCK_N) < BLOCK_N
-    heads_ok = h_ok[:, None] & whole_n[None, :]
-    channels_ok = whole_n[:, None] & c_ok[None, :]
-    UNMASKED: tl.constexpr = EVEN and C == C_PAD
-    for t in range(start, end):
-        block = t % blocks
-        if (block == 0) & (t != start):  # a new row
-            i = (t // blocks).to(tl.int64)
-            _, _, _, _, doz_hi, doz_lo = _row_setup(
-                DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
-            row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
-        rows = (b * H + offs_h[:, None]) * N * N + i * N
-        z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
-        dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
-        acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, block * BLOCK_N, N, row_max,
-                           log_sum, doz_hi, doz_lo, w_hi, w_lo, acc_w, bias_scale, stride_zj,
-                           heads_ok, channels_ok, C, C_PAD, PRECISION, CAST_F32, EVEN,
-                           UNMASKED, Z.dtype.element_ty, BLOCK_N)
-    dw = DW + ((b * tl.num_programs(0) + pid) * H_PAD + offs_h[:, None]) * C_PAD
-    tl.store(dw + offs_c[None, :], acc_w)
+    heads_ok = h_ok[:, None] & whole_n[None, :]  # (H_PAD, BN)
+    channels_ok = whole_n[:, None] & c_ok[None, :]  # (BN, C_PAD)
+    UNMASKED: tl.constexpr = EVEN and C == C_PAD  # z and d z tiles need no mask
+    if ROW_PER_PROGRAM:
+        for j0 in range(0, N, BLOCK_N):
+            acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum,
+                               doz_hi, doz_lo, w_hi, w_lo, acc_w, bias_scale, stride_zj,
+                               heads_ok, channels_ok, C, C_PAD, PRECISION, CAST_F32, EVEN,
+                               UNMASKED, Z.dtype.element_ty, BLOCK_N)
+    else:
+        for t in range(start, end):
+            block = t % blocks
+            if (block == 0) & (t != start):  # a new row
+                i = (t // blocks).to(tl.int64)
+                _, _, _, _, doz_hi, doz_lo = _row_setup(
+                    DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
+                row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
+            rows, z_row, dz_row = _row_pointers(Z, DZ, b, i, N, stride_zb, stride_zi,
+                                                stride_zc, offs_h, offs_c, H, C)
+            acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, block * BLOCK_N, N,
+                               row_max, log_sum, doz_hi, doz_lo, w_hi, w_lo, acc_w, bias_scale,
+                               stride_zj, heads_ok, channels_ok, C, C_PAD, PRECISION, CAST_F32,
+                               EVEN, UNMASKED, Z.dtype.element_ty, BLOCK_N)
+    # (one partial per program; ROW_PER_PROGRAM: per row i = pid, of N programs)
+    program = b * N + i if ROW_PER_PROGRAM else b * tl.num_programs(0) + pid
+    tl.store(DW + (program * H_PAD + offs_h[:, None]) * C_PAD + offs_c[None, :], acc_w)
 
 
 _pair_terms = autotuned(
     "openfold_pair_terms", _pair_terms_kernel,
-    configs=[triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
-             for n, w, s in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (32, 2, 3)]],
+    configs=block_configs([(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (32, 2, 3)],
+                          names=("BLOCK_N",)),
     key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
 )
 _pair_backward = autotuned(
     "openfold_pair_backward", _pair_backward_kernel,
-    configs=[triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
-             for n, w, s in [(16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 8, 2), (16, 2, 3)]],
+    configs=block_configs([(16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 8, 2), (16, 2, 3)],
+                          names=("BLOCK_N",)),
     key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
 )
 # The flat pair pass (`PAIR_PROGRAMS_PER_SM`): 4-warp configs, so that one program per SM
 # leaves half of its registers to the sums of dS on the side stream.
 _pair_backward_flat = autotuned(
-    "openfold_pair_backward_flat", _pair_backward_flat_kernel,
-    configs=[triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s)
-             for n, s in [(16, 2), (32, 2), (32, 3), (64, 2)]],
+    "openfold_pair_backward_flat", _pair_backward_kernel,
+    configs=block_configs([(16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 2)],
+                          names=("BLOCK_N",)),
     key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
 )
 # Programs of the pair pass per SM: None, one program per query row (grid (N, B): every SM
@@ -340,7 +326,8 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
                               device=z.device)
         kernel[(programs, b)](ds, logits, stats, z, grad_o_pair, w_b.contiguous(), dz, partial,
                               n, bias_scale, *z.stride(), **shared,
-                              EVEN=whole_blocks(n, kernel, "BLOCK_N"))
+                              EVEN=whole_blocks(n, kernel, "BLOCK_N"),
+                              ROW_PER_PROGRAM=per_sm is None)
         return dz, (partial.sum((0, 1))[:h, :c] * bias_scale).to(w_b.dtype)
 
     dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (dz, dw) = attention_gradients(

@@ -376,17 +376,11 @@ _point_weight = autotuned(
 )
 
 
-def _pair_configs(blocks: list[tuple[int, ...]]) -> list:
-    """Autotune configs from (BLOCK_P, warps, stages[, register cap]) tuples."""
-    return [triton.Config({"BLOCK_P": p}, num_warps=w, num_stages=st, maxnreg=cap)
-            for p, w, st, cap in (b + (None,) * (4 - len(b)) for b in blocks)]
-
-
 _PAIR_KEY = ["PAIRS_KEY", "H_PAD", "C_PAD", "PRECISION"]
 _pair = autotuned(
     "bias_backward_pairs", _pair_kernel,
-    configs=_pair_configs([(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3), (32, 4, 3),
-                           (256, 8, 2)]),
+    configs=block_configs([(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3), (32, 4, 3),
+                           (256, 8, 2)], names=("BLOCK_P",)),
     key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
 )
 # The pair pass at one program per SM (`PAIR_PROGRAMS_PER_SM`): configs that hold at most half
@@ -395,7 +389,8 @@ _pair = autotuned(
 # spill, 84-89 instructions per pair against 46 on the sm_90 proxy).
 _pair_narrow = autotuned(
     "bias_backward_pairs_narrow", _pair_kernel,
-    configs=_pair_configs([(64, 4, 2), (64, 4, 3), (32, 4, 3), (32, 4, 4), (128, 4, 2)]),
+    configs=block_configs([(64, 4, 2), (64, 4, 3), (32, 4, 3), (32, 4, 4), (128, 4, 2)],
+                          names=("BLOCK_P",)),
     key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
 )
 # 16-bit: the 4-warp configs, more stages, and 8 warps capped at 128 registers (no spills on the
@@ -403,8 +398,9 @@ _pair_narrow = autotuned(
 # program per SM lost against two (H100, eighteenth session).
 _pair_narrow_16bit = autotuned(
     "bias_backward_pairs_narrow_16bit", _pair_kernel,
-    configs=_pair_configs([(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3),
-                           (64, 8, 3, 128), (128, 8, 2, 128), (128, 8, 3, 128)]),
+    configs=block_configs([(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3),
+                           (64, 8, 3, 128), (128, 8, 2, 128), (128, 8, 3, 128)],
+                          names=("BLOCK_P",)),
     key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
 )
 # 16-bit inputs' narrow pass from `_pair_narrow_16bit` (True) or from the fp32 table

@@ -80,11 +80,14 @@ def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: 
     return tuned
 
 
-def block_configs(blocks: list[tuple[int, ...]]) -> list:
-    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages[, register cap]) tuples."""
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st,
-                          maxnreg=cap)
-            for m, n, w, st, cap in (b + (None,) * (5 - len(b)) for b in blocks)]
+def block_configs(blocks: list[tuple[int, ...]],
+                  names: tuple[str, ...] = ("BLOCK_M", "BLOCK_N")) -> list:
+    """Autotune configs from (one block size per name in `names`, warps, stages[, register
+    cap]) tuples; by default (BLOCK_M, BLOCK_N, ...)."""
+    k = len(names)
+    return [triton.Config(dict(zip(names, b[:k], strict=True)), num_warps=b[k],
+                          num_stages=b[k + 1], maxnreg=b[k + 2] if len(b) > k + 2 else None)
+            for b in blocks]
 
 
 def whole_blocks(length: int, tuned, *names: str) -> bool:

@@ -269,12 +269,11 @@ def triton_ipa(
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         # The launchers' own checks are skipped: every operand is built by the prologue.
-        nonlocal bias
-        if bias is None:
-            bias = bias_tensor(pair_repr, weights.w_pair, modes)
-        return ops.out_s, launch_attention(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts,
-                                           ops.v_pts, ops.centred_t, ops.point_weight,
-                                           ops.out_s, bias, modes, split=split)
+        return ops.out_s, launch_attention(
+            ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, ops.centred_t,
+            ops.point_weight, ops.out_s,
+            bias if bias is not None else bias_tensor(pair_repr, weights.w_pair, modes), modes,
+            split=split)
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 

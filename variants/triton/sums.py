@@ -25,6 +25,15 @@ _ROWS = 32  # rows of (b, n, h) or of N per program: a few KB of operands each
 
 
 @triton.jit
+def _row_dots(A, B, rows64, r_ok, W: tl.constexpr, W_PAD: tl.constexpr):
+    """sum_c A[r, c] B[r, c] in fp32 for rows r of W contiguous elements."""
+    c = tl.arange(0, W_PAD)[None, :]
+    ok = r_ok[:, None] & (c < W)
+    return tl.sum(tl.load(A + rows64 * W + c, mask=ok, other=0.0).to(tl.float32)
+                  * tl.load(B + rows64 * W + c, mask=ok, other=0.0).to(tl.float32), 1)
+
+
+@triton.jit
 def _delta_kernel(GS, OS, GP, OP, GZ, OZ, DELTA, ROWS,
                   D: tl.constexpr, D_PAD: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                   Z: tl.constexpr, Z_PAD: tl.constexpr, HAS_Z: tl.constexpr,
@@ -34,19 +43,9 @@ def _delta_kernel(GS, OS, GP, OP, GZ, OZ, DELTA, ROWS,
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     r_ok = rows < ROWS
     rows64 = rows.to(tl.int64)[:, None]
-    cd = tl.arange(0, D_PAD)[None, :]
-    ok = r_ok[:, None] & (cd < D)
-    acc = tl.sum(tl.load(GS + rows64 * D + cd, mask=ok, other=0.0).to(tl.float32)
-                 * tl.load(OS + rows64 * D + cd, mask=ok, other=0.0).to(tl.float32), 1)
-    cp = tl.arange(0, P_PAD)[None, :]
-    ok = r_ok[:, None] & (cp < P)
-    acc += tl.sum(tl.load(GP + rows64 * P + cp, mask=ok, other=0.0).to(tl.float32)
-                  * tl.load(OP + rows64 * P + cp, mask=ok, other=0.0).to(tl.float32), 1)
+    acc = _row_dots(GS, OS, rows64, r_ok, D, D_PAD) + _row_dots(GP, OP, rows64, r_ok, P, P_PAD)
     if HAS_Z:
-        cz = tl.arange(0, Z_PAD)[None, :]
-        ok = r_ok[:, None] & (cz < Z)
-        acc += tl.sum(tl.load(GZ + rows64 * Z + cz, mask=ok, other=0.0).to(tl.float32)
-                      * tl.load(OZ + rows64 * Z + cz, mask=ok, other=0.0).to(tl.float32), 1)
+        acc += _row_dots(GZ, OZ, rows64, r_ok, Z, Z_PAD)
     tl.store(DELTA + rows, acc, mask=r_ok)
 
 
