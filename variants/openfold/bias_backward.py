@@ -286,8 +286,9 @@ _pair_backward_flat = autotuned(
 )
 # Programs of the pair pass per SM: None, one program per query row (grid (N, B): every SM
 # full for the whole pass, so the sums of dS on the side stream wait for it); k, the flat
-# pass (`_pair_backward_flat`: runs of tiles, ROW_PER_PROGRAM off) at k programs per SM, as the simplified problem's pair
-# pass runs at one. An A/B switch, not yet timed on a GPU (nineteenth session).
+# pass (`_pair_backward_flat`: runs of tiles, ROW_PER_PROGRAM off) at k programs per SM, as
+# the simplified problem's pair pass runs at one. An A/B switch, not yet timed on a GPU
+# (nineteenth session).
 PAIR_PROGRAMS_PER_SM: int | None = None
 
 
