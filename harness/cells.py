@@ -432,6 +432,7 @@ class CellRunner:
             cell, variant, mode, env, status=status, reason="; ".join(check.failures),
             build_s=build_s, median_ms=timing.median_ms, p20_ms=timing.p20_ms,
             p80_ms=timing.p80_ms, n_samples=timing.n_samples, rel_noise=timing.rel_noise,
+            host_ms="" if math.isnan(timing.host_ms) else timing.host_ms,
             peak_mem_mib="" if peak is None else peak, **_correctness_columns(check),
             speedup_vs_baseline=(base_ms / timing.median_ms) if base_ms else "",
             tflops=flops(cell.config, cell.batch, cell.length, cell.pass_name)

@@ -33,8 +33,8 @@ COLUMNS = [
     "run_id", "started_at", "problem", "variant", "is_baseline", "batch", "length", "heads",
     "head_dim", "node_dim", "pair_dim", "query_points", "value_points", "dtype", "math_mode",
     "mode", "pass", "device", "device_name", "status", "reason", "build_s", "median_ms",
-    "p20_ms", "p80_ms", "n_samples",
-    "rel_noise", "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
+    "p20_ms", "p80_ms", "n_samples", "rel_noise", "host_ms",
+    "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
     "invariance_err", "invariance_tol", "correctness_seeds", "grad_rel_l2", "grad_tol",
     "grad_worst", "grad_err_ratio", "speedup_vs_baseline", "floor_ms", "pct_of_floor", "tflops",
     "notes", "flags", "code_digest", "kernel", "node", "gpu",
@@ -53,7 +53,7 @@ def _derived_head_dim(df: pd.DataFrame) -> pd.Series:
 ADDED_COLUMNS = {"flags": "", "code_digest": "", "kernel": "", "pass": "forward",
                  "grad_rel_l2": math.nan, "grad_tol": math.nan, "grad_worst": "",
                  "grad_err_ratio": math.nan, "node": "", "gpu": "", "problem": "simplified",
-                 "head_dim": _derived_head_dim}
+                 "head_dim": _derived_head_dim, "host_ms": math.nan}
 KEY_COLUMNS = ["problem", "variant", "batch", "length", "heads", "head_dim", "node_dim",
                "pair_dim", "query_points", "value_points", "dtype", "mode", "pass", "device"]
 _VARIANT_AT = KEY_COLUMNS.index("variant")

@@ -147,6 +147,9 @@ def test_a_cuda_fault_is_an_error_row_and_the_next_cell_gets_a_fresh_worker(tmp_
     assert "a CUDA fault: its worker was ended" in faulted["reason"], faulted["reason"]
     assert rows["model-new:cuda_fault.py", "96"]["status"] == "ok"  # a fresh CUDA context
     assert rows["reference", "96"]["status"] == "ok"
+    # host_ms: the host's issue time of a CUDA call, empty on the CPU (where all is host)
+    host_ms = rows["reference", "96"]["host_ms"]
+    assert host_ms == "" if device == "cpu" else float(host_ms) > 0, host_ms
 
 
 def test_device_busy_after_the_end_event_is_named_work_outside_the_timed_stream():
