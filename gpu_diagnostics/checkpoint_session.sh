@@ -54,6 +54,13 @@ timeout -s INT "${LIM_HOST:-40}" python3 gpu_diagnostics/profile_call.py 256 bf1
     for name in training forward openfold; do
         echo "## $name"; head -30 "$work/$name-report.md"
     done
+    echo "## every timed row: median and host issue time (ms)"
+    python3 -c 'import sys; from harness.results import read_results
+for path in sys.argv[1:]:
+    df = read_results(path)
+    print(df[df.median_ms.notna()][["problem", "variant", "pass", "dtype", "mode", "length",
+        "median_ms", "host_ms", "status"]].to_string(index=False))' \
+        "$work"/{training,forward,openfold}/results.csv
     echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
     echo "## triton bf16 N = 256 eager forward, host (cProfile of 20 calls, by own time)"
     grep -A30 "Ordered by" "$work/triton-host.log" | cut -c1-160
