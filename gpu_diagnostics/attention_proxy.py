@@ -59,15 +59,14 @@ FORMS = {"attention_direct": ("_attention_direct", torch.float32, {"fp32_dots": 
 # (`_point_weight_kernel`) and the pair kernel (`_pair_kernel`, d pair_repr and dW_b; the sums
 # of dS run on cuBLAS), label: (autotuned form, input dtype)
 KERNELS = {"_point_weight": "_point_weight_kernel",
-           "_pair": "_pair_kernel", "_pair_narrow": "_pair_kernel",
-           "_pair_narrow_16bit": "_pair_kernel"}  # else the key kernel
+           "_pair": "_pair_kernel", "_pair_narrow": "_pair_kernel"}  # else the key kernel
 BACKWARD_FORMS = {"keys_3xtf32": ("_key_3xtf32", torch.float32),
                   "keys_16bit": ("_key_16bit", torch.bfloat16),
                   "point_weight": ("_point_weight", torch.float32),
                   "pairs_3xtf32": ("_pair", torch.float32),
                   "pairs_16bit": ("_pair", torch.bfloat16),
                   "pairs_narrow_3xtf32": ("_pair_narrow", torch.float32),
-                  "pairs_narrow_16bit": ("_pair_narrow_16bit", torch.bfloat16)}
+                  "pairs_narrow_16bit": ("_pair_narrow", torch.bfloat16)}
 
 
 # The backwards' O(N) row terms (`variants/triton/sums.py`), standing still: D from its operands'
@@ -91,7 +90,7 @@ def backward_launch_args(name: str, dtype: torch.dtype, n: int, layer: dict
     rec.configs = getattr(bb, name).configs
     logits = torch.empty(b, h, n, n)  # N^2-sized operands: empty, never touched
     pair_weight = torch.zeros(h, cfg.pair_dim, dtype=dtype)
-    pair_forms = ("_pair", "_pair_narrow", "_pair_narrow_16bit")
+    pair_forms = ("_pair", "_pair_narrow")
     if name in pair_forms:  # each stands for the one pair_gradients launches
         with standing_in([*((bb, form, rec) for form in pair_forms),
                           (bb, "sm_count", lambda device: 132)]):
@@ -209,11 +208,7 @@ OPENFOLD_BACKWARD_FORMS = {"openfold_pair_terms_fp32": ("_pair_terms", torch.flo
                            "openfold_keys_fp32": ("_key_3xtf32", torch.float32),
                            "openfold_keys_bf16": ("_key_16bit", torch.bfloat16),
                            "openfold_pair_backward_fp32": ("_pair_backward", torch.float32),
-                           "openfold_pair_backward_bf16": ("_pair_backward", torch.bfloat16),
-                           "openfold_pair_backward_flat_fp32": ("_pair_backward_flat",
-                                                                torch.float32),
-                           "openfold_pair_backward_flat_bf16": ("_pair_backward_flat",
-                                                                torch.bfloat16)}
+                           "openfold_pair_backward_bf16": ("_pair_backward", torch.bfloat16)}
 
 
 def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
@@ -236,11 +231,8 @@ def openfold_backward_launch_args(name: str, dtype: torch.dtype, n: int
     stats, logits = torch.zeros(b, n, h, 3), torch.empty(b, h, n, n)
     recorders = {}
     stand_ins = []
-    if name == "_pair_backward_flat":  # the flat pass, one program per SM of an H200
-        stand_ins += [(ob, "PAIR_PROGRAMS_PER_SM", 1), (ob, "sm_count", lambda device: 132)]
-    for module, attr in [(ob, "_pair_terms"), (ob, "_pair_backward"),
-                         (ob, "_pair_backward_flat"), (bb, "_key_3xtf32"), (bb, "_key_16bit"),
-                         (bb, "_point_weight")]:
+    for module, attr in [(ob, "_pair_terms"), (ob, "_pair_backward"), (bb, "_key_3xtf32"),
+                         (bb, "_key_16bit"), (bb, "_point_weight")]:
         rec = Recorder()
         rec.configs = getattr(module, attr).configs
         recorders[attr] = (getattr(module, attr), rec)

@@ -382,21 +382,6 @@ def test_bad_input_is_refused_before_any_launch(spoil, message, name, monkeypatc
 
 
 @needs_interpreter
-def test_triton_bias_bias_first_or_in_the_core_gives_the_same_output(monkeypatch):
-    # The A/B switch's two sides (`triton_bias.BIAS_FIRST`): the same kernels in another order.
-    from variants.openfold import triton_bias
-
-    _, fn, _ = built(SMALL, name="triton-bias")
-    x = make_inputs(SMALL, 2, 23, seed=12).as_tuple()
-    outputs = []
-    for first in (True, False):
-        monkeypatch.setattr(triton_bias, "BIAS_FIRST", first)
-        with torch.no_grad():
-            outputs.append(fn(*x))
-    assert torch.equal(*outputs)
-
-
-@needs_interpreter
 @pytest.mark.parametrize("name", NAMES)
 def test_build_refuses_what_it_cannot_run(name):
     with pytest.raises(IPAInputError, match="precision 'fp64' not supported"):
@@ -427,23 +412,6 @@ def test_triton_bias_gradients_match_the_oracle(config, lengths, precision):
         worst = max(g["rel_l2"] / g["reference_rel_l2"] for name, g in result.gradients.items()
                     if name not in ("linear_b.bias", "linear_out.bias"))
         assert worst < 1.0, result.gradients
-
-
-@needs_interpreter
-@pytest.mark.parametrize("config, lengths, precision", [
-    (AF2ISH, [33, 20], "fp32"), (SMALL, [32, 9], "fp32"), (SMALL, [17, 9], "bf16")],
-    ids=["af2ish-33-20-fp32", "small-32-9-fp32", "small-17-9-bf16"])
-def test_flat_pair_pass_gradients_match_the_oracle(config, lengths, precision, monkeypatch):
-    """The flat pair pass (`bias_backward.PAIR_PROGRAMS_PER_SM`, 8 programs under the
-    interpreter): at N = 33 two 32-key blocks a row, 66 tiles, 9 a program, so runs start in
-    mid-row and cross rows; at N = 32 whole blocks."""
-    from variants.openfold import bias_backward
-
-    monkeypatch.setattr(bias_backward, "PAIR_PROGRAMS_PER_SM", 1)
-    result = check_variant(get_variant("triton-bias", "openfold"), config, batch=len(lengths),
-                           length=max(lengths), precision=precision, seeds=1,
-                           pass_name="forward+backward")
-    assert result.passed, (result.failures, result.grad_worst, result.grad_rel_l2)
 
 
 @needs_interpreter

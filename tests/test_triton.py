@@ -155,21 +155,6 @@ def test_split_keys_merge_exactly(name, split):
     assert rel_l2(parts, whole) < 1e-6
 
 
-@needs_interpreter
-def test_bias_first_or_after_the_prologue_gives_the_same_output(monkeypatch):
-    # The A/B switch's two sides (`pipeline.BIAS_FIRST`): the same kernels in another order.
-    from variants.triton import pipeline
-
-    sd = init_state_dict(SMALL, seed=4)
-    weights = TritonIPAWeights.from_state_dict(sd, SMALL, "cpu", torch.float32)
-    inputs = make_inputs(SMALL, 2, 37, seed=5).as_tuple()
-    outputs = []
-    for first in (True, False):
-        monkeypatch.setattr(pipeline, "BIAS_FIRST", first)
-        outputs.append(triton_ipa(weights, *inputs))
-    assert torch.equal(*outputs)
-
-
 def check_triton_options(device: str, batch: int, length: int, config: IPAConfig,
                          precision: str = "fp32", **options):
     """`triton_ipa` with `options` (split, fp32_dots, half_points) other than the registered

@@ -36,13 +36,11 @@ import triton.language as tl
 
 from variants.triton.common import (
     HEADS_PAD,
-    INTERPRET,
     Modes,
     autotuned,
     block_configs,
     cast_f32,
     pow2,
-    sm_count,
     whole_blocks,
 )
 from variants.triton.tf32 import dot_parts, tf32_parts
@@ -204,33 +202,19 @@ def _pair_backward_kernel(
     PRECISION: tl.constexpr,
     CAST_F32: tl.constexpr,
     EVEN: tl.constexpr,  # N a multiple of every BLOCK_N
-    ROW_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """The pair pass. ROW_PER_PROGRAM: grid (N, B), program i owns query row i and walks its key
-    blocks. Else (the flat pass) a few programs per SM, each an equal run of the row-major (row,
-    key block) tiles of one batch element, loading a row's d o_pair and statistics again where
-    its run enters a new row."""
-    pid = tl.program_id(0)
+    """The pair pass: grid (N, B), program i owns query row i and walks its key blocks."""
+    i = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     SPLIT: tl.constexpr = PRECISION == "tf32x3"
-    if ROW_PER_PROGRAM:
-        i = pid
-    else:
-        blocks = tl.cdiv(N, BLOCK_N)
-        tiles = N * blocks
-        per_program = tl.cdiv(tiles, tl.num_programs(0))
-        start = pid * per_program
-        end = tl.minimum(start + per_program, tiles)
-        i = tl.minimum(start // blocks, N - 1).to(tl.int64)  # (a program past the end: no tiles)
     offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
         DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
     w_hi, w_lo = _pair_weight(W, offs_h, offs_c, h_ok, c_ok, bias_scale, C, SPLIT, CAST_F32,
                               Z.dtype.element_ty)
     row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
-    if ROW_PER_PROGRAM:
-        rows, z_row, dz_row = _row_pointers(Z, DZ, b, i, N, stride_zb, stride_zi, stride_zc,
-                                            offs_h, offs_c, H, C)
+    rows, z_row, dz_row = _row_pointers(Z, DZ, b, i, N, stride_zb, stride_zi, stride_zc,
+                                        offs_h, offs_c, H, C)
     acc_w = tl.zeros([H_PAD, C_PAD], dtype=tl.float32)
     # Masks only where a key block can be partial (not EVEN) or channels padded: per-element
     # masks were a fifth of the loop (sm_90 proxy, fp32: 94.6 -> 77.3 instructions per pair
@@ -239,28 +223,12 @@ def _pair_backward_kernel(
     heads_ok = h_ok[:, None] & whole_n[None, :]  # (H_PAD, BN)
     channels_ok = whole_n[:, None] & c_ok[None, :]  # (BN, C_PAD)
     UNMASKED: tl.constexpr = EVEN and C == C_PAD  # z and d z tiles need no mask
-    if ROW_PER_PROGRAM:
-        for j0 in range(0, N, BLOCK_N):
-            acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum,
-                               doz_hi, doz_lo, w_hi, w_lo, acc_w, bias_scale, stride_zj,
-                               heads_ok, channels_ok, C, C_PAD, PRECISION, CAST_F32, EVEN,
-                               UNMASKED, Z.dtype.element_ty, BLOCK_N)
-    else:
-        for t in range(start, end):
-            block = t % blocks
-            if (block == 0) & (t != start):  # a new row
-                i = (t // blocks).to(tl.int64)
-                _, _, _, _, doz_hi, doz_lo = _row_setup(
-                    DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
-                row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
-            rows, z_row, dz_row = _row_pointers(Z, DZ, b, i, N, stride_zb, stride_zi,
-                                                stride_zc, offs_h, offs_c, H, C)
-            acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, block * BLOCK_N, N,
-                               row_max, log_sum, doz_hi, doz_lo, w_hi, w_lo, acc_w, bias_scale,
-                               stride_zj, heads_ok, channels_ok, C, C_PAD, PRECISION, CAST_F32,
-                               EVEN, UNMASKED, Z.dtype.element_ty, BLOCK_N)
-    # (one partial per program; ROW_PER_PROGRAM: per row i = pid, of N programs)
-    program = b * N + i if ROW_PER_PROGRAM else b * tl.num_programs(0) + pid
+    for j0 in range(0, N, BLOCK_N):
+        acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum,
+                           doz_hi, doz_lo, w_hi, w_lo, acc_w, bias_scale, stride_zj,
+                           heads_ok, channels_ok, C, C_PAD, PRECISION, CAST_F32, EVEN,
+                           UNMASKED, Z.dtype.element_ty, BLOCK_N)
+    program = b * N + i  # one partial sum of dS z per row
     tl.store(DW + (program * H_PAD + offs_h[:, None]) * C_PAD + offs_c[None, :], acc_w)
 
 
@@ -276,20 +244,6 @@ _pair_backward = autotuned(
                           names=("BLOCK_N",)),
     key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
 )
-# The flat pair pass (`PAIR_PROGRAMS_PER_SM`): 4-warp configs, so that one program per SM
-# leaves half of its registers to the sums of dS on the side stream.
-_pair_backward_flat = autotuned(
-    "openfold_pair_backward_flat", _pair_backward_kernel,
-    configs=block_configs([(16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 2)],
-                          names=("BLOCK_N",)),
-    key=["H_PAD", "C_PAD", "PRECISION"], interpreted={"BLOCK_N": 32},
-)
-# Programs of the pair pass per SM: None, one program per query row (grid (N, B): every SM
-# full for the whole pass, so the sums of dS on the side stream wait for it); k, the flat
-# pass (`_pair_backward_flat`: runs of tiles, ROW_PER_PROGRAM off) at k programs per SM, as
-# the simplified problem's pair pass runs at one. An A/B switch, not yet timed on a GPU
-# (nineteenth session).
-PAIR_PROGRAMS_PER_SM: int | None = None
 
 
 def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts, z, w_b,
@@ -319,16 +273,11 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
 
     def pair_pass(ds):
         dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
-        per_sm = PAIR_PROGRAMS_PER_SM
-        kernel = _pair_backward if per_sm is None else _pair_backward_flat
-        programs = n if per_sm is None else min(n, 8 if INTERPRET else per_sm * sm_count(
-            z.device))
-        partial = torch.empty(b, programs, shared["H_PAD"], shared["C_PAD"], dtype=f32,
+        partial = torch.empty(b, n, shared["H_PAD"], shared["C_PAD"], dtype=f32,
                               device=z.device)
-        kernel[(programs, b)](ds, logits, stats, z, grad_o_pair, w_b.contiguous(), dz, partial,
-                              n, bias_scale, *z.stride(), **shared,
-                              EVEN=whole_blocks(n, kernel, "BLOCK_N"),
-                              ROW_PER_PROGRAM=per_sm is None)
+        _pair_backward[(n, b)](ds, logits, stats, z, grad_o_pair, w_b.contiguous(), dz, partial,
+                               n, bias_scale, *z.stride(), **shared,
+                               EVEN=whole_blocks(n, _pair_backward, "BLOCK_N"))
         return dz, (partial.sum((0, 1))[:h, :c] * bias_scale).to(w_b.dtype)
 
     dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (dz, dw) = attention_gradients(

@@ -393,21 +393,6 @@ _pair_narrow = autotuned(
                           names=("BLOCK_P",)),
     key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
 )
-# 16-bit: the 4-warp configs, more stages, and 8 warps capped at 128 registers (no spills on the
-# proxy): more loads in flight per SM, to win back the ~12 % of bandwidth that one 4-warp
-# program per SM lost against two (H100, eighteenth session).
-_pair_narrow_16bit = autotuned(
-    "bias_backward_pairs_narrow_16bit", _pair_kernel,
-    configs=block_configs([(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3),
-                           (64, 8, 3, 128), (128, 8, 2, 128), (128, 8, 3, 128)],
-                          names=("BLOCK_P",)),
-    key=_PAIR_KEY, interpreted={"BLOCK_P": 64},
-)
-# 16-bit inputs' narrow pass from `_pair_narrow_16bit` (True) or from the fp32 table
-# `_pair_narrow` (False, the default until a GPU has run the new table: its 8-warp register-capped
-# configs have only been compiled, and a config that faults poisons the CUDA context of every
-# training step after it). An A/B switch (`gpu_diagnostics/ab_session.sh`).
-NARROW_16BIT_TABLE = False
 # Programs of the pair pass per SM. 4 is two waves of two resident 4-warp programs at ~253
 # registers, which hold every SM's register file for the whole pass (Nsight Compute,
 # 2026-12-05): the sums of dS wait for it. 1 (`_pair_narrow`) leaves half of each SM to them.
@@ -515,8 +500,7 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
     per_sm = PAIR_PROGRAMS_PER_SM
     programs = min(triton.cdiv(pairs, 64), 64 if INTERPRET else per_sm * sm_count(ds.device))
     fp32 = pair_repr.dtype == torch.float32
-    kernel = (_pair if per_sm != 1 else _pair_narrow_16bit if NARROW_16BIT_TABLE and not fp32
-              else _pair_narrow)
+    kernel = _pair if per_sm != 1 else _pair_narrow
     h_pad, c_pad = max(16, pow2(h)), max(16, pow2(c))
     pair_repr = pair_repr.contiguous()
     d_pair = torch.empty(pair_repr.shape, dtype=pair_repr.dtype, device=pair_repr.device)

@@ -214,14 +214,6 @@ def _around_kernels(
 
 # ---- the public forwards -------------------------------------------------------------------
 
-# `triton`'s bias GEMM reads only pair_repr, so it may go first: the GPU then runs it (the
-# forward's largest kernel from N ~ 1024) while the host issues the O(N) prologue, whose
-# launches otherwise leave the GPU idle in front of it (eager calls are host-bound at N <= 1024:
-# ~0.8 ms of host time a call on the H100 and H200). False: after the prologue, the form until
-# 2026-12-05. An A/B switch (`profile_call.py --ab ... --latency`), not yet timed on a GPU.
-BIAS_FIRST = True
-
-
 def triton_ipa(
     weights: TritonIPAWeights,
     node_repr: torch.Tensor,
@@ -265,15 +257,17 @@ def triton_ipa(
     if split is None:
         split = default_split(batch, weights.config.heads, length, node_repr.device)
     check_runnable("node_repr", node_repr)
-    bias = bias_tensor(pair_repr, weights.w_pair, modes) if BIAS_FIRST else None
+    # The bias GEMM reads only pair_repr, so it goes first: the GPU runs it (the forward's
+    # largest kernel from N ~ 1024) while the host issues the O(N) prologue. Outputs are the
+    # same in either order; eager latency on the H100 (2026-12-05, twentieth session): bf16
+    # N = 1024 0.529 -> 0.523 ms (host-bound either way), fp32 N = 4096 training no change.
+    bias = bias_tensor(pair_repr, weights.w_pair, modes)
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         # The launchers' own checks are skipped: every operand is built by the prologue.
         return ops.out_s, launch_attention(
             ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, ops.centred_t,
-            ops.point_weight, ops.out_s,
-            bias if bias is not None else bias_tensor(pair_repr, weights.w_pair, modes), modes,
-            split=split)
+            ops.point_weight, ops.out_s, bias, modes, split=split)
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
 
