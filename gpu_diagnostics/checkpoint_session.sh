@@ -3,20 +3,21 @@
 # single machine start: the GPU tests of triton-train (#16), of `triton` (#17), of problem
 # openfold's triton-bias (#18) and of the host-bound flag, sharded over SHARDS processes; a
 # sweep of each issue's headline cells (their rows carry err_ratio / grad_err_ratio against the
-# float64 oracle, so they check as well as time): triton-train's step at N = 4096 (eager) and 1024 (eager and replayed), the `triton`
+# float64 oracle, so they check as well as time): triton-train's step at N = 1024 (eager and replayed) and 4096 (eager), the `triton`
 # forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048
 # and its training step at N = 1024 (whole blocks: the backward's EVEN paths, never run on a GPU);
 # then torch.profiler on one fp32 training step at N = 4096, and cProfile of 20 eager `triton`
-# forwards at N = 256 in bf16 (where its eager rows' ~0.9 ms of host time goes, #17's slices).
+# forwards at N = 256 in bf16 (where its eager rows' host time goes, #17's slices), and
+# `launch_overhead.py` (the host's time per torch op, GEMM and Triton launch, direct or not).
 # fp32 and bf16 throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD,
-# LIM_OF, LIM_PROF, LIM_HOST seconds; 160 + 160 + 70 + 100 + 35 + 40 s) and every sweep cell is
+# LIM_OF, LIM_PROF, LIM_HOST, LIM_LAUNCH seconds; 150 + 160 + 70 + 100 + 35 + 30 + 30 s) and every sweep cell is
 # fsync'ed, so a cut stage still reports what finished. Everything lands in one archive,
 # $OUT/checkpoint.tgz (the device returns at most 8 files), with summary.md beside it.
 #
 #   OUT=DIR bash gpu_diagnostics/checkpoint_session.sh
 source gpu_diagnostics/session_env.sh
 work=$(mktemp -d)
-sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-160}" "$work/gpu-tests.log" -m gpu \
+sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-150}" "$work/gpu-tests.log" -m gpu \
     tests/test_triton_backward.py tests/test_variants.py tests/test_openfold_triton.py \
     tests/test_integrity.py \
     -k "(triton-train and not fullfuse) or (test_matches_oracle_gpu and triton-B) or triton-bias \
@@ -45,8 +46,10 @@ sweep openfold "${LIM_OF:-100}" triton-bias "${base}problem = \"openfold\"\n\n[[
 [[slice]]\nlength = [1024]\npasses = [\"forward+backward\"]\n"
 timeout -s INT "${LIM_PROF:-35}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
     > "$work/train-profile.log" 2>&1
-timeout -s INT "${LIM_HOST:-40}" python3 gpu_diagnostics/profile_call.py 256 bf16 triton \
+timeout -s INT "${LIM_HOST:-30}" python3 gpu_diagnostics/profile_call.py 256 bf16 triton \
     --pass forward --host > "$work/triton-host.log" 2>&1
+timeout -s INT "${LIM_LAUNCH:-30}" python3 gpu_diagnostics/launch_overhead.py \
+    > "$work/launch-overhead.log" 2>&1
 
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -66,6 +69,7 @@ for path in sys.argv[1:]:
     echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
     echo "## triton bf16 N = 256 eager forward, host (cProfile of 20 calls, by own time)"
     grep -A30 "Ordered by" "$work/triton-host.log" | cut -c1-160
+    echo "## host time per launch (us)"; cat "$work/launch-overhead.log"
 } > "$OUT/summary.md" 2>&1
 rm -f "$work"/*/.ipa-bench.lock
 tar -czf "$OUT/checkpoint.tgz" -C "$work" .
