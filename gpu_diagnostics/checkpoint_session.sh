@@ -11,8 +11,8 @@
 # `launch_overhead.py` (the host's time per torch op, GEMM and Triton launch, direct or not).
 # fp32 and bf16 throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD,
 # LIM_OF, LIM_PROF, LIM_HOST, LIM_LAUNCH seconds; 150 + 160 + 70 + 100 + 35 + 30 + 30 s) and
-# every sweep cell is fsync'ed, so a cut stage still reports what finished. Everything lands in one archive,
-# $OUT/checkpoint.tgz (the device returns at most 8 files), with summary.md beside it.
+# every sweep cell is fsync'ed, so a cut stage still reports what finished. Everything lands in
+# one archive, $OUT/checkpoint.tgz (the device returns at most 8 files), with summary.md beside it.
 #
 #   OUT=DIR bash gpu_diagnostics/checkpoint_session.sh
 source gpu_diagnostics/session_env.sh
