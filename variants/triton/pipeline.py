@@ -260,7 +260,7 @@ def triton_ipa(
     # The bias GEMM reads only pair_repr, so it goes first: the GPU runs it (the forward's
     # largest kernel from N ~ 1024) while the host issues the O(N) prologue. Outputs are the
     # same in either order; eager latency on the H100 (2026-12-05, twentieth session): bf16
-    # N = 1024 0.529 -> 0.523 ms (host-bound either way), fp32 N = 4096 training no change.
+    # N = 1024 0.529 -> 0.523 ms (host-bound either way).
     bias = bias_tensor(pair_repr, weights.w_pair, modes)
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
