@@ -114,74 +114,6 @@ def _pair_terms_kernel(
         tl.store(g_row + offs_n[None, :], g, mask=h_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _pair_weight(W, offs_h, offs_c, h_ok, c_ok, bias_scale, C: tl.constexpr,
-                 SPLIT: tl.constexpr, CAST_F32: tl.constexpr, DTYPE: tl.constexpr):
-    """W_b (H_PAD, C_PAD) as the pair pass's dot operand (`_operand`); fp32: bias_scale folded
-    in once (one rounding, as scaling d z would be)."""
-    w = tl.load(W + offs_h[:, None] * C + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :],
-                other=0.0)
-    if SPLIT:
-        w = w * bias_scale
-    return _operand(w, SPLIT, CAST_F32, DTYPE)
-
-
-@triton.jit
-def _row_statistics(STATS, b, i, N, H: tl.constexpr, offs_h, h_ok):
-    """Row i's softmax max and log2 of its sum per head, as (H_PAD, 1) columns."""
-    stats = STATS + ((b * N + i) * H + offs_h) * 3
-    return (tl.load(stats, mask=h_ok, other=0.0)[:, None],
-            tl.load(stats + 1, mask=h_ok, other=0.0)[:, None])
-
-
-@triton.jit
-def _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum, doz_hi, doz_lo,
-               w_hi, w_lo, acc_w, bias_scale, stride_zj, heads_ok, channels_ok,
-               C: tl.constexpr, C_PAD: tl.constexpr, PRECISION: tl.constexpr,
-               CAST_F32: tl.constexpr, EVEN: tl.constexpr, UNMASKED: tl.constexpr,
-               Z_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One key block of one query row (both pair-pass forms): reads its dS, logits and z tile,
-    writes its d z tile and returns acc_w + dS z."""
-    SPLIT: tl.constexpr = PRECISION == "tf32x3"
-    offs_n = j0 + tl.arange(0, BLOCK_N)
-    if EVEN:  # every key block whole
-        tile_ok, z_ok = heads_ok, channels_ok
-    else:
-        n_ok = offs_n < N
-        tile_ok, z_ok = heads_ok & n_ok[None, :], channels_ok & n_ok[:, None]
-    ds = tl.load(DS + rows + offs_n[None, :], mask=tile_ok, other=0.0)  # (H_PAD, BN)
-    s = tl.load(LOGITS + rows + offs_n[None, :], mask=tile_ok, other=float("-inf"))
-    p = tl.exp2((s - row_max) - log_sum)  # 0 past N and in padded heads
-    if UNMASKED:
-        z = tl.load(z_row + offs_n[:, None] * stride_zj)  # (BN, C_PAD)
-    else:
-        z = tl.load(z_row + offs_n[:, None] * stride_zj, mask=z_ok, other=0.0)
-    ds_hi, ds_lo = _operand(ds, SPLIT, CAST_F32, Z_DTYPE)
-    p_hi, p_lo = _operand(p, SPLIT, CAST_F32, Z_DTYPE)
-    z_hi, z_lo = _operand(z, SPLIT, CAST_F32, Z_DTYPE)
-    dz = dot_parts(tl.trans(ds_hi), tl.trans(ds_lo), w_hi, w_lo,
-                   tl.zeros([BLOCK_N, C_PAD], dtype=tl.float32), PRECISION)
-    if not SPLIT:
-        dz = dz * bias_scale
-    dz = dot_parts(tl.trans(p_hi), tl.trans(p_lo), doz_hi, doz_lo, dz, PRECISION)
-    if UNMASKED:
-        tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty))
-    else:
-        tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty), mask=z_ok)
-    return dot_parts(ds_hi, ds_lo, z_hi, z_lo, acc_w, PRECISION)
-
-
-@triton.jit
-def _row_pointers(Z, DZ, b, i, N, stride_zb, stride_zi, stride_zc, offs_h, offs_c,
-                  H: tl.constexpr, C: tl.constexpr):
-    """Row i of batch element b: its offset in each head's (N, N) plane (H_PAD, 1), and its z
-    and d z rows (1, C_PAD)."""
-    rows = (b * H + offs_h[:, None]) * N * N + i * N
-    z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
-    dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
-    return rows, z_row, dz_row
-
-
 @triton.jit(do_not_specialize=["N"])
 def _pair_backward_kernel(
     DS,  # (B, H, N, N) fp32: dS (natural units)
@@ -191,7 +123,7 @@ def _pair_backward_kernel(
     DOZ,  # (B, N, H, C) fp32 contiguous: d loss / d o_pair
     W,  # (H, C) linear_b.weight, contiguous, z's dtype
     DZ,  # (B, N, N, C) contiguous, z's dtype: d loss / d z, written once
-    DW,  # (B, programs, H_PAD, C_PAD) fp32: each program's partial sum of dS z
+    DW,  # (B, N, H_PAD, C_PAD) fp32: each program's partial sum of dS z (one row i)
     N,
     bias_scale,
     stride_zb, stride_zi, stride_zj, stride_zc,
@@ -204,17 +136,22 @@ def _pair_backward_kernel(
     EVEN: tl.constexpr,  # N a multiple of every BLOCK_N
     BLOCK_N: tl.constexpr,
 ):
-    """The pair pass: grid (N, B), program i owns query row i and walks its key blocks."""
     i = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     SPLIT: tl.constexpr = PRECISION == "tf32x3"
     offs_h, offs_c, h_ok, c_ok, doz_hi, doz_lo = _row_setup(
         DOZ, b, i, N, H, H_PAD, C, C_PAD, SPLIT, CAST_F32, Z.dtype.element_ty)
-    w_hi, w_lo = _pair_weight(W, offs_h, offs_c, h_ok, c_ok, bias_scale, C, SPLIT, CAST_F32,
-                              Z.dtype.element_ty)
-    row_max, log_sum = _row_statistics(STATS, b, i, N, H, offs_h, h_ok)
-    rows, z_row, dz_row = _row_pointers(Z, DZ, b, i, N, stride_zb, stride_zi, stride_zc,
-                                        offs_h, offs_c, H, C)
+    w = tl.load(W + offs_h[:, None] * C + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :],
+                other=0.0)
+    if SPLIT:  # fp32: bias_scale folded into W_b once (one rounding, as scaling d z would be)
+        w = w * bias_scale
+    w_hi, w_lo = _operand(w, SPLIT, CAST_F32, Z.dtype.element_ty)
+    stats = STATS + ((b * N + i) * H + offs_h) * 3
+    row_max = tl.load(stats, mask=h_ok, other=0.0)[:, None]
+    log_sum = tl.load(stats + 1, mask=h_ok, other=0.0)[:, None]
+    rows = (b * H + offs_h[:, None]) * N * N + i * N  # (H_PAD, 1): row i of each head
+    z_row = Z + b * stride_zb + i * stride_zi + offs_c[None, :] * stride_zc
+    dz_row = DZ + ((b * N + i) * N) * C + offs_c[None, :]
     acc_w = tl.zeros([H_PAD, C_PAD], dtype=tl.float32)
     # Masks only where a key block can be partial (not EVEN) or channels padded: per-element
     # masks were a fifth of the loop (sm_90 proxy, fp32: 94.6 -> 77.3 instructions per pair
@@ -224,12 +161,33 @@ def _pair_backward_kernel(
     channels_ok = whole_n[:, None] & c_ok[None, :]  # (BN, C_PAD)
     UNMASKED: tl.constexpr = EVEN and C == C_PAD  # z and d z tiles need no mask
     for j0 in range(0, N, BLOCK_N):
-        acc_w = _pair_tile(DS, LOGITS, DZ, rows, z_row, dz_row, j0, N, row_max, log_sum,
-                           doz_hi, doz_lo, w_hi, w_lo, acc_w, bias_scale, stride_zj,
-                           heads_ok, channels_ok, C, C_PAD, PRECISION, CAST_F32, EVEN,
-                           UNMASKED, Z.dtype.element_ty, BLOCK_N)
-    program = b * N + i  # one partial sum of dS z per row
-    tl.store(DW + (program * H_PAD + offs_h[:, None]) * C_PAD + offs_c[None, :], acc_w)
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        if EVEN:  # every key block whole
+            tile_ok, z_ok = heads_ok, channels_ok
+        else:
+            n_ok = offs_n < N
+            tile_ok, z_ok = heads_ok & n_ok[None, :], channels_ok & n_ok[:, None]
+        ds = tl.load(DS + rows + offs_n[None, :], mask=tile_ok, other=0.0)  # (H_PAD, BN)
+        s = tl.load(LOGITS + rows + offs_n[None, :], mask=tile_ok, other=float("-inf"))
+        p = tl.exp2((s - row_max) - log_sum)  # 0 past N and in padded heads
+        if UNMASKED:
+            z = tl.load(z_row + offs_n[:, None] * stride_zj)  # (BN, C_PAD)
+        else:
+            z = tl.load(z_row + offs_n[:, None] * stride_zj, mask=z_ok, other=0.0)
+        ds_hi, ds_lo = _operand(ds, SPLIT, CAST_F32, Z.dtype.element_ty)
+        p_hi, p_lo = _operand(p, SPLIT, CAST_F32, Z.dtype.element_ty)
+        z_hi, z_lo = _operand(z, SPLIT, CAST_F32, Z.dtype.element_ty)
+        dz = dot_parts(tl.trans(ds_hi), tl.trans(ds_lo), w_hi, w_lo,
+                       tl.zeros([BLOCK_N, C_PAD], dtype=tl.float32), PRECISION)
+        if not SPLIT:
+            dz = dz * bias_scale
+        dz = dot_parts(tl.trans(p_hi), tl.trans(p_lo), doz_hi, doz_lo, dz, PRECISION)
+        if UNMASKED:
+            tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty))
+        else:
+            tl.store(dz_row + offs_n[:, None] * C, dz.to(DZ.dtype.element_ty), mask=z_ok)
+        acc_w = dot_parts(ds_hi, ds_lo, z_hi, z_lo, acc_w, PRECISION)
+    tl.store(DW + ((b * N + i) * H_PAD + offs_h[:, None]) * C_PAD + offs_c[None, :], acc_w)
 
 
 _pair_terms = autotuned(
@@ -275,8 +233,8 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
         dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
         partial = torch.empty(b, n, shared["H_PAD"], shared["C_PAD"], dtype=f32,
                               device=z.device)
-        _pair_backward[(n, b)](ds, logits, stats, z, grad_o_pair, w_b.contiguous(), dz, partial,
-                               n, bias_scale, *z.stride(), **shared,
+        _pair_backward[(n, b)](ds, logits, stats, z, grad_o_pair, w_b.contiguous(), dz,
+                               partial, n, bias_scale, *z.stride(), **shared,
                                EVEN=whole_blocks(n, _pair_backward, "BLOCK_N"))
         return dz, (partial.sum((0, 1))[:h, :c] * bias_scale).to(w_b.dtype)
 

@@ -222,11 +222,9 @@ def _training_forward(state_dict, config, device, precision: Precision, fused: b
 
 
 class _TrainingStep:
-    """What the training variants add to their forward's class: a backward, and its custom ops'
-    wrapper (`variants/custom_ops.py`, outside this folder) in their code digest."""
+    """What the training variants add to their forward's class: a backward."""
 
     supports_backward = True
-
 
 
 class TritonTrain(_TrainingStep, Triton):
