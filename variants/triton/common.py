@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from variants.problem import IPAInputError
+from variants.triton.launch import DirectLaunch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HEADS_PAD = 16  # the bias GEMM's head axis and the fully fused kernel's (tl.dot needs >= 16)
@@ -66,16 +67,24 @@ class _FixedConfig:
         return lambda *args, **kwargs: launch(*args, **kwargs, **self.meta)
 
 
+def direct(kernel):
+    """`kernel` launched through its compiled kernel's own launcher after the first call of
+    each call signature (`launch.DirectLaunch`); under the interpreter, `kernel` itself."""
+    return kernel if INTERPRET else DirectLaunch(kernel)
+
+
 def autotuned(name: str, kernel, *, configs: list, key: list[str], interpreted: dict[str, int],
               restore_value: list[str] | None = None):
     """`kernel` autotuned over `configs` (keyed on `key`) on the GPU; under the interpreter,
     where `triton.autotune` with several configs fails, `kernel` with the meta-parameters
-    `interpreted` and no autotuner. Launch either as `result[grid](...)`. `restore_value`:
-    arguments the kernel writes over, restored after each trial run."""
+    `interpreted` and no autotuner. Launch either as `result[grid](...)` (on the GPU through
+    `direct`). `restore_value`: arguments the kernel writes over, restored after each trial
+    run."""
     if INTERPRET:
         tuned = _FixedConfig(kernel, interpreted)
     else:
-        tuned = triton.autotune(configs=configs, key=key, restore_value=restore_value)(kernel)
+        tuned = DirectLaunch(triton.autotune(configs=configs, key=key,
+                                             restore_value=restore_value)(kernel))
     TUNED[name] = tuned
     return tuned
 

@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from variants.openfold.triton_kernel import KEY_PAD
-from variants.triton.common import pow2, sm_count
+from variants.triton.common import direct, pow2, sm_count
 from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 BLOCK_ROWS = 32  # rows (residues) per program: N = 1024, 12 heads -> 384 programs
@@ -146,6 +146,7 @@ def _centred(t_rows, MEAN, b, x, ok, x_ok, stride_tx):
             - tl.load(MEAN + b * 3 + x, mask=x_ok, other=0.0))
 
 
+@direct
 @triton.jit
 def _prologue_kernel(
     PROJ,  # (B, N, ncols) innermost stride 1: the (point) projections' output
@@ -304,6 +305,7 @@ def _store(CAT, offs, x, ok):
     tl.store(CAT + offs, x.to(CAT.dtype.element_ty), mask=ok)
 
 
+@direct
 @triton.jit
 def _epilogue_kernel(
     OUT_P,  # (B, N, H, 3 VP) fp32, innermost stride 1: the kernels' global value points
@@ -499,6 +501,7 @@ def _local_point_grads(DG, dg_offs, p_rows, d_rows, cols, rot, ok, d_rot, d_t):
     return d_rot, d_t + tl.sum(dg, axis=1)
 
 
+@direct
 @triton.jit
 def _prologue_backward_kernel(
     DQP, DKP,  # (B, H, 3Qp, N) fp32 contiguous: the gradients of q_pts, k_pts
@@ -555,6 +558,7 @@ def _prologue_backward_kernel(
                        stride_dr, stride_dc)
 
 
+@direct
 @triton.jit
 def _epilogue_backward_kernel(
     DLOC,  # (B, N, W) innermost stride 1: the gradient of the epilogue's columns (its

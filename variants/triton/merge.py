@@ -13,11 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.triton.common import pow2
+from variants.triton.common import direct, pow2
 
 BLOCK_R = 32
 
 
+@direct
 @triton.jit(do_not_specialize=["ROWS", "N", "S"])
 def _merge_kernel(
     OS_PARTS,  # (S, B, N, H, D) fp32 contiguous

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from variants.problem import math_mode
-from variants.triton.common import pow2
+from variants.triton.common import direct, pow2
 
 LN2_F = math.log(2.0)
 _ROWS = 32  # rows of (b, n, h) or of N per program: a few KB of operands each
@@ -33,6 +33,7 @@ def _row_dots(A, B, rows64, r_ok, W: tl.constexpr, W_PAD: tl.constexpr):
                   * tl.load(B + rows64 * W + c, mask=ok, other=0.0).to(tl.float32), 1)
 
 
+@direct
 @triton.jit
 def _delta_kernel(GS, OS, GP, OP, GZ, OZ, DELTA, ROWS,
                   D: tl.constexpr, D_PAD: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
@@ -70,6 +71,7 @@ def row_delta(grad_s: torch.Tensor, out_s: torch.Tensor, grad_p: torch.Tensor,
     return delta
 
 
+@direct
 @triton.jit
 def _operand_kernel(Q, K, Q_PTS, K_PTS, OUT, N, H, stride_qb, stride_qn, stride_kb, stride_kn,
                     D: tl.constexpr, P3: tl.constexpr, WIDTH: tl.constexpr,
@@ -96,6 +98,7 @@ def _operand_kernel(Q, K, Q_PTS, K_PTS, OUT, N, H, stride_qb, stride_qn, stride_
     tl.store(out, value, mask=r_ok & (col < WIDTH))
 
 
+@direct
 @triton.jit
 def _gradients_kernel(SUMS, Q_PTS, K_PTS, POINT_WEIGHT, DQ, DK, DQ_PTS, DK_PTS, N, H, scale,
                       pts_scale, D: tl.constexpr, D_PAD: tl.constexpr, P3: tl.constexpr,

@@ -1,0 +1,167 @@
+"""Triton launches at the compiled kernel's own cost after the first call (#17's eager rows).
+
+`kernel[grid](*args)` in triton 3.6 binds and specialises every argument on each call (a
+tensor's dtype and 16-byte alignment; an integer's value 1, divisibility by 16 and width),
+builds a cache key from the result and looks the compiled kernel up; an autotuned kernel first
+looks its configuration up the same way. On the H100 that is the largest share of the `triton`
+forward's ~0.5 ms of host time at N <= 1024 (five launches; `gpu_diagnostics/profile_call.py
+--host`). `DirectLaunch` goes through that path once per *call signature* and keeps what it
+returned: the compiled kernel and the full argument list's order. Later calls with the same
+signature go straight to the compiled kernel's launcher.
+
+The signature is stricter than Triton's specialisation, so it never reuses a kernel Triton
+would not: every tensor's dtype, device and whether its address is a multiple of 16, and the
+exact value of every other argument (integers, floats, constexprs, None). A value of another
+type (a tuple, a tensor descriptor) is not cached: that call takes Triton's path. Not done on
+the direct path: Triton's check that the kernel's global variables did not change since it was
+compiled, and `JITFunction.pre_run_hooks` (none here).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+try:  # what Triton's own launch path asks for the stream (a Stream object costs ~1 us more)
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # a build without CUDA
+    def _raw_stream(device: int) -> int:
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+def device_and_stream() -> tuple[int, int]:
+    """The current CUDA device's index and its current stream's handle (a graph capture's,
+    while capturing)."""
+    device = torch.cuda.current_device()
+    return device, _raw_stream(device)
+
+
+_UNCACHED = object()  # a call signature with a value the direct path does not key on
+_MAX_SIGNATURES = 256  # per kernel: more (a ragged sweep) start the table again
+
+
+def _value_key(value):
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.get_device(), value.data_ptr() % 16 == 0
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return type(value), value  # 1 and True and 1.0 specialise differently
+    try:
+        hash(value)  # a tl.dtype or tl.constexpr
+    except TypeError:
+        return _UNCACHED
+    return type(value), value
+
+
+def call_signature(device: int, args: tuple, kwargs: dict):
+    """What a launch's compiled kernel and configuration depend on, or `_UNCACHED`."""
+    key = [device]
+    for value in (*args, *kwargs.values()):
+        part = _value_key(value)
+        if part is _UNCACHED:
+            return _UNCACHED
+        key.append(part)
+    key.extend(kwargs)  # the names, in the call's order
+    return tuple(key)
+
+
+class _Plan:
+    """One call signature's compiled kernel, the autotuner's configuration for it, and how
+    to build the kernel's full argument list (every parameter, constexprs included, in order)
+    from a call's positional and keyword arguments."""
+
+    __slots__ = ("compiled", "config", "tail")
+
+    def __init__(self, compiled, config, tail: list[tuple[str, bool, object]]):
+        self.compiled, self.config, self.tail = compiled, config, tail
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether later calls may skip Triton's path: not where a configuration's
+        `pre_hook` must run before each launch."""
+        return self.compiled is not None and getattr(self.config, "pre_hook", None) is None
+
+    def arguments(self, args: tuple, kwargs: dict) -> list:
+        full = list(args)
+        full.extend(kwargs[name] if from_call else value for name, from_call, value in self.tail)
+        return full
+
+
+class DirectLaunch:
+    """`kernel` (a `triton.jit` function or a `triton.autotune` of one), launched as
+    `direct[grid](*args, **kwargs)`, through Triton's own path the first time each call
+    signature is seen and through the compiled kernel's launcher after. Every other attribute
+    is the wrapped kernel's (`configs`, `cache`); `best_config` is the configuration of the
+    last launch."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        jit = kernel
+        while not isinstance(jit, JITFunction):
+            jit = jit.fn
+        self._names = list(jit.arg_names)
+        self._defaults = {name: p.default for name, p in jit.signature.parameters.items()
+                          if p.default is not inspect.Parameter.empty}
+        self._plans: dict[tuple, _Plan] = {}
+        self._last: _Plan | None = None
+        self.direct_launches = 0  # how many calls took the direct path (tests read it)
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    @property
+    def best_config(self):
+        return self._last.config if self._last is not None else None
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+
+    @property
+    def configs(self) -> list:
+        return self.kernel.configs
+
+    @configs.setter
+    def configs(self, configs: list) -> None:  # a probe narrows the autotuner's list
+        self.kernel.configs = configs
+        self._plans.clear()
+
+    def _launch(self, grid, args: tuple, kwargs: dict) -> None:
+        device, stream = device_and_stream()
+        signature = call_signature(device, args, kwargs)
+        plan = self._plans.get(signature) if signature is not _UNCACHED else None
+        if plan is None:
+            compiled = self.kernel[grid](*args, **kwargs)
+            plan = self._plan(compiled, args, kwargs)
+            if signature is not _UNCACHED and plan.cacheable:
+                if len(self._plans) >= _MAX_SIGNATURES:
+                    self._plans.clear()
+                self._plans[signature] = plan
+            self._last = plan
+            return
+        self._last = plan
+        self.direct_launches += 1
+        full = plan.arguments(args, kwargs)
+        if callable(grid):
+            grid = grid(dict(zip(self._names, full, strict=True)))
+        compiled = plan.compiled
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                     stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *full),
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
+
+    def _plan(self, compiled, args: tuple, kwargs: dict) -> _Plan:
+        config = getattr(self.kernel, "best_config", None)
+        meta = config.kwargs if config is not None else {}
+        tail = []
+        for name in self._names[len(args):]:
+            if name in kwargs:
+                tail.append((name, True, None))
+            elif name in meta:
+                tail.append((name, False, meta[name]))
+            elif name in self._defaults:
+                tail.append((name, False, self._defaults[name]))
+            else:
+                raise TypeError(f"{self._names}: no value for parameter {name!r}")
+        return _Plan(compiled, config, tail)
