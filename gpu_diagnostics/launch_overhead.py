@@ -1,10 +1,11 @@
 """Host time per launch on the GPU machine (#17's eager rows): how long the host takes to issue
 one small PyTorch op, one cuBLAS GEMM, and one Triton kernel of ~30 arguments launched plainly,
 through `triton.autotune` (one config), and through the compiled kernel's own launcher
-(`CompiledKernel[grid](*args)`: no binder, no specialisation, no cache lookup; what a direct
-launch path after the first call would cost), each issued `CALLS` times back to back without
-synchronising (the GPU work is tiny, so the queue never fills). A variant's whole eager call:
-`profile_call.py --host`.
+(`CompiledKernel[grid](*args)`: no binder, no specialisation, no cache lookup), and through
+`variants.triton.launch.DirectLaunch` (the kernels' own launch path since the twenty-first
+session: that launcher after a call-signature lookup), each issued `CALLS` times back to back
+without synchronising (the GPU work is tiny, so the queue never fills). A variant's whole eager
+call: `profile_call.py --host`.
 
     PYTHONPATH=. python3 gpu_diagnostics/launch_overhead.py
 """
@@ -16,6 +17,8 @@ import time
 import torch
 import triton
 import triton.language as tl
+
+from variants.triton.launch import DirectLaunch
 
 CALLS = 2000
 
@@ -58,6 +61,7 @@ def main() -> None:
     every_arg = (x, y, *args, 100, *ints, 1, 2, 3, 128)  # constexprs too, as JITFunction.run
     stream = torch.cuda.current_stream().cuda_stream
     launcher = compiled[(1, 1, 1)]
+    direct_plain, direct_tuned = DirectLaunch(_many_args), DirectLaunch(_tuned)
     rows = {
         "torch.empty": lambda: torch.empty(1024, device=dev),
         "torch.add (small)": lambda: torch.add(x, 1.0, out=y),
@@ -67,6 +71,10 @@ def main() -> None:
         "triton, autotuned (1 config)": lambda: _tuned[(1,)](x, y, *args, 100, *ints, C1=1, C2=2,
                                                               C3=3),
         "triton, compiled kernel's launcher": lambda: launcher(*every_arg, stream=stream),
+        "triton, DirectLaunch of the plain": lambda: direct_plain[(1,)](
+            x, y, *args, 100, *ints, C1=1, C2=2, C3=3, BLOCK=128),
+        "triton, DirectLaunch of the autotuned": lambda: direct_tuned[(1,)](
+            x, y, *args, 100, *ints, C1=1, C2=2, C3=3),
     }
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     for name, fn in rows.items():

@@ -94,6 +94,15 @@ def test_a_new_call_signature_takes_triton_path(tuned, change):
     assert tuned.launches[2][3][2:] == [*changed[0][2:], 0.5, 64, 1]
 
 
+def test_a_grid_that_reads_a_positional_argument(tuned):
+    direct = launch.DirectLaunch(tuned)
+    grid = lambda meta: (meta["n"] // meta["BLOCK"], 3)  # noqa: E731
+    for _ in range(2):
+        direct[grid](torch.zeros(4), torch.zeros(4), 256, 0.5, num_warps=8)
+    assert _paths(tuned) == ["triton", "direct"] and tuned.launches[1][1] == (4, 3, 1)
+    assert len(tuned.launches[1][3]) == 6  # parameters only: num_warps is a compile option
+
+
 def test_unhashable_argument_always_takes_triton_path(tuned):
     direct = launch.DirectLaunch(tuned)
     for _ in range(3):
