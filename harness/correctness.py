@@ -40,24 +40,45 @@ from variants.reference import IPAReference, make_module
 DEFAULT_SEEDS = 5
 
 
+# Elements per pass of the error figures: their float64 temporaries stay ~0.1 GiB each
+# however big the tensor (the fp32 N = 4096 d pair_repr, 8 GiB, beside its float64 oracle's
+# 16 GiB: whole-tensor temporaries took the harness ~40 GiB more, with the variant's worker
+# on the same 80 GB card).
+ERROR_CHUNK = 1 << 24
+
+
+def _chunk_pairs(out: torch.Tensor, ref: torch.Tensor):
+    """(out, ref) a chunk at a time, both float64 on `ref`'s device (`out` may come from a
+    worker, on the CPU: only a chunk of it crosses at a time)."""
+    flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
+    for start in range(0, flat_ref.numel(), ERROR_CHUNK):
+        stop = start + ERROR_CHUNK
+        yield (flat_out[start:stop].to(flat_ref.device, torch.float64),
+               flat_ref[start:stop].double())
+
+
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref||, in float64; inf when `out` holds NaN or Inf or has another
     shape."""
-    if not isinstance(out, torch.Tensor):
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
         return math.inf
-    out64, ref64 = out.detach().double(), ref.detach().double()
-    if out64.shape != ref64.shape or not torch.isfinite(out64).all():
+    diff_sq = ref_sq = 0.0
+    for o, r in _chunk_pairs(out, ref):
+        diff_sq = diff_sq + (o - r).square().sum()  # tensors: one synchronisation at the end
+        ref_sq = ref_sq + r.square().sum()
+    diff_sq, ref_sq = float(diff_sq), float(ref_sq)
+    if not math.isfinite(diff_sq):  # NaN or Inf in `out` (or a square beyond float64)
         return math.inf
-    return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-300)).item()
+    return math.sqrt(diff_sq) / max(math.sqrt(ref_sq), 1e-300)
 
 
 def max_abs(out: torch.Tensor, ref: torch.Tensor) -> float:
-    if not isinstance(out, torch.Tensor):
+    """max |out - ref|, in float64; inf as `rel_l2`."""
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
         return math.inf
-    out64 = out.detach().double()
-    if out64.shape != ref.shape or not torch.isfinite(out64).all():
-        return math.inf
-    return (out64 - ref.detach().double()).abs().max().item()
+    chunks = [(o - r).abs().max() for o, r in _chunk_pairs(out, ref)]
+    worst = float(torch.stack(chunks).max()) if chunks else 0.0  # NaN propagates
+    return worst if math.isfinite(worst) else math.inf
 
 
 def tolerance(reference_err: float, precision: Precision) -> float:
@@ -370,14 +391,13 @@ def judge_gradients(grads: dict[str, torch.Tensor | None] | None, figures: Gradi
             judged[name] = OutputJudgement(math.inf, math.inf, reference_err, tol,
                                            [f"no gradient for {name}"])
             continue
-        grad = grad.to(oracle.device)
-        failures = []
+        # (compared a chunk at a time, wherever the gradient is: d pair_repr may be 8 GiB)
+        err, failures = rel_l2(grad, oracle), []
         if tuple(grad.shape) != tuple(oracle.shape):
             failures.append(f"gradient of {name}: shape {tuple(grad.shape)} != "
                             f"{tuple(oracle.shape)}")
-        elif not torch.isfinite(grad).all():
-            failures.append(f"gradient of {name}: NaN/Inf values")
-        err = rel_l2(grad, oracle)
+        elif not math.isfinite(err):
+            failures.append(f"gradient of {name}: NaN/Inf values (or errors past float64)")
         if not err <= tol and not failures:
             failures.append(f"gradient of {name}: rel_l2 {err:.3e} > tol {tol:.3e}")
         judged[name] = OutputJudgement(err, max_abs(grad, oracle), reference_err, tol, failures)

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import pytest
+import torch
 
-from harness.correctness import check_variant
+from harness import correctness
+from harness.correctness import GradientFigures, check_variant, judge_gradients, max_abs, rel_l2
 from harness.grid import grid_from_dict
 from harness.model_new import model_new_variant
 from harness.results import GRADIENTS_JSONL, read_gradients
 from harness.sweep import Sweep
 from tests.fake_variants import DetachedPairGradient, WrongTranslationGradient
 from tests.test_integrity import HONEST
-from variants.problem import IPAConfig, IPAInputError
+from variants.problem import IPAConfig, IPAInputError, get_precision
 from variants.reference import init_state_dict
 from variants.registry import get_variant
 
@@ -54,6 +57,37 @@ def test_in_bf16_a_one_percent_gradient_error_is_below_the_references_own():
     assert result.passed
     assert translations["reference_rel_l2"] > 0.01
     assert translations["rel_l2"] <= translations["tol"]
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 24])
+def test_error_figures_a_chunk_at_a_time_match_the_whole_tensor(monkeypatch, chunk):
+    """rel_l2 and max_abs pass over a tensor `ERROR_CHUNK` elements at a time (a whole d
+    pair_repr's float64 temporaries ran an 80 GB card out): the same figures, NaN and Inf
+    still infinite, a float32 tensor against its float64 oracle."""
+    monkeypatch.setattr(correctness, "ERROR_CHUNK", chunk)
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(3, 5, 11, 2, generator=g, dtype=torch.float64)
+    out = (ref + 1e-3 * torch.randn(ref.shape, generator=g, dtype=torch.float64)).float()
+    diff = out.double() - ref
+    assert rel_l2(out, ref) == pytest.approx((diff.norm() / ref.norm()).item(), rel=1e-12)
+    assert max_abs(out, ref) == pytest.approx(diff.abs().max().item(), rel=1e-12)
+    for bad in (math.nan, math.inf):
+        broken = out.clone()
+        broken[2, 4, 10, 1] = bad  # the last element: the last chunk
+        assert rel_l2(broken, ref) == math.inf and max_abs(broken, ref) == math.inf
+    assert rel_l2(out[:2], ref) == math.inf and max_abs(out.view(3, 5, 22), ref) == math.inf
+
+
+def test_a_nan_gradient_fails_by_name_wherever_it_lies():
+    oracle = {"pair_repr": torch.randn(2, 4, 4, 3, dtype=torch.float64)}
+    figures = GradientFigures(oracle, {"pair_repr": 1e-6})
+    grad = oracle["pair_repr"].float()
+    grad[1, 3, 3, 2] = math.nan
+    judged = judge_gradients({"pair_repr": grad}, figures, get_precision("fp32"))["pair_repr"]
+    assert judged.failures == ["gradient of pair_repr: NaN/Inf values (or errors past float64)"]
+    judged = judge_gradients({"pair_repr": oracle["pair_repr"].float()}, figures,
+                             get_precision("fp32"))["pair_repr"]
+    assert judged.passed and judged.rel_l2 < 1e-7
 
 
 def test_a_missing_gradient_path_fails_for_each_tensor_it_misses():
