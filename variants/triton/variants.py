@@ -72,8 +72,10 @@ What differs from the reference (all of it on purpose, none of it changes the fu
 Caveats. Only the two training variants have a backward. Heads 1..16, points 1..16, head_dim
 8..128 (padded to powers of two, so e.g. d = 48 does 64-wide dots). IEEE fp32 dots are slow:
 Triton lowers them to CUDA-core FMAs at ~13 % of FP32 peak here (docs/perf-notes.md), hence the
-3xTF32 forms above. At N <= 1024 the forward is bound by host-side launch overhead
-(~20 PyTorch ops and two Triton launches), not by the GPU. Under the CPU interpreter
+3xTF32 forms above. At N <= 1024 the eager forward is bound by the host's time to issue it
+(~10 PyTorch ops and five Triton launches), not by the GPU; every Triton kernel here launches
+through `launch.DirectLaunch`, which skips Triton's per-call argument binding and autotuner
+lookup once a call signature has been seen. Under the CPU interpreter
 (`TRITON_INTERPRET=1`, read when the kernel modules are first imported) every dot runs in fp32
 (the interpreter's bf16 `tl.dot` is wrong) and a single block-size config is used instead of
 autotuning. Inputs may have any strides: the kernels read `pair_repr` through its strides (no
