@@ -437,8 +437,8 @@ class OpenFoldTriton(Variant):
     def code_paths(self):
         here = Path(__file__).resolve().parent  # the kernel, and the modules it reuses
         triton_dir = here.parent / "triton"
-        return [here, *(triton_dir / f for f in ("common.py", "frames.py", "pipeline.py",
-                                                  "tf32.py")), here.parent / "base2.py"]
+        reused = ("common.py", "frames.py", "launch.py", "pipeline.py", "tf32.py")
+        return [here, *(triton_dir / f for f in reused), here.parent / "base2.py"]
 
     def math_mode_label(self, precision):
         return z_math_mode_label(get_precision(precision))
