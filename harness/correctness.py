@@ -258,26 +258,44 @@ def reference_gradients(module: torch.nn.Module, config, inputs: ForwardInputs,
                         grad_inputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Gradients of `grad_out . module(inputs)` for the inputs named in `grad_inputs` (the
     problem's differentiable ones) and every parameter, by name, accumulated over chunks of
-    query rows when N x N would be too big (the oracle's way; `module` takes `query_rows`)."""
+    query rows when N x N would be too big (the oracle's way; `module` takes `query_rows`).
+
+    Chunked, the pair input (the (B, N, N, C) one) goes in as a leaf of the chunk's rows
+    alone, which the modules accept with `query_rows`: its gradient is then rows x N x C a
+    chunk, written into its rows of the result, where a whole-input leaf would give each
+    chunk a whole N x N x C gradient (fp32 N = 4096: 8 GiB a chunk, 16 GiB in float64)."""
     args = leaf_inputs(inputs, grad_inputs)
+    names = input_names(inputs)
     params = {name: p.requires_grad_(True) for name, p in module.named_parameters()}
-    leaves = {n: a for n, a in zip(input_names(inputs), args, strict=True)
-              if a.requires_grad} | params
     chunk = rows_per_chunk(config, inputs.batch, inputs.length)
-    total = None
+    n = inputs.length
+    pair = next((name for name, a in zip(names, args, strict=True) if a.requires_grad
+                 and a.dim() == 4 and tuple(a.shape[1:3]) == (n, n)), None)
+    if chunk >= n:
+        pair = None  # one pass: the whole input is the chunk
+    total: dict[str, torch.Tensor] = {}
+    if pair is not None:
+        total[pair] = torch.empty_like(args[names.index(pair)])
     with torch.enable_grad():
-        for start in range(0, inputs.length, chunk):
+        for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
-            out = module(*args, query_rows=rows if chunk < inputs.length else None)
+            call = dict(zip(names, args, strict=True))
+            if pair is not None:  # a view of the input's rows: no copy
+                call[pair] = call[pair].detach()[:, rows].requires_grad_(True)
+            leaves = {k: a for k, a in call.items() if a.requires_grad} | params
+            out = module(*call.values(), query_rows=rows if chunk < n else None)
             grads = torch.autograd.grad(out, list(leaves.values()), grad_out[:, rows])
             del out
-            if total is None:  # own copies (autograd may hand out views), added to in place:
-                total = [g.clone() if chunk < inputs.length else g for g in grads]
-            else:  # each chunk's gradient of pair_repr is a whole N x N x C tensor
-                for acc, grad in zip(total, grads, strict=True):
-                    acc += grad
-            del grads
-    return dict(zip(leaves, total, strict=True))
+            for name, grad in zip(leaves, grads, strict=True):
+                if name == pair:
+                    total[name][:, rows] = grad
+                elif name not in total:  # own copies (autograd may hand out views)
+                    total[name] = grad.clone() if chunk < n else grad
+                else:
+                    total[name] += grad
+            del grads, leaves, call
+    order = [k for k, a in zip(names, args, strict=True) if a.requires_grad] + list(params)
+    return {name: total[name] for name in order}
 
 
 class ReferenceCache:

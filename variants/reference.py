@@ -58,7 +58,9 @@ class IPAReference(nn.Module):
 
     def forward(self, node_repr, pair_repr, translations, rotations, query_rows=None):
         """`query_rows` (a slice, default all) computes only those query rows' outputs in
-        rows x N memory; the harness uses it to evaluate the oracle in chunks at large N."""
+        rows x N memory; the harness uses it to evaluate the oracle in chunks at large N.
+        With it, `pair_repr` may be those rows alone ((B, rows, N, C): their gradient is
+        then rows-sized)."""
         B, N, _ = node_repr.shape
         h, d = self.num_heads, self.head_dim
         Qp, Vp = self.num_query_points, self.num_value_points
@@ -83,7 +85,8 @@ class IPAReference(nn.Module):
         pt_dist = ((q_pts.unsqueeze(2) - k_pts.unsqueeze(1)) ** 2).sum(dim=(-1, -2))
         w = F.softplus(self.head_weights)
         pt_attn = -(w.view(1, 1, 1, h) * pt_dist) / 2.0
-        pair_bias = self.pair_bias(pair_repr[:, rows]).permute(0, 3, 1, 2)
+        pair_q = pair_repr[:, rows] if pair_repr.shape[1] == N else pair_repr
+        pair_bias = self.pair_bias(pair_q).permute(0, 3, 1, 2)
 
         attn = attn_scalar + pt_attn.permute(0, 3, 1, 2) + pair_bias
         attn = F.softmax(attn, dim=-1)

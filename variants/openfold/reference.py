@@ -98,13 +98,15 @@ class OpenFoldIPA(nn.Module):
 
     def forward(self, s, z, translations, rotations, mask, query_rows=None):
         """`query_rows` (a slice, default all) computes only those query rows' outputs in
-        rows x N memory (the oracle at large N is evaluated in chunks of rows)."""
+        rows x N memory (the oracle at large N is evaluated in chunks of rows). With it, `z`
+        may be those rows alone ((B, rows, N, c_z): their gradient is then rows-sized)."""
         cfg = self.config
         B, N, _ = s.shape
         H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
         rows = slice(None) if query_rows is None else query_rows
-        s_q, rot_q, trans_q, mask_q, z_q = (s[:, rows], rotations[:, rows],
-                                            translations[:, rows], mask[:, rows], z[:, rows])
+        s_q, rot_q, trans_q, mask_q = (s[:, rows], rotations[:, rows], translations[:, rows],
+                                       mask[:, rows])
+        z_q = z[:, rows] if z.shape[1] == N else z
         M = s_q.shape[1]
 
         # 1. q per head; k and v interleave per head: kv viewed (B, N, H, 2C), k = [..., :C].
