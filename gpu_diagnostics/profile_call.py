@@ -24,7 +24,8 @@ profile that call's kernels alone (the warm-ups and the autotuner's launches fal
 it). Autograd runs the backward on a thread of its own, outside the NVTX range, which is per
 thread: for a training step's kernels use `--profile-from-start off` instead. With `--host`,
 20 calls run without a profiler, the host's time to issue one printed, then 20 under cProfile
-(the Python functions by own time: where an eager call's host overhead goes).
+(the Python functions by own time: where an eager call's host overhead goes), then each Triton
+kernel's launches by path (`DirectLaunch`).
 
 Nsight Compute:
 
@@ -134,6 +135,7 @@ def main(argv: list[str]) -> int:
             sync()
             host.disable()
             pstats.Stats(host).sort_stats("tottime").print_stats(25)
+            print_launch_paths()
             return 0
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
         with profile(activities=activities) as prof:
@@ -224,6 +226,18 @@ def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5,
         label = ", ".join(f"{name}={value!r}" for (_, name), value in setting.items())
         print(f"{label}: median {samples[len(samples) // 2]:.3f} ms "
               f"(min {samples[0]:.3f}, max {samples[-1]:.3f}, {rounds} x {calls} calls)")
+
+
+def print_launch_paths() -> None:
+    """Each Triton kernel launched through `DirectLaunch`: its calls by the direct path and by
+    Triton's (after warm-up, a kernel that keeps taking Triton's path has a call signature that
+    changes from call to call)."""
+    from variants.triton.launch import INSTANCES
+
+    for launcher in INSTANCES:
+        if launcher.direct_launches or launcher.triton_launches:
+            print(f"  {launcher.name}: {launcher.direct_launches} direct, "
+                  f"{launcher.triton_launches} through Triton")
 
 
 def print_tuning() -> None:

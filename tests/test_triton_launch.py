@@ -137,14 +137,6 @@ def test_a_plain_jit_kernel_uses_its_defaults(monkeypatch):
     assert launches[1][3][2:] == [4, 0.5, 32, 0] and direct.best_config is None
 
 
-def _direct_launchers() -> list[launch.DirectLaunch]:
-    from variants.triton import common, frames, merge
-
-    plain = [v for m in (frames, merge) for v in vars(m).values()
-             if isinstance(v, launch.DirectLaunch)]
-    return plain + [t for t in common.TUNED.values() if isinstance(t, launch.DirectLaunch)]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -160,9 +152,9 @@ def test_triton_forward_repeats_bit_for_bit_through_direct_launches(precision):
     fn = get_variant("triton").build(init_state_dict(config, seed=3), config, "cuda", precision)
     node, pair, t, r = make_inputs(config, 1, 200, dtype=dtype, device="cuda", seed=2).as_tuple()
     first = fn(node, pair, t, r)
-    before = sum(k.direct_launches for k in _direct_launchers())
+    before = sum(k.direct_launches for k in launch.INSTANCES)
     second = fn(node, pair, t, r)
-    assert sum(k.direct_launches for k in _direct_launchers()) - before >= 4
+    assert sum(k.direct_launches for k in launch.INSTANCES) - before >= 4
     assert torch.equal(first, second)
     shifted = torch.empty(pair.numel() + 1, dtype=dtype, device="cuda")[1:].view(pair.shape)
     shifted.copy_(pair)

@@ -44,6 +44,7 @@ _MAX_SIGNATURES = 256  # per kernel: more (a ragged sweep) start the table again
 
 
 _SCALARS = (int, float, bool, str, type(None))
+INSTANCES: list[DirectLaunch] = []  # every DirectLaunch made in this process
 
 
 def call_signature(device: int, args: tuple, kwargs: dict):
@@ -109,9 +110,12 @@ class DirectLaunch:
         self._names = list(jit.arg_names)
         self._defaults = {name: p.default for name, p in jit.signature.parameters.items()
                           if p.default is not inspect.Parameter.empty}
+        self.name = jit.fn.__name__
         self._plans: dict[tuple, _Plan] = {}
         self._last: _Plan | None = None
-        self.direct_launches = 0  # how many calls took the direct path (tests read it)
+        self.direct_launches = 0  # calls that took the direct path,
+        self.triton_launches = 0  # and Triton's (`profile_call.py --host` prints both)
+        INSTANCES.append(self)
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
@@ -137,6 +141,7 @@ class DirectLaunch:
         signature = call_signature(device, args, kwargs)
         plan = self._plans.get(signature) if signature is not _UNCACHED else None
         if plan is None:
+            self.triton_launches += 1
             compiled = self.kernel[grid](*args, **kwargs)
             plan = self._plan(compiled, args, kwargs)
             if signature is not _UNCACHED and plan.cacheable:
