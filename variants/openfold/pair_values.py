@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.triton.common import HEADS_PAD, autotuned, cast_f32, pow2
+from variants.triton.common import HEADS_PAD, autotuned, cast_f32, cdiv, pow2
 from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 
@@ -137,7 +137,7 @@ def launch_pair_values(logits: torch.Tensor, stats: torch.Tensor, pair_repr: tor
     """
     b, h, n, _ = logits.shape
     c = pair_repr.shape[3]
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), triton.cdiv(c, meta["BLOCK_C"]), b)
+    grid = lambda meta: (cdiv(n, meta["BLOCK_M"]), cdiv(c, meta["BLOCK_C"]), b)
     _pair_values[grid](
         logits, stats, pair_repr, out, n, *pair_repr.stride(), out.stride(0), out.stride(1),
         pow2(n, 64), H=h, H_PAD=HEADS_PAD, C=c, PRECISION=precision,

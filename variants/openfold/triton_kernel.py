@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from variants import base2
-from variants.triton.common import autotuned, cast_f32, pow2
+from variants.triton.common import autotuned, cast_f32, cdiv, pow2
 from variants.triton.tf32 import dot_split_tf32, tf32_hi
 
 
@@ -466,7 +466,7 @@ def launch(q, k, v, q_pts, k_pts, v_pts, mask, z, w_b, b_b, point_weight, out, o
         kernel = _kernel_fp32 if q.dtype == torch.float32 else _kernel_16bit
     else:
         kernel = _bias_kernel_fp32 if q.dtype == torch.float32 else _bias_kernel_16bit
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b)  # noqa: E731
+    grid = lambda meta: (cdiv(n, meta["BLOCK_M"]), b)  # noqa: E731
     kp_lo, vp_lo, wb_lo, v_lo = (lo if lo is not None else hi for lo, hi in
                                  zip(lows, (k_pts, v_pts, w_b, v), strict=True))
     kernel[grid](

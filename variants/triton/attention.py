@@ -40,6 +40,7 @@ from variants.triton.common import (
     autotuned,
     block_configs,
     cast_f32,
+    cdiv,
     check_attention_args,
     check_runnable,
     check_tensor,
@@ -343,7 +344,7 @@ def default_split(batch: int, heads: int, length: int, device: torch.device) -> 
     H = 12, replayed forward; docs/perf-notes.md, tenth session): N = 256 and 1024 gain 4-10 %
     from 4 ranges, N = 2048 (384 programs) loses 2 % (fp32) to 7-8 % (bf16) from 2, N = 4096
     gains nothing."""
-    programs = batch * heads * triton.cdiv(length, 64)
+    programs = batch * heads * cdiv(length, 64)
     if device.type == "cuda" and programs >= 2 * sm_count(device):
         return 1
     return split_for_sms(programs, length, device, per_sm=5, min_range=64)
@@ -376,7 +377,7 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     else:
         os_buf = torch.empty(split, b, n, h, d, dtype=torch.float32, device=q.device)
         lse_buf = torch.empty(split, b, n, h, dtype=torch.float32, device=q.device)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h, split)
+    grid = lambda meta: (cdiv(n, meta["BLOCK_M"]), b * h, split)
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, bias, point_weight, os_buf, out_p,
         out_p if lse_buf is None else lse_buf, n, split_len,

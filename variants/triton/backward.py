@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from variants import base2
-from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, pow2, split_range
+from variants.triton.common import HEADS_PAD, Modes, autotuned, cast_f32, cdiv, pow2, split_range
 from variants.triton.fullfuse import default_split, pair_pitch, pair_rows
 from variants.triton.sums import row_delta
 
@@ -315,11 +315,11 @@ def launch_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr, pai
     dk_pts = torch.empty(split, b, h, p3, n, dtype=f32, device=dev)
     dv_pts = torch.empty(split, b, h, n, vp3, dtype=f32, device=dev)
     d_pair = torch.empty(b, n, n, c, dtype=pair_repr.dtype, device=dev)
-    nj = triton.cdiv(n, MIN_BLOCK_N)
+    nj = cdiv(n, MIN_BLOCK_N)
     d_weight = torch.zeros(split, b, nj, h, c, dtype=f32, device=dev)
     d_point = torch.zeros(split, b, nj, h, dtype=f32, device=dev)
     pitched, z_pitch = pair_pitch(pair_repr)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), split, b)
+    grid = lambda meta: (cdiv(n, meta["BLOCK_N"]), split, b)
     kernel = _backward_fp32 if q.dtype == torch.float32 else _backward_16bit
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, pair_repr, pair_weight, point_weight, grad_s, grad_p,

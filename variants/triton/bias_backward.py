@@ -84,6 +84,7 @@ from variants.triton.common import (
     autotuned,
     block_configs,
     cast_f32,
+    cdiv,
     largest_meta,
     multiple_of_16,
     pow2,
@@ -457,7 +458,7 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
     # tensor cores, the point products (fp32 operands, centred coordinates) in TF32, whose 1e-3
     # is well inside a bf16/fp16 gradient tolerance.
     dots = "tf32x3" if modes.split_dots else "ieee"
-    key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), b * h, split)](
+    key_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]), b * h, split)](
         # (without G a one-element stand-in for DS: the autotuner's restore copies each)
         v, k_pts, v_pts, logits, logits.new_empty(1) if ds is None else ds, grad_s, grad_p,
         stats, delta, dv, dv_pts, n, split_len, v.stride(0), v.stride(1), pow2(n, 64),
@@ -471,7 +472,7 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
     q_scale = base2.LOG2E / math.sqrt(d) if q_scale is None else q_scale
     with side:
         d_point = torch.empty(b, h, n, dtype=f32, device=dev)
-        _point_weight[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)](
+        _point_weight[lambda meta: (cdiv(n, meta["BLOCK_M"]), b * h)](
             ds, q_pts, k_pts, stats, d_point, n, pow2(n, 64), H=h, P3=p3, ALIGNED=aligned(n))
         dq, dk, dq_pts, dk_pts = gemm_ds_sums(ds, q, k, q_pts, k_pts, point_weight, q_scale)
         d_point = d_point.sum((0, 2)) * LN2_F
@@ -484,7 +485,7 @@ def key_split(programs_per_block: int, length: int, device: torch.device) -> int
     """Query ranges for the key kernel: with 64-key blocks, about four programs per SM (one
     (key block, head) program per SM leaves most of its issue slots idle: at N = 1024 fp32, 192
     programs on 132 SMs), each range at least 256 queries long."""
-    return split_for_sms(programs_per_block * triton.cdiv(length, 64), length, device,
+    return split_for_sms(programs_per_block * cdiv(length, 64), length, device,
                          per_sm=4)
 
 
@@ -498,7 +499,7 @@ def pair_gradients(ds: torch.Tensor, pair_repr: torch.Tensor, pair_weight: torch
     c = pair_repr.shape[3]
     pairs = n * n
     per_sm = PAIR_PROGRAMS_PER_SM
-    programs = min(triton.cdiv(pairs, 64), 64 if INTERPRET else per_sm * sm_count(ds.device))
+    programs = min(cdiv(pairs, 64), 64 if INTERPRET else per_sm * sm_count(ds.device))
     fp32 = pair_repr.dtype == torch.float32
     kernel = _pair if per_sm != 1 else _pair_narrow
     h_pad, c_pad = max(16, pow2(h)), max(16, pow2(c))

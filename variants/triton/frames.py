@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from variants.openfold.triton_kernel import KEY_PAD
-from variants.triton.common import direct, pow2, sm_count
+from variants.triton.common import cdiv, direct, pow2, sm_count
 from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 BLOCK_ROWS = 32  # rows (residues) per program: N = 1024, 12 heads -> 384 programs
@@ -359,7 +359,7 @@ def _epilogue_kernel(
 
 
 def _row_grid(rows: int, heads: int, batch: int) -> tuple[int, int, int]:
-    return triton.cdiv(rows, BLOCK_ROWS), heads, batch
+    return cdiv(rows, BLOCK_ROWS), heads, batch
 
 
 def prologue(proj: torch.Tensor, rotations: torch.Tensor, translations: torch.Tensor,
@@ -619,7 +619,7 @@ def _backward_rows(length: int, batch: int, device: torch.device) -> int:
     as if on 4 SMs, so that small tests take the smaller blocks."""
     target = 2 * (sm_count(device) if device.type == "cuda" else 4)
     rows = 16
-    while rows > 4 and triton.cdiv(length, rows) * batch < target:
+    while rows > 4 and cdiv(length, rows) * batch < target:
         rows //= 2
     return rows
 
@@ -650,7 +650,7 @@ def prologue_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, grad_v: torch.
     d_local = torch.empty(local.shape, dtype=local.dtype, device=local.device)
     d_t = torch.empty(bsz, n, 3, dtype=torch.float32, device=local.device)
     rows = _backward_rows(n, bsz, local.device)
-    _prologue_backward_kernel[(triton.cdiv(n, rows), bsz)](
+    _prologue_backward_kernel[(cdiv(n, rows), bsz)](
         grad_q, grad_k, grad_v, grad_centred_t, local, rot, d_local, d_rot, d_t, n,
         local.stride(0), local.stride(1), *rot.stride(), *d_strides,
         H=heads, QP=query_points, VP=value_points,
@@ -672,7 +672,7 @@ def epilogue_backward(grad_local: torch.Tensor, out_p: torch.Tensor, rotations: 
     d_out_p = torch.empty(bsz, n, h, vp3, dtype=torch.float32, device=out_p.device)
     d_ct = torch.empty(bsz, n, 3, dtype=torch.float32, device=out_p.device)
     rows = _backward_rows(n, bsz, out_p.device)
-    _epilogue_backward_kernel[(triton.cdiv(n, rows), bsz)](
+    _epilogue_backward_kernel[(cdiv(n, rows), bsz)](
         grad_local, out_p, rot, centred_t, d_out_p, d_rot, d_ct, n, eps,
         grad_local.stride(0), grad_local.stride(1), *out_p.stride()[:3], *rot.stride(),
         *d_strides, H=h, VP=vp3 // 3, VP_PAD=pow2(vp3 // 3, 1),

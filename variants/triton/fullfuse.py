@@ -28,6 +28,7 @@ from variants.triton.common import (
     Modes,
     autotuned,
     cast_f32,
+    cdiv,
     check_attention_args,
     check_fused_pair_args,
     check_runnable,
@@ -254,7 +255,7 @@ _fullfuse_16bit = autotuned(  # bf16 and fp16
 
 def default_split(batch: int, length: int, device: torch.device) -> int:
     """Key ranges per query block so that the grid has about two programs per SM."""
-    return split_for_sms(batch * triton.cdiv(length, 32), length, device, per_sm=2)
+    return split_for_sms(batch * cdiv(length, 32), length, device, per_sm=2)
 
 
 def launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, pair_repr,
@@ -275,7 +276,7 @@ def launch_fullfuse(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s
         os_buf = torch.empty(split, b, n, h, d, dtype=torch.float32, device=dev)
         lse_buf = torch.empty(split, b, n, h, dtype=torch.float32, device=dev)
     pitched, z_pitch = pair_pitch(pair_repr)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), split, b)
+    grid = lambda meta: (cdiv(n, meta["BLOCK_M"]), split, b)
     kernel = _fullfuse_fp32 if q.dtype == torch.float32 else _fullfuse_16bit
     kernel[grid](
         q, k, v, q_pts, k_pts, v_pts, centred_t, pair_repr, pair_weight, point_weight,

@@ -49,24 +49,30 @@ INSTANCES: list[DirectLaunch] = []  # every DirectLaunch made in this process
 
 def call_signature(device: int, args: tuple, kwargs: dict):
     """What a launch's compiled kernel and configuration depend on, or `_UNCACHED`: flat, a
-    tensor giving (dtype, address % 16 == 0) and any other value (its type, the
-    value), so that 1, True and 1.0 differ (a dtype never equals a type: no two layouts
-    collide). A hot path: ~0.1 us a value."""
+    tensor giving its dtype, an int itself, any other value (its type, the value), so that 1,
+    True and 1.0 differ (no dtype equals an int or a tuple: no two layouts collide); then a
+    bit per value, set where a tensor's address is not a multiple of 16 (what Triton
+    specialises a pointer on besides its dtype; the launcher itself rejects a pointer the
+    device cannot read), and the keyword names. A hot path: ~0.1 us a value."""
     key = [device]
     append = key.append
-    for value in (*args, *kwargs.values()):
+    misaligned = 0
+    for i, value in enumerate((*args, *kwargs.values())):
         cls = type(value)
-        if cls is torch.Tensor or isinstance(value, torch.Tensor):
-            append(value.dtype)  # what Triton specialises a pointer on; the launcher itself
-            append(not value.data_ptr() & 15)  # rejects a pointer the device cannot read
-            continue
-        if cls not in _SCALARS:
-            try:
-                hash(value)  # a tl.dtype or tl.constexpr
-            except TypeError:
-                return _UNCACHED
-        append(cls)
-        append(value)
+        if cls is int:
+            append(value)
+        elif cls is torch.Tensor or isinstance(value, torch.Tensor):
+            append(value.dtype)
+            if value.data_ptr() & 15:
+                misaligned |= 1 << i
+        else:
+            if cls not in _SCALARS:
+                try:
+                    hash(value)  # a tl.dtype or tl.constexpr
+                except TypeError:
+                    return _UNCACHED
+            append((cls, value))
+    append(misaligned)
     key.extend(kwargs)  # the names, in the call's order
     return tuple(key)
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.triton.common import direct, pow2
+from variants.triton.common import cdiv, direct, pow2
 
 BLOCK_R = 32
 
@@ -81,7 +81,7 @@ def merge_key_ranges(out_s_parts: torch.Tensor, out_p_parts: torch.Tensor,
     vp3 = out_p_parts.shape[-1]
     out_p = torch.empty(out_p_parts.shape[1:], dtype=torch.float32, device=out_p_parts.device)
     rows = b * n * h
-    _merge_kernel[(triton.cdiv(rows, BLOCK_R),)](
+    _merge_kernel[(cdiv(rows, BLOCK_R),)](
         out_s_parts, out_p_parts, lse_parts, out_s, out_p, out_p if lse is None else lse,
         rows, n, s, out_s.stride(0), out_s.stride(1), H=h, D=d, D_PAD=pow2(d, 1), VP3=vp3,
         VP3_PAD=pow2(vp3, 1), WRITE_LSE=lse is not None, BLOCK_R=BLOCK_R,

@@ -24,6 +24,7 @@ from variants.triton.common import (
     aligned,
     autotuned,
     cast_f32,
+    cdiv,
     check_pair_repr,
     check_runnable,
     dot_modes,
@@ -148,7 +149,7 @@ def launch_pair_bias(pair_repr: torch.Tensor, weight: torch.Tensor, precision: s
     h = weight.shape[0]
     out = torch.empty(b, h, n, n, dtype=dtype or pair_repr.dtype, device=pair_repr.device)
     rows = b * n * n
-    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]),)
+    grid = lambda meta: (cdiv(rows, meta["BLOCK_R"]),)
     _pair_bias[grid](
         pair_repr, weight, out, out if mask is None else mask, rows, n * n, n, c,
         *pair_repr.stride(), scale, mask_inf, pow2(rows, 1 << 16),

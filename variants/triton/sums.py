@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from variants.problem import math_mode
-from variants.triton.common import direct, pow2
+from variants.triton.common import cdiv, direct, pow2
 
 LN2_F = math.log(2.0)
 _ROWS = 32  # rows of (b, n, h) or of N per program: a few KB of operands each
@@ -65,7 +65,7 @@ def row_delta(grad_s: torch.Tensor, out_s: torch.Tensor, grad_p: torch.Tensor,
     zs = [grad_z.contiguous(), out_z.contiguous()] if has_z else [ops[0], ops[0]]
     delta = torch.empty(b, n, h, dtype=torch.float32, device=grad_s.device)
     rows = b * n * h
-    _delta_kernel[(triton.cdiv(rows, _ROWS),)](
+    _delta_kernel[(cdiv(rows, _ROWS),)](
         *ops, *zs, delta, rows, D=d, D_PAD=pow2(d, 2), P=p, P_PAD=pow2(p, 2), Z=z,
         Z_PAD=pow2(z, 2), HAS_Z=has_z, BLOCK=_ROWS)
     return delta
@@ -155,7 +155,7 @@ def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torc
     width = d + p3 + 1
     q_pts, k_pts = q_pts.contiguous(), k_pts.contiguous()
     operand = ds.new_empty(2, b * h, n, width)
-    grid = (triton.cdiv(n, _ROWS), b * h, 2)
+    grid = (cdiv(n, _ROWS), b * h, 2)
     _operand_kernel[grid](q, k, q_pts, k_pts, operand, n, h, q.stride(0), q.stride(1),
                           k.stride(0), k.stride(1), D=d, P3=p3, WIDTH=width,
                           W_PAD=pow2(width, 2), BLOCK=_ROWS)
