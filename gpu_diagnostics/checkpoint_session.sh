@@ -19,9 +19,9 @@ source gpu_diagnostics/session_env.sh
 work=$(mktemp -d)
 sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-150}" "$work/gpu-tests.log" -m gpu \
     tests/test_triton_backward.py tests/test_variants.py tests/test_openfold_triton.py \
-    tests/test_integrity.py tests/test_triton_launch.py \
+    tests/test_integrity.py tests/test_triton_launch.py tests/test_training.py \
     -k "(triton-train and not fullfuse) or (test_matches_oracle_gpu and triton-B) or triton-bias \
-        or test_triton_bias_training or tiny_launches or direct_launches"
+        or test_triton_bias_training or tiny_launches or direct_launches or parked"
 
 # sweep NAME LIMIT VARIANT GRID_TOML [sweep args...]: one sweep and its report under $work/NAME.
 sweep() {

@@ -47,23 +47,36 @@ DEFAULT_SEEDS = 5
 ERROR_CHUNK = 1 << 24
 
 
-def _chunk_pairs(out: torch.Tensor, ref: torch.Tensor):
-    """(out, ref) a chunk at a time, both float64 on `ref`'s device (`out` may come from a
-    worker, on the CPU: only a chunk of it crosses at a time)."""
+# Oracle tensors bigger than this are kept in host memory once computed (the fp32 N = 4096
+# oracle's d pair_repr is 16 GiB, one per seed, cached for every variant of the cell): the
+# GPU's memory is the variant's while it runs and is timed.
+PARK_BYTES = 1 << 30
+
+
+def _parked(t: torch.Tensor) -> torch.Tensor:
+    """`t`, moved to the CPU if it is a CUDA tensor of more than PARK_BYTES."""
+    return t.cpu() if t.is_cuda and t.numel() * t.element_size() > PARK_BYTES else t
+
+
+def _chunk_pairs(out: torch.Tensor, ref: torch.Tensor, device=None):
+    """(out, ref) a chunk at a time, both float64 on `device` (default: `ref`'s). Only a
+    chunk crosses at a time: `out` may come from a worker, on the CPU, and `ref` be parked
+    there."""
     flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
+    device = flat_ref.device if device is None else device
     for start in range(0, flat_ref.numel(), ERROR_CHUNK):
         stop = start + ERROR_CHUNK
-        yield (flat_out[start:stop].to(flat_ref.device, torch.float64),
-               flat_ref[start:stop].double())
+        yield (flat_out[start:stop].to(device, torch.float64),
+               flat_ref[start:stop].to(device, torch.float64))
 
 
-def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref||, in float64; inf when `out` holds NaN or Inf or has another
-    shape."""
+def rel_l2(out: torch.Tensor, ref: torch.Tensor, device=None) -> float:
+    """||out - ref|| / ||ref||, in float64 on `device` (default: `ref`'s); inf when `out`
+    holds NaN or Inf or has another shape."""
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
         return math.inf
     diff_sq = ref_sq = 0.0
-    for o, r in _chunk_pairs(out, ref):
+    for o, r in _chunk_pairs(out, ref, device):
         diff_sq = diff_sq + (o - r).square().sum()  # tensors: one synchronisation at the end
         ref_sq = ref_sq + r.square().sum()
     diff_sq, ref_sq = float(diff_sq), float(ref_sq)
@@ -72,11 +85,11 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return math.sqrt(diff_sq) / max(math.sqrt(ref_sq), 1e-300)
 
 
-def max_abs(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref|, in float64; inf as `rel_l2`."""
+def max_abs(out: torch.Tensor, ref: torch.Tensor, device=None) -> float:
+    """max |out - ref|, in float64 on `device` as `rel_l2`; inf as `rel_l2`."""
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
         return math.inf
-    chunks = [(o - r).abs().max() for o, r in _chunk_pairs(out, ref)]
+    chunks = [(o - r).abs().max() for o, r in _chunk_pairs(out, ref, device)]
     worst = float(torch.stack(chunks).max()) if chunks else 0.0  # NaN propagates
     return worst if math.isfinite(worst) else math.inf
 
@@ -247,10 +260,13 @@ class ReferenceFigures:
 @dataclass(frozen=True)
 class GradientFigures:
     """The float64 oracle's gradients of one training step, and the reference's own error
-    per gradient in the checked precision, by input or parameter name."""
+    per gradient in the checked precision, by input or parameter name; `device`: where the
+    recipe ran, and where gradients are compared (an oracle tensor may be parked on the
+    CPU: `_parked`)."""
 
     oracle: dict[str, torch.Tensor]
     reference_errs: dict[str, float]
+    device: str = "cpu"
 
 
 def reference_gradients(module: torch.nn.Module, config, inputs: ForwardInputs,
@@ -369,9 +385,11 @@ class ReferenceCache:
             with math_mode(precision):
                 own = reference_gradients(reference, config, inputs, grad_out,
                                           problem.grad_inputs)
-            self._gradients[recipe] = GradientFigures(
-                oracle, {name: rel_l2(own[name], oracle[name]) for name in oracle})
+            own_errs = {name: rel_l2(own[name], oracle[name]) for name in oracle}
             del own, reference, inputs, grad_out
+            self._gradients[recipe] = GradientFigures(
+                {name: _parked(t) for name, t in oracle.items()}, own_errs, recipe.device)
+            del oracle
             free_device_memory(collect=False)  # the variant's worker allocates next
         return self._gradients[recipe]
 
@@ -410,7 +428,7 @@ def judge_gradients(grads: dict[str, torch.Tensor | None] | None, figures: Gradi
                                            [f"no gradient for {name}"])
             continue
         # (compared a chunk at a time, wherever the gradient is: d pair_repr may be 8 GiB)
-        err, failures = rel_l2(grad, oracle), []
+        err, failures = rel_l2(grad, oracle, figures.device), []
         if tuple(grad.shape) != tuple(oracle.shape):
             failures.append(f"gradient of {name}: shape {tuple(grad.shape)} != "
                             f"{tuple(oracle.shape)}")
@@ -418,7 +436,8 @@ def judge_gradients(grads: dict[str, torch.Tensor | None] | None, figures: Gradi
             failures.append(f"gradient of {name}: NaN/Inf values (or errors past float64)")
         if not err <= tol and not failures:
             failures.append(f"gradient of {name}: rel_l2 {err:.3e} > tol {tol:.3e}")
-        judged[name] = OutputJudgement(err, max_abs(grad, oracle), reference_err, tol, failures)
+        judged[name] = OutputJudgement(err, max_abs(grad, oracle, figures.device),
+                                       reference_err, tol, failures)
     return judged
 
 

@@ -249,3 +249,26 @@ def test_a_cell_whose_graph_capture_fails_keeps_its_eager_row(monkeypatch, tmp_p
     assert graph["reason"].startswith("CUDA-graph capture failed: "), graph["reason"]
     assert graph["grad_worst"] == eager["grad_worst"]  # the eager check's figures, kept
     assert InProcess.closed  # the worker is replaced after a failed capture
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_parked_oracle_gradients_give_the_same_figures(monkeypatch):
+    """Oracle gradients over PARK_BYTES wait in host memory (the GPU is the variant's) and
+    are compared on the GPU a chunk at a time: the figures are those of an unparked oracle."""
+    from harness.correctness import ReferenceCache
+    from harness.runner import InputRecipe
+
+    recipe = InputRecipe(SMALL, 2, 33, "fp32", "cuda", seed=1)
+    state_dict = init_state_dict(SMALL)
+    kept = ReferenceCache(state_dict).gradient_figures(recipe)
+    monkeypatch.setattr(correctness, "PARK_BYTES", 0)
+    monkeypatch.setattr(correctness, "ERROR_CHUNK", 1000)
+    parked = ReferenceCache(state_dict).gradient_figures(recipe)
+    assert all(t.is_cuda for t in kept.oracle.values())
+    assert not any(t.is_cuda for t in parked.oracle.values()) and parked.device == "cuda"
+    grads = {name: (t * 1.001).float().cpu() for name, t in kept.oracle.items()}
+    precision = get_precision("fp32")
+    for name, judged in judge_gradients(grads, parked, precision).items():
+        expected = judge_gradients(grads, kept, precision)[name]
+        assert judged.rel_l2 == pytest.approx(expected.rel_l2, rel=1e-9), name
