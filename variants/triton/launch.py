@@ -43,14 +43,15 @@ _UNCACHED = object()  # a call signature with a value the direct path does not k
 _MAX_SIGNATURES = 256  # per kernel: more (a ragged sweep) start the table again
 
 
-_SCALARS = (int, float, bool, str, type(None))
+_SCALARS = (float, str)
+_TRUE, _FALSE, _NONE = object(), object(), object()  # equal to no int (True == 1)
 INSTANCES: list[DirectLaunch] = []  # every DirectLaunch made in this process
 
 
 def call_signature(device: int, args: tuple, kwargs: dict):
     """What a launch's compiled kernel and configuration depend on, or `_UNCACHED`: flat, a
-    tensor giving its dtype, an int itself, any other value (its type, the value), so that 1,
-    True and 1.0 differ (no dtype equals an int or a tuple: no two layouts collide); then a
+    tensor giving its dtype, an int itself, a bool or None a sentinel, any other value (its
+    type, the value), so that 1, True and 1.0 differ (no two layouts collide); then a
     bit per value, set where a tensor's address is not a multiple of 16 (what Triton
     specialises a pointer on besides its dtype; the launcher itself rejects a pointer the
     device cannot read), and the keyword names. A hot path: ~0.1 us a value."""
@@ -61,10 +62,14 @@ def call_signature(device: int, args: tuple, kwargs: dict):
         cls = type(value)
         if cls is int:
             append(value)
+        elif cls is bool:
+            append(_TRUE if value else _FALSE)
         elif cls is torch.Tensor or isinstance(value, torch.Tensor):
             append(value.dtype)
             if value.data_ptr() & 15:
                 misaligned |= 1 << i
+        elif value is None:
+            append(_NONE)
         else:
             if cls not in _SCALARS:
                 try:
