@@ -379,17 +379,18 @@ class ReferenceCache:
                                                 torch.float64)
             oracle = reference_gradients(oracle_module, config, inputs.to(dtype=torch.float64),
                                          grad_out.double(), problem.grad_inputs)
+            # parked before the reference's own pass, which then has the GPU to itself
+            oracle = {name: _parked(t) for name, t in oracle.items()}
             reference = problem.make_module(self.state_dict, config, recipe.device,
                                             precision.dtype)
             del oracle_module
+            free_device_memory(collect=False)
             with math_mode(precision):
                 own = reference_gradients(reference, config, inputs, grad_out,
                                           problem.grad_inputs)
-            own_errs = {name: rel_l2(own[name], oracle[name]) for name in oracle}
+            own_errs = {name: rel_l2(own[name], oracle[name], recipe.device) for name in oracle}
             del own, reference, inputs, grad_out
-            self._gradients[recipe] = GradientFigures(
-                {name: _parked(t) for name, t in oracle.items()}, own_errs, recipe.device)
-            del oracle
+            self._gradients[recipe] = GradientFigures(oracle, own_errs, recipe.device)
             free_device_memory(collect=False)  # the variant's worker allocates next
         return self._gradients[recipe]
 
