@@ -103,6 +103,27 @@ def test_a_grid_that_reads_a_positional_argument(tuned):
     assert len(tuned.launches[1][3]) == 6  # parameters only: num_warps is a compile option
 
 
+def test_heuristics_and_unknown_parameters_always_take_triton_path(tuned):
+    """A `triton.heuristics` kernel may derive a meta-parameter from a tensor's shape, and a
+    parameter no call, config or default gives cannot be rebuilt: neither is cached."""
+    from triton.runtime.autotuner import Heuristics
+
+    class _Heuristic(Heuristics):
+        def __init__(self, inner):  # Triton's own constructor is not needed for the type
+            self.fn = inner
+
+    tuned.fn = _Heuristic(tuned.fn)  # autotune(heuristics(jit)), as Triton stacks them
+    heuristic = launch.DirectLaunch(tuned)
+    for _ in range(2):
+        heuristic[(1,)](torch.zeros(4), torch.zeros(4), 4, 0.5)
+    assert _paths(tuned) == ["triton"] * 2 and heuristic.direct_launches == 0
+    tuned.configs, tuned.best_config = [], None  # now no config gives BLOCK
+    unknown = launch.DirectLaunch(tuned)
+    for _ in range(2):
+        unknown[(1,)](torch.zeros(4), torch.zeros(4), 4, 0.5)
+    assert _paths(tuned) == ["triton"] * 4
+
+
 def test_unhashable_argument_always_takes_triton_path(tuned):
     direct = launch.DirectLaunch(tuned)
     for _ in range(3):

@@ -23,6 +23,7 @@ import inspect
 
 import torch
 from triton import knobs
+from triton.runtime.autotuner import Heuristics
 from triton.runtime.jit import JITFunction
 
 try:  # what Triton's own launch path asks for the stream (a Stream object costs ~1 us more)
@@ -115,9 +116,13 @@ class DirectLaunch:
 
     def __init__(self, kernel):
         self.kernel = kernel
-        jit = kernel
+        jit, heuristics = kernel, False
         while not isinstance(jit, JITFunction):
+            heuristics |= isinstance(jit, Heuristics)
             jit = jit.fn
+        # `triton.heuristics` may compute a meta-parameter from anything (a tensor's shape):
+        # such a kernel always takes Triton's path
+        self._cacheable = not heuristics
         self._names = list(jit.arg_names)
         self._defaults = {name: p.default for name, p in jit.signature.parameters.items()
                           if p.default is not inspect.Parameter.empty}
@@ -133,7 +138,9 @@ class DirectLaunch:
 
     @property
     def best_config(self):
-        return self._last.config if self._last is not None else None
+        if self._last is not None:
+            return self._last.config
+        return getattr(self.kernel, "best_config", None)  # the last call was not cacheable
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
@@ -155,7 +162,7 @@ class DirectLaunch:
             self.triton_launches += 1
             compiled = self.kernel[grid](*args, **kwargs)
             plan = self._plan(compiled, args, kwargs)
-            if signature is not _UNCACHED and plan.cacheable:
+            if signature is not _UNCACHED and plan is not None and plan.cacheable:
                 if len(self._plans) >= _MAX_SIGNATURES:
                     self._plans.clear()
                 self._plans[signature] = plan
@@ -175,7 +182,12 @@ class DirectLaunch:
                      compiled.launch_metadata(grid, stream, *full),
                      knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
 
-    def _plan(self, compiled, args: tuple, kwargs: dict) -> _Plan:
+    def _plan(self, compiled, args: tuple, kwargs: dict) -> _Plan | None:
+        """The plan of a call that went through Triton's path; None where the direct path
+        cannot rebuild its arguments (a parameter whose value neither the call, the config
+        nor a default gives)."""
+        if not self._cacheable:
+            return None
         config = getattr(self.kernel, "best_config", None)
         meta = config.kwargs if config is not None else {}
         tail = []
@@ -187,5 +199,5 @@ class DirectLaunch:
             elif name in self._defaults:
                 tail.append((name, False, self._defaults[name]))
             else:
-                raise TypeError(f"{self._names}: no value for parameter {name!r}")
+                return None
         return _Plan(compiled, config, tail)
