@@ -125,10 +125,11 @@ def test_heuristics_and_unknown_parameters_always_take_triton_path(tuned):
     assert _paths(bare) == ["triton"] * 2
 
 
-def test_unhashable_argument_always_takes_triton_path(tuned):
+@pytest.mark.parametrize("value", [[0.5], (0.5,), {0.5: 1}])
+def test_a_list_tuple_or_unhashable_argument_always_takes_triton_path(tuned, value):
     direct = launch.DirectLaunch(tuned)
     for _ in range(3):
-        direct[(1,)](torch.zeros(4), torch.zeros(4), 4, [0.5])
+        direct[(1,)](torch.zeros(4), torch.zeros(4), 4, value)
     assert _paths(tuned) == ["triton"] * 3
 
 
