@@ -7,7 +7,7 @@
 # forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048
 # and its training step at N = 1024 (whole blocks: the backward's EVEN paths, never run on a GPU);
 # then torch.profiler on one fp32 training step at N = 4096, and cProfile of 20 eager `triton`
-# forwards at N = 256 in bf16 (where its eager rows' host time goes, #17's slices), and
+# forwards at N = 1024 in bf16 (the eager row DirectLaunch left host-bound, 2026-12-06), and
 # `launch_overhead.py` (the host's time per torch op, GEMM and Triton launch, direct or not).
 # fp32 and bf16 throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD,
 # LIM_OF, LIM_PROF, LIM_HOST, LIM_LAUNCH seconds; 150 + 160 + 70 + 100 + 35 + 30 + 30 s) and
@@ -46,7 +46,7 @@ sweep openfold "${LIM_OF:-100}" triton-bias "${base}problem = \"openfold\"\n\n[[
 [[slice]]\nlength = [1024]\npasses = [\"forward+backward\"]\n"
 timeout -s INT "${LIM_PROF:-35}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
     > "$work/train-profile.log" 2>&1
-timeout -s INT "${LIM_HOST:-30}" python3 gpu_diagnostics/profile_call.py 256 bf16 triton \
+timeout -s INT "${LIM_HOST:-30}" python3 gpu_diagnostics/profile_call.py 1024 bf16 triton \
     --pass forward --host > "$work/triton-host.log" 2>&1
 timeout -s INT "${LIM_LAUNCH:-30}" python3 gpu_diagnostics/launch_overhead.py \
     > "$work/launch-overhead.log" 2>&1
@@ -67,8 +67,9 @@ for path in sys.argv[1:]:
         "median_ms", "host_ms", "status"]].to_string(index=False))' \
         "$work"/{training,forward,openfold}/results.csv
     echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
-    echo "## triton bf16 N = 256 eager forward, host (cProfile of 20 calls, by own time)"
-    grep -A30 "Ordered by" "$work/triton-host.log" | cut -c1-160
+    echo "## triton bf16 N = 1024 eager forward, host (cProfile of 20 calls, by own time; then"
+    echo "## each kernel's launches by path)"
+    grep -A45 "Ordered by" "$work/triton-host.log" | cut -c1-160
     echo "## host time per launch (us)"; cat "$work/launch-overhead.log"
 } > "$OUT/summary.md" 2>&1
 rm -f "$work"/*/.ipa-bench.lock
