@@ -70,28 +70,34 @@ def _chunk_pairs(out: torch.Tensor, ref: torch.Tensor, device=None):
                flat_ref[start:stop].to(device, torch.float64))
 
 
-def rel_l2(out: torch.Tensor, ref: torch.Tensor, device=None) -> float:
-    """||out - ref|| / ||ref||, in float64 on `device` (default: `ref`'s); inf when `out`
-    holds NaN or Inf or has another shape."""
+def error_figures(out: torch.Tensor, ref: torch.Tensor, device=None) -> tuple[float, float]:
+    """(||out - ref|| / ||ref||, max |out - ref|) in float64 on `device` (default: `ref`'s),
+    in one pass over the chunks; inf when `out` holds NaN or Inf or has another shape."""
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
-        return math.inf
+        return math.inf, math.inf
     diff_sq = ref_sq = 0.0
+    worst = []
     for o, r in _chunk_pairs(out, ref, device):
-        diff_sq = diff_sq + (o - r).square().sum()  # tensors: one synchronisation at the end
+        diff = o - r
+        diff_sq = diff_sq + diff.square().sum()  # tensors: one synchronisation at the end
         ref_sq = ref_sq + r.square().sum()
+        worst.append(diff.abs().max())
     diff_sq, ref_sq = float(diff_sq), float(ref_sq)
-    if not math.isfinite(diff_sq):  # NaN or Inf in `out` (or a square beyond float64)
-        return math.inf
-    return math.sqrt(diff_sq) / max(math.sqrt(ref_sq), 1e-300)
+    largest = float(torch.stack(worst).max()) if worst else 0.0  # NaN propagates
+    # NaN or Inf in `out` (the relative error also where a square goes beyond float64)
+    rel = math.sqrt(diff_sq) / max(math.sqrt(ref_sq), 1e-300) if math.isfinite(diff_sq) \
+        else math.inf
+    return rel, largest if math.isfinite(largest) else math.inf
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor, device=None) -> float:
+    """||out - ref|| / ||ref|| as `error_figures`."""
+    return error_figures(out, ref, device)[0]
 
 
 def max_abs(out: torch.Tensor, ref: torch.Tensor, device=None) -> float:
-    """max |out - ref|, in float64 on `device` as `rel_l2`; inf as `rel_l2`."""
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
-        return math.inf
-    chunks = [(o - r).abs().max() for o, r in _chunk_pairs(out, ref, device)]
-    worst = float(torch.stack(chunks).max()) if chunks else 0.0  # NaN propagates
-    return worst if math.isfinite(worst) else math.inf
+    """max |out - ref| as `error_figures`."""
+    return error_figures(out, ref, device)[1]
 
 
 def tolerance(reference_err: float, precision: Precision) -> float:
@@ -157,10 +163,10 @@ def judge_output(
                 part_err = rel_l2(out[rows], oracle[rows])
                 if not part_err <= part_tol:
                     failures.append(f"{name} rows: rel_l2 {part_err:.3e} > tol {part_tol:.3e}")
-    err = rel_l2(judged, judged_oracle)
+    err, largest = error_figures(judged, judged_oracle)
     if not err <= tol and not failures:
         failures.append(f"rel_l2 {err:.3e} > tol {tol:.3e}")
-    return OutputJudgement(err, max_abs(judged, judged_oracle), reference_err, tol, failures)
+    return OutputJudgement(err, largest, reference_err, tol, failures)
 
 
 # Largest (B, rows, N, H, Qp, 3) point-difference tensor the chunked reference materialises.
@@ -429,7 +435,7 @@ def judge_gradients(grads: dict[str, torch.Tensor | None] | None, figures: Gradi
                                            [f"no gradient for {name}"])
             continue
         # (compared a chunk at a time, wherever the gradient is: d pair_repr may be 8 GiB)
-        err, failures = rel_l2(grad, oracle, figures.device), []
+        (err, largest), failures = error_figures(grad, oracle, figures.device), []
         if tuple(grad.shape) != tuple(oracle.shape):
             failures.append(f"gradient of {name}: shape {tuple(grad.shape)} != "
                             f"{tuple(oracle.shape)}")
@@ -437,8 +443,7 @@ def judge_gradients(grads: dict[str, torch.Tensor | None] | None, figures: Gradi
             failures.append(f"gradient of {name}: NaN/Inf values (or errors past float64)")
         if not err <= tol and not failures:
             failures.append(f"gradient of {name}: rel_l2 {err:.3e} > tol {tol:.3e}")
-        judged[name] = OutputJudgement(err, max_abs(grad, oracle, figures.device),
-                                       reference_err, tol, failures)
+        judged[name] = OutputJudgement(err, largest, reference_err, tol, failures)
     return judged
 
 
