@@ -100,12 +100,6 @@ class _Plan:
         # what a grid function usually reads: the meta-parameters (and defaults)
         self.constants = {name: value for name, from_call, value in tail if not from_call}
 
-    @property
-    def cacheable(self) -> bool:
-        """Whether later calls may skip Triton's path: not where a configuration's
-        `pre_hook` must run before each launch."""
-        return self.compiled is not None and getattr(self.config, "pre_hook", None) is None
-
     def arguments(self, args: tuple, kwargs: dict) -> list:
         full = list(args)
         full.extend(kwargs[name] if from_call else value for name, from_call, value in self.tail)
@@ -166,8 +160,8 @@ class DirectLaunch:
         if plan is None:
             self.triton_launches += 1
             compiled = self.kernel[grid](*args, **kwargs)
-            plan = self._plan(compiled, args, kwargs)
-            if signature is not _UNCACHED and plan is not None and plan.cacheable:
+            plan = None if signature is _UNCACHED else self._plan(compiled, args, kwargs)
+            if plan is not None:
                 if len(self._plans) >= _MAX_SIGNATURES:
                     self._plans.clear()
                 self._plans[signature] = plan
@@ -188,12 +182,14 @@ class DirectLaunch:
                      knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
 
     def _plan(self, compiled, args: tuple, kwargs: dict) -> _Plan | None:
-        """The plan of a call that went through Triton's path; None where the direct path
-        cannot rebuild its arguments (a parameter whose value neither the call, the config
-        nor a default gives)."""
-        if not self._cacheable:
-            return None
+        """The plan of a call that went through Triton's path; None where later calls must
+        take that path too: no compiled kernel came back, a `triton.heuristics` kernel, a
+        configuration whose `pre_hook` must run before each launch, or a parameter whose
+        value neither the call, the config nor a default gives."""
         config = getattr(self.kernel, "best_config", None)
+        if (compiled is None or not self._cacheable
+                or getattr(config, "pre_hook", None) is not None):
+            return None
         meta = config.kwargs if config is not None else {}
         tail = []
         for name in self._names[len(args):]:
