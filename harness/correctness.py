@@ -171,14 +171,21 @@ def judge_output(
 
 # Largest (B, rows, N, H, Qp, 3) point-difference tensor the chunked reference materialises.
 CHUNK_ELEMENTS = 2**30
+# A gradient chunk's share of that: autograd holds several such tensors at once (the saved
+# difference, the square's backward and its temporaries) beside the rows' pair gradient. At
+# CHUNK_ELEMENTS, the float64 oracle's step at fp32 N = 4096 took the harness to 64.7 GiB
+# allocated and ran an 80 GB H100 out of memory (2026-12-06); a quarter holds a chunk to ~8 GiB.
+GRADIENT_CHUNK_SHARE = 4
 
 
-def rows_per_chunk(config, batch: int, length: int) -> int:
+def rows_per_chunk(config, batch: int, length: int, training: bool = False) -> int:
     """Query rows per chunk so the reference's biggest tensor stays under CHUNK_ELEMENTS (any
-    problem's config: its point differences are (B, rows, N, H, Qp, 3) in both)."""
+    problem's config: its point differences are (B, rows, N, H, Qp, 3) in both), and under
+    a GRADIENT_CHUNK_SHARE of it for a `training` step."""
     sizes = config.columns()
     per_row = batch * length * sizes["heads"] * sizes["query_points"] * 3
-    return max(1, min(length, CHUNK_ELEMENTS // per_row))
+    elements = CHUNK_ELEMENTS // (GRADIENT_CHUNK_SHARE if training else 1)
+    return max(1, min(length, elements // per_row))
 
 
 def reference_config(module: IPAReference) -> IPAConfig:
@@ -289,7 +296,7 @@ def reference_gradients(module: torch.nn.Module, config, inputs: ForwardInputs,
     args = leaf_inputs(inputs, grad_inputs)
     names = input_names(inputs)
     params = {name: p.requires_grad_(True) for name, p in module.named_parameters()}
-    chunk = rows_per_chunk(config, inputs.batch, inputs.length)
+    chunk = rows_per_chunk(config, inputs.batch, inputs.length, training=True)
     n = inputs.length
     pair = next((name for name, a in zip(names, args, strict=True) if a.requires_grad
                  and a.dim() == 4 and tuple(a.shape[1:3]) == (n, n)), None)
@@ -379,14 +386,16 @@ class ReferenceCache:
         if recipe not in self._gradients:
             problem, config = problem_of(recipe.config), recipe.config
             precision = get_precision(recipe.precision)
-            inputs = recipe.values()
-            grad_out = recipe.grad_output(inputs)
+            grad_out = recipe.grad_output()
             oracle_module = problem.make_module(self.state_dict, config, recipe.device,
                                                 torch.float64)
-            oracle = reference_gradients(oracle_module, config, inputs.to(dtype=torch.float64),
+            # the float64 pass holds only the upcast inputs (drawn again for the own pass)
+            oracle = reference_gradients(oracle_module, config,
+                                         recipe.values().to(dtype=torch.float64),
                                          grad_out.double(), problem.grad_inputs)
             # parked before the reference's own pass, which then has the GPU to itself
             oracle = {name: _parked(t) for name, t in oracle.items()}
+            inputs = recipe.values()
             reference = problem.make_module(self.state_dict, config, recipe.device,
                                             precision.dtype)
             del oracle_module

@@ -465,6 +465,20 @@ def test_chunked_reference_equals_whole_forward(monkeypatch):
     torch.testing.assert_close(correctness.chunked_forward(module, inputs), whole)
 
 
+def test_gradient_chunks_hold_the_oracle_step_to_a_quarter_of_the_forward_chunk():
+    """The float64 oracle's training step at the default config, fp32 N = 4096, ran an 80 GB
+    H100 out of memory with the forward's chunk (2026-12-06: 64.7 GiB allocated); a gradient
+    chunk's point difference is at most 2 GiB in float64, and the forward's is unchanged."""
+    import harness.correctness as correctness
+
+    config = IPAConfig()
+    forward = correctness.rows_per_chunk(config, 1, 4096)
+    training = correctness.rows_per_chunk(config, 1, 4096, training=True)
+    point_difference_bytes = training * 4096 * config.heads * config.query_points * 3 * 8
+    assert forward == 1820 and training == 455 and point_difference_bytes <= 2 << 30
+    assert correctness.rows_per_chunk(config, 1, 256, training=True) == 256  # one pass
+
+
 def test_chunked_reference_gradients_equal_whole(monkeypatch):
     """The oracle's gradients summed over chunks of query rows (in place) are the whole
     step's, and the inputs and grad_out are left as they were."""
