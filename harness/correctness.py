@@ -520,7 +520,8 @@ def check_variant(
                for i, r in enumerate(recipes)]
     # One more call on the first inputs under a rigid motion; every output is its own copy,
     # so a variant that returns one reused buffer cannot compare that buffer with itself.
-    runs = runner.outputs(build, [*recipes, recipes[0].moved(first_seed)], pass_name)
+    runs = [*runner.outputs(build, recipes, pass_name),
+            *runner.outputs(build, [recipes[0].moved(first_seed)], pass_name, gradients=False)]
     judged = [(r.seed, judge_output(run, f.oracle, f.reference_err, precision, f.parts,
                                     f.part_errs))
               for r, f, run in zip(recipes, figures, runs, strict=False)]

@@ -177,6 +177,20 @@ def test_no_earlier_training_step_graph_is_alive_when_a_capture_starts(monkeypat
     assert set(timed.timings) == {"eager", "graph"} and not timed.failures
 
 
+def test_the_invariance_run_brings_back_its_output_and_no_gradients():
+    """check_variant's extra call under a rigid motion judges the output alone: its training
+    step runs whole, but its gradients stay in the worker (8 GiB of d pair_repr at N = 4096)."""
+    from harness import runner as runner_module
+
+    spec = runner_module.BuildSpec(("moved",), init_state_dict(SMALL), SMALL, "fp32")
+    moved = runner_module.InputRecipe(SMALL, 2, 7, "fp32", "cpu", 0, motion_seed=0)
+    local = runner_module.LocalRunner(get_variant("reference"), "cpu")
+    (kept,) = local.outputs(spec, [moved], TRAIN)
+    (dropped,) = local.outputs(spec, [moved], TRAIN, gradients=False)
+    assert set(kept.grads) == INPUTS | PARAMETERS and dropped.grads is None
+    assert torch.equal(kept.out, dropped.out)
+
+
 def test_a_sweep_writes_training_rows_and_the_gradient_breakdown(tmp_path):
     grid = grid_from_dict({
         "base": {"node_dim": 24, "pair_dim": 8, "heads": 3, "query_points": 3,
