@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import io
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.errors import RunFailure
 from harness.grid import grid_from_dict
@@ -263,3 +265,73 @@ def test_closing_the_pool_stops_its_workers_together():
         started = time.perf_counter()
     took = time.perf_counter() - started
     assert SlowToExit.EXIT_S <= took < 2 * SlowToExit.EXIT_S, took  # in turn: 3 x EXIT_S
+
+
+def _round_trip(obj):
+    """`obj` through the worker's transport (`send` then `receive`) over a real pipe, the
+    sender on a thread (a big message fills the pipe before the reader starts)."""
+    import multiprocessing
+    import threading
+
+    from harness.worker import receive, send
+
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    sender = threading.Thread(target=send, args=(child, obj))
+    sender.start()
+    try:
+        return receive(parent)
+    finally:
+        sender.join()
+        parent.close()
+        child.close()
+
+
+def test_big_tensors_cross_the_workers_pipe_as_raw_bytes_and_come_back_equal():
+    """Each big, contiguous CPU tensor travels out of band (one buffer each, read into fresh
+    tensor memory: writable, of its own), in every dtype; small, strided and grad-requiring
+    ones are pickled as before, with their strides."""
+    import pickle
+
+    from harness.worker import OUT_OF_BAND_BYTES, _Pickler
+
+    g = torch.Generator().manual_seed(0)
+    big = OUT_OF_BAND_BYTES // 4 + 3  # elements of 4 bytes: just over the threshold
+    values = {
+        "fp32": torch.randn(2, big // 2 + 1, generator=g),
+        "bf16": torch.randn(big * 2 + 5, generator=g).to(torch.bfloat16),
+        "bool": torch.rand(OUT_OF_BAND_BYTES + 7, generator=g) > 0.5,
+        "int64": torch.randint(-9, 9, (big // 2 + 1,), generator=g),
+        "strided": torch.randn(big // 64, 128, generator=g)[:, ::2],
+        "small": torch.randn(3, 5, generator=g),
+        "leaf": torch.randn(big, generator=g).requires_grad_(True),
+    }
+    message = ("ok", {"grads": values, "none": None, "text": "x"})
+    buffers = []
+    _Pickler(io.BytesIO(), protocol=5, buffer_callback=buffers.append).dump(message)
+    assert len(buffers) == 4  # fp32, bf16, bool, int64
+    back = _round_trip(message)
+    assert back[0] == "ok" and back[1]["none"] is None and back[1]["text"] == "x"
+    for name, tensor in values.items():
+        got = back[1]["grads"][name]
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
+        assert torch.equal(got, tensor.detach()), name
+        assert got.stride() == tensor.stride() and got.requires_grad == tensor.requires_grad
+    got = back[1]["grads"]["fp32"]
+    got[0, 0] = 7.0  # its own memory, writable
+    assert values["fp32"][0, 0] != 7.0
+    assert pickle.loads(pickle.dumps(values["small"])).shape == (3, 5)
+
+
+def test_a_sender_gone_mid_message_is_end_of_file_not_a_short_tensor():
+    import multiprocessing
+    import pickle
+
+    from harness.worker import receive
+
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    child.send_bytes(pickle.dumps(([1 << 20], pickle.dumps("head"))))
+    child.send_bytes(b"")  # a few bytes of the promised MiB, then the sender is gone
+    child.close()
+    with pytest.raises(EOFError):
+        receive(parent)
+    parent.close()
