@@ -12,7 +12,8 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 export COLUMNS=${COLUMNS:-240}
 
 # sharded_pytest SHARDS LIMIT LOG PYTEST_ARGS...: the tests PYTEST_ARGS select, run in SHARDS
-# processes at once on the one GPU, each under LIMIT seconds; LOG gets each shard's summary.
+# processes at once on the one GPU, each under LIMIT seconds; LOG gets each shard's tests by
+# outcome (PASSED, XFAIL, FAILED, ERROR, and NOT RUN where the limit cut the shard) and summary.
 # A GPU test's time is mostly compiling its kernels' autotune configs, one core per process:
 # shards divide it. Concurrent processes make the autotuner's trial timings noisy, so a shard may
 # check a different config than a lone run picks; every config must match the oracle anyway.
@@ -31,13 +32,17 @@ sharded_pytest() {
     split -n "r/$shards" "$ids/all" "$ids/shard."
     for shard in "$ids"/shard.*; do
         # shellcheck disable=SC2046  # one argument per test id
-        timeout -s INT "$limit" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
+        timeout -s INT "$limit" python3 -m pytest -q -p no:cacheprovider -rfEpxX --tb=short \
             $(cat "$shard") > "$shard.log" 2>&1 &
     done
     wait
     for shard in "$ids"/shard.*.log; do
         echo "== $(basename "$shard" .log): $(wc -l < "${shard%.log}") tests"
-        tail -15 "$shard"
+        # by name: what passed, then what its limit cut (no outcome line), then the summary
+        grep -E "^(PASSED|XFAIL|XPASS) " "$shard"
+        grep -oE "^(PASSED|FAILED|ERROR|XFAIL|XPASS) [^ ]+" "$shard" | cut -d" " -f2 \
+            | grep -vxFf - "${shard%.log}" | sed "s/^/NOT RUN /"
+        grep -vE "^(PASSED|XFAIL|XPASS) " "$shard" | tail -15
     done > "$log"
     grep -hE "passed|failed|error" "$ids"/shard.*.log | grep -E "^[=0-9 ]" | tail -n "$shards"
 }
