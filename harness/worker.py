@@ -46,10 +46,12 @@ OUT_OF_BAND_BYTES = 1 << 20
 
 class _Pickler(pickle.Pickler):
     """Pickles a big, contiguous, plain CPU tensor as a reference to an out-of-band buffer of
-    its bytes (protocol 5), everything else as pickle does."""
+    its bytes (protocol 5), everything else as pickle does. Such a tensor arrives as one of its
+    own: a view arrives without the rest of its storage, and two views of one storage as two."""
 
     def reducer_override(self, obj):
-        if (type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad
+        if (type(obj) is torch.Tensor and obj.device.type == "cpu"
+                and obj.layout is torch.strided and not obj.is_quantized and not obj.requires_grad
                 and obj.nbytes >= OUT_OF_BAND_BYTES and obj.is_contiguous()
                 and not obj.is_conj() and not obj.is_neg()):
             raw = pickle.PickleBuffer(obj.view(torch.uint8).numpy())
