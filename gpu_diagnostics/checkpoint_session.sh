@@ -3,21 +3,22 @@
 # single machine start: the GPU tests of triton-train (#16), of `triton` (#17), of problem
 # openfold's triton-bias (#18) and of the host-bound flag, sharded over SHARDS processes; a
 # sweep of each issue's headline cells (their rows carry err_ratio / grad_err_ratio against the
-# float64 oracle, so they check as well as time): triton-train's step at N = 1024 (eager and replayed) and 4096 (eager), the `triton`
-# forward at N = 256, 1024, 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048
-# and its training step at N = 1024 (whole blocks: the backward's EVEN paths, never run on a GPU);
-# then torch.profiler on one fp32 training step at N = 4096, and cProfile of 20 eager `triton`
-# forwards at N = 1024 in bf16 (the eager row DirectLaunch left host-bound, 2026-12-06), and
-# `launch_overhead.py` (the host's time per torch op, GEMM and Triton launch, direct or not).
-# fp32 and bf16 throughout. Each stage runs under its own limit (LIM_TEST, LIM_TRAIN, LIM_FWD,
-# LIM_OF, LIM_PROF, LIM_HOST, LIM_LAUNCH seconds; 150 + 160 + 70 + 100 + 35 + 30 + 30 s) and
-# every sweep cell is fsync'ed, so a cut stage still reports what finished. Everything lands in
-# one archive, $OUT/checkpoint.tgz (the device returns at most 8 files), with summary.md beside it.
+# float64 oracle, so they check as well as time): triton-train's step at N = 1024 (eager and
+# replayed), then at 4096 (eager) in a stage of its own, the `triton` forward at N = 256, 1024,
+# 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048 and its training step at
+# N = 1024; then torch.profiler on one fp32 training step at N = 4096. With LIM_HOST and
+# LIM_LAUNCH (off by default; measured 2026-12-06), cProfile of 20 eager `triton` forwards at
+# N = 1024 in bf16 with each kernel's launches by path, and `launch_overhead.py` (the host's time
+# per torch op, GEMM and Triton launch, direct or not). fp32 and bf16 throughout. Each stage runs
+# under its own limit (LIM_TEST, LIM_TRAIN, LIM_TRAIN_BIG, LIM_FWD, LIM_OF, LIM_PROF seconds;
+# 110 + 100 + 170 + 65 + 100 + 30 s, of a call's 600) and every sweep cell is fsync'ed, so a cut
+# stage still reports what finished. Everything lands in one archive, $OUT/checkpoint.tgz (the
+# device returns at most 8 files), with summary.md beside it.
 #
 #   OUT=DIR bash gpu_diagnostics/checkpoint_session.sh
 source gpu_diagnostics/session_env.sh
 work=$(mktemp -d)
-sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-150}" "$work/gpu-tests.log" -m gpu \
+sharded_pytest "${SHARDS:-5}" "${LIM_TEST:-110}" "$work/gpu-tests.log" -m gpu \
     tests/test_triton_backward.py tests/test_variants.py tests/test_openfold_triton.py \
     tests/test_integrity.py tests/test_triton_launch.py tests/test_training.py \
     -k "(triton-train and not fullfuse) or (test_matches_oracle_gpu and triton-B) or triton-bias \
@@ -35,28 +36,34 @@ sweep() {
         > "$work/$name-report.md" 2>&1
 }
 base='[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n'
-# N = 1024 first (eager and replayed: #16's 1.0 ms cell), then N = 4096 (eager only:
-# graph_max_length; #16's headline). On 2026-12-05 the N = 4096 cell ran an 80 GB H100 out of memory
-# and the stage's limit then cut the N = 1024 cells (twentieth session); the order before that
-# lost N = 4096 to the limit after N = 1024's autotuning, so give the stage its default limit.
-sweep training "${LIM_TRAIN:-160}" triton-train \
-    "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [1024]\n\n[[slice]]\nlength = [4096]\n"
-sweep forward "${LIM_FWD:-70}" triton "${base}\n[[slice]]\nlength = [256, 1024, 4096]\n"
+# #16's 1.0 ms cell (N = 1024, eager and replayed), then its headline (N = 4096, eager only:
+# graph_max_length) in a stage of its own: in one stage, N = 1024's autotuning took the whole limit
+# on the twenty-second session's H100, and the N = 4096 cell takes ~100-160 s a dtype there.
+sweep training "${LIM_TRAIN:-100}" triton-train \
+    "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [1024]\n"
+sweep training-4096 "${LIM_TRAIN_BIG:-170}" triton-train \
+    "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [4096]\n"
+sweep forward "${LIM_FWD:-65}" triton "${base}\n[[slice]]\nlength = [256, 1024, 4096]\n"
 sweep openfold "${LIM_OF:-100}" triton-bias "${base}problem = \"openfold\"\n\n[[slice]]\nlength = [2048]\n
 [[slice]]\nlength = [1024]\npasses = [\"forward+backward\"]\n"
-timeout -s INT "${LIM_PROF:-35}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
+timeout -s INT "${LIM_PROF:-30}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
     > "$work/train-profile.log" 2>&1
-timeout -s INT "${LIM_HOST:-30}" python3 gpu_diagnostics/profile_call.py 1024 bf16 triton \
-    --pass forward --host > "$work/triton-host.log" 2>&1
-timeout -s INT "${LIM_LAUNCH:-30}" python3 gpu_diagnostics/launch_overhead.py \
-    > "$work/launch-overhead.log" 2>&1
+# off unless given a limit: measured on 2026-12-06 (results/h100-2026-12-06-twenty-*-session/)
+if [ "${LIM_HOST:-0}" -gt 0 ]; then
+    timeout -s INT "$LIM_HOST" python3 gpu_diagnostics/profile_call.py 1024 bf16 triton \
+        --pass forward --host > "$work/triton-host.log" 2>&1
+fi
+if [ "${LIM_LAUNCH:-0}" -gt 0 ]; then
+    timeout -s INT "$LIM_LAUNCH" python3 gpu_diagnostics/launch_overhead.py \
+        > "$work/launch-overhead.log" 2>&1
+fi
 
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
     echo "## GPU tests"; grep -hE "passed|failed|error" "$work/gpu-tests.log" | grep -E "^[=0-9 ]"
     grep -h "^FAILED\|^ERROR" "$work/gpu-tests.log"
-    for name in training forward openfold; do
+    for name in training training-4096 forward openfold; do
         echo "## $name"; head -30 "$work/$name-report.md"
     done
     echo "## every timed row: median and host issue time (ms)"
@@ -65,12 +72,12 @@ for path in sys.argv[1:]:
     df = read_results(path)
     print(df[df.median_ms.notna()][["problem", "variant", "pass", "dtype", "mode", "length",
         "median_ms", "host_ms", "status"]].to_string(index=False))' \
-        "$work"/{training,forward,openfold}/results.csv
+        "$work"/{training,training-4096,forward,openfold}/results.csv
     echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
     echo "## triton bf16 N = 1024 eager forward, host (cProfile of 20 calls, by own time; then"
     echo "## each kernel's launches by path)"
-    grep -A45 "Ordered by" "$work/triton-host.log" | cut -c1-160
-    echo "## host time per launch (us)"; cat "$work/launch-overhead.log"
+    grep -A45 "Ordered by" "$work/triton-host.log" 2>/dev/null | cut -c1-160
+    echo "## host time per launch (us)"; cat "$work/launch-overhead.log" 2>/dev/null
 } > "$OUT/summary.md" 2>&1
 rm -f "$work"/*/.ipa-bench.lock
 tar -czf "$OUT/checkpoint.tgz" -C "$work" .
