@@ -45,6 +45,7 @@ from harness.measure import (
     TimingPolicy,
     copy_bandwidth_gbps,
     host_bound,
+    host_op_us,
 )
 from harness.problems import DEFAULT, problem_of
 from harness.results import (
@@ -167,6 +168,7 @@ def describe_environment(device: torch.device, node: str | None = None,
     flusher = L2Flusher(device) if device.type == "cuda" else None
     bandwidth = copy_bandwidth_gbps(device, nbytes=(1 << 30) if device.type == "cuda" else 1 << 27)
     meta["copy_bandwidth_gbps"] = bandwidth
+    meta["host_op_us"] = host_op_us(device)
     env = Environment(device, meta["device_name"], bandwidth, flusher,
                       node=node or socket.gethostname(),
                       gpu=this_gpu(device) if gpu is None else gpu)

@@ -200,6 +200,24 @@ def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (timing.median_ms * 1e-3) / 1e9
 
 
+def host_op_us(device: torch.device, ops: int = 200, rounds: int = 5) -> float:
+    """The host's time to issue one small torch op on `device` (an in-place add to one
+    element, `ops` back to back), median of `rounds`, in us. Eager rows below ~1 ms measure it
+    as much as their kernels, and it differs between machines whose CPU model a VM hides: two
+    H100 hosts of 2026-12-06 issued Triton launches 1.6x apart (docs/perf-notes.md)."""
+    x = torch.zeros(1, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    per_op = []
+    for _ in range(rounds + 1):  # the first round warms up
+        sync()
+        start = time.perf_counter()
+        for _ in range(ops):
+            x.add_(1.0)
+        per_op.append((time.perf_counter() - start) / ops * 1e6)
+    sync()
+    return statistics.median(per_op[1:])
+
+
 # A training step reads every input and weight twice (forward, backward) and writes one
 # gradient of each (issue #16: pair_repr read forward, read backward, d pair_repr written);
 # its backward does about twice the forward's FLOPs.

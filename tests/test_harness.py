@@ -110,8 +110,9 @@ def test_failures_become_rows_and_the_sweep_goes_on(tmp_path):
         assert status[("cuda-fused", n)]["reason"]
     meta = json.loads((tmp_path / "metadata.json").read_text())["runs"][0]
     for key in ("torch", "python", "git_commit", "git_dirty", "source_digest", "command",
-                "copy_bandwidth_gbps"):
+                "copy_bandwidth_gbps", "host_op_us"):
         assert key in meta
+    assert 0 < meta["host_op_us"] < 1000  # us to issue one small op
     assert meta["finished"] is True
 
 
