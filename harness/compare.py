@@ -35,13 +35,18 @@ on the H200 (same code, results/h200-2026-12-02-quick vs -default) launch-bound 
 moved by up to 1.9x with tight within-run spreads, graph rows by at most 1 %.
 If a file holds a key more than once (concatenated runs), its
 last row counts. A change of device name between the files is reported: comparing two
-different GPUs measures the GPUs, not the code.
+different GPUs measures the GPUs, not the code. So is a change of host speed, where the
+`metadata.json` beside each file records it (`host_op_us`, the host's time to issue one small
+torch op) and the two differ by more than `HOST_DIFFERENCE`: a `host-bound` row then times the
+hosts (two H100 VMs of 2026-12-06 issued a Triton launch in 19 and 31 us).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,10 +55,11 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.report import markdown_table
-from harness.results import KEY_COLUMNS, latest_per_key, read_results
+from harness.results import KEY_COLUMNS, METADATA_JSON, latest_per_key, read_results
 from variants.problem import IPAInputError
 
 MEMORY_SLACK_MIB = 1.0
+HOST_DIFFERENCE = 1.2  # host_op_us ratio beyond which the summary notes the hosts differ
 FAILING = ("PASS->FAIL", "SLOWER", "MORE MEMORY")
 
 
@@ -80,6 +86,19 @@ def load(path: str | Path, what: str) -> pd.DataFrame:
     return latest_per_key(df)
 
 
+def host_op_us(path: str | Path, df: pd.DataFrame) -> float | None:
+    """The median `host_op_us` of the runs that wrote `df`'s rows, from the `metadata.json`
+    beside the results file at `path`; None where none recorded it (or there is no file)."""
+    try:
+        runs = json.loads((Path(path).parent / METADATA_JSON).read_text())["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ids = set(df["run_id"].astype(str))
+    values = [run["host_op_us"] for run in runs if isinstance(run, dict)
+              and str(run.get("run_id")) in ids and isinstance(run.get("host_op_us"), int | float)]
+    return statistics.median(values) if values else None
+
+
 @dataclass
 class Comparison:
     cells: pd.DataFrame  # one row per matched cell, sorted worst first
@@ -87,6 +106,7 @@ class Comparison:
     only_new: pd.DataFrame  # key columns of cells missing from OLD
     device_names: tuple[list[str], list[str]]
     threshold: float
+    host_op_us: tuple[float | None, float | None] = (None, None)  # OLD's, NEW's
 
     @property
     def failed(self) -> pd.DataFrame:
@@ -130,8 +150,10 @@ def _verdict(row, threshold: float) -> str:
     return ", ".join(failing or verdicts) or "same"
 
 
-def compare(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05) -> Comparison:
-    """Match `old` and `new` (results DataFrames, as `load` returns) cell by cell."""
+def compare(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
+            host_op_us: tuple[float | None, float | None] = (None, None)) -> Comparison:
+    """Match `old` and `new` (results DataFrames, as `load` returns) cell by cell;
+    `host_op_us`: their hosts' speeds, where known (`host_op_us`)."""
     merged = old.merge(new, on=KEY_COLUMNS, how="outer", suffixes=("_old", "_new"),
                        indicator=True)
     only_old = merged.loc[merged["_merge"] == "left_only", KEY_COLUMNS]
@@ -158,7 +180,7 @@ def compare(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05) -> Co
     names = (sorted(old["device_name"].dropna().astype(str).unique()),
              sorted(new["device_name"].dropna().astype(str).unique()))
     return Comparison(cells, only_old.reset_index(drop=True), only_new.reset_index(drop=True),
-                      names, threshold)
+                      names, threshold, host_op_us)
 
 
 def _num(value, spec: str) -> str:
@@ -218,6 +240,15 @@ def summary_lines(result: Comparison) -> list[str]:
     if old_names != new_names:
         lines.append(f"note: the devices differ (OLD {old_names}, NEW {new_names}): the ratios "
                      "compare the machines as much as the code")
+    old_host, new_host = result.host_op_us
+    if old_host and new_host and max(old_host, new_host) > HOST_DIFFERENCE * min(old_host,
+                                                                                  new_host):
+        flags = result.cells[["flags_old", "flags_new"]].fillna("").astype(str)
+        bound = int((flags["flags_old"].str.contains("host-bound")
+                     | flags["flags_new"].str.contains("host-bound")).sum())
+        lines.append(f"note: the hosts differ (OLD issues a small torch op in {old_host:.1f} us, "
+                     f"NEW in {new_host:.1f} us): {bound} matched cell(s) flagged host-bound time "
+                     "the hosts as much as the code (--mode graph compares the kernels)")
     for label, frame in (("only in OLD (not rerun)", result.only_old),
                          ("only in NEW (new cells)", result.only_new)):
         if not frame.empty:
@@ -236,7 +267,8 @@ def run_compare(args: argparse.Namespace) -> int:
     old, new = load(args.old, "OLD.csv"), load(args.new, "NEW.csv")
     if args.mode:
         old, new = old[old["mode"] == args.mode], new[new["mode"] == args.mode]
-    result = compare(old, new, args.threshold)
+    result = compare(old, new, args.threshold,
+                     (host_op_us(args.old, old), host_op_us(args.new, new)))
     if result.cells.empty:
         problems = [sorted(set(df["problem"])) for df in (old, new)]
         hint = (f"; OLD holds problem(s) {problems[0]}, NEW {problems[1]}, and rows of "

@@ -222,3 +222,34 @@ def test_cells_run_on_another_gpu_model_are_not_judged(tmp_path, capsys):
     assert len(moved) == 1 and "other GPU (NVIDIA H200 -> NVIDIA A100): not judged" in moved[0]
     assert "2.000x" in moved[0] and "SLOWER" not in moved[0]
     assert "SLOWER" in _table_lines_with(out, " N1024 ")[0]
+
+
+def _run_beside_metadata(tmp_path, old_rows, new_rows, old_host, new_host) -> int:
+    """`_run`, each file in a folder of its own with a metadata.json giving its run's
+    host_op_us (None: that key left out)."""
+    import json
+
+    paths = []
+    for name, rows, host in (("old", old_rows, old_host), ("new", new_rows, new_host)):
+        folder = tmp_path / name
+        folder.mkdir()
+        run = {"run_id": "r"} | ({} if host is None else {"host_op_us": host})
+        (folder / "metadata.json").write_text(json.dumps({"runs": [run]}))
+        paths.append(_write(folder / "results.csv", rows))
+    return cli_main(["compare", *paths, "--markdown"])
+
+
+def test_hosts_of_different_speed_are_noted_with_their_host_bound_cells(tmp_path, capsys):
+    old = [dict(_row("reference", 256), flags="host-bound"), _row("reference", 1024)]
+    new = [dict(_row("reference", 256), flags="host-bound"), _row("reference", 1024)]
+    assert _run_beside_metadata(tmp_path, old, new, 6.0, 9.6) == 0
+    out = _out(capsys)
+    assert ("note: the hosts differ (OLD issues a small torch op in 6.0 us, NEW in 9.6 us): "
+            "1 matched cell(s) flagged host-bound") in out
+
+
+@pytest.mark.parametrize("hosts", [(6.0, 6.6), (6.0, None), (None, None)])
+def test_hosts_are_noted_only_when_both_are_known_and_differ(tmp_path, capsys, hosts):
+    rows = [dict(_row("reference", 256), flags="host-bound")]
+    assert _run_beside_metadata(tmp_path, rows, rows, *hosts) == 0
+    assert "the hosts differ" not in _out(capsys)
