@@ -311,10 +311,11 @@ class CellRunner:
         chunk = rows_per_chunk(cell.config, cell.batch, cell.length)
         if chunk < cell.length:
             notes.append(f"oracle and reference error computed in chunks of {chunk} query rows")
-        grad_chunk = rows_per_chunk(cell.config, cell.batch, cell.length, training=True)
-        if cell.pass_name != "forward" and grad_chunk < cell.length:
-            notes.append(f"oracle and reference gradients computed in chunks of {grad_chunk} "
-                         "query rows")
+        if cell.pass_name != "forward":
+            grad_chunk = rows_per_chunk(cell.config, cell.batch, cell.length, training=True)
+            if grad_chunk < cell.length:
+                notes.append(f"oracle and reference gradients computed in chunks of "
+                             f"{grad_chunk} query rows")
         untimed = variant.untimed_reason(device)
         if untimed:
             kernel = worker.kernel(build)

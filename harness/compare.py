@@ -44,7 +44,6 @@ hosts (two H100 VMs of 2026-12-06 issued a Triton launch in 19 and 31 us).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -55,7 +54,14 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.report import markdown_table
-from harness.results import KEY_COLUMNS, METADATA_JSON, latest_per_key, read_results
+from harness.results import (
+    KEY_COLUMNS,
+    METADATA_JSON,
+    has_flag,
+    latest_per_key,
+    metadata_runs,
+    read_results,
+)
 from variants.problem import IPAInputError
 
 MEMORY_SLACK_MIB = 1.0
@@ -88,14 +94,15 @@ def load(path: str | Path, what: str) -> pd.DataFrame:
 
 def host_op_us(path: str | Path, df: pd.DataFrame) -> float | None:
     """The median `host_op_us` of the runs that wrote `df`'s rows, from the `metadata.json`
-    beside the results file at `path`; None where none recorded it (or there is no file)."""
+    beside the results file at `path`; None where none recorded it (or there is no such
+    file, or it is not an ipa-bench one)."""
     try:
-        runs = json.loads((Path(path).parent / METADATA_JSON).read_text())["runs"]
-    except (OSError, ValueError, KeyError, TypeError):
+        runs = metadata_runs(Path(path).parent / METADATA_JSON)
+    except IPAInputError:
         return None
-    ids = set(df["run_id"].astype(str))
-    values = [run["host_op_us"] for run in runs if isinstance(run, dict)
-              and str(run.get("run_id")) in ids and isinstance(run.get("host_op_us"), int | float)]
+    values = [runs[run_id].get("host_op_us") for run_id in set(df["run_id"].astype(str))
+              if run_id in runs]
+    values = [v for v in values if isinstance(v, int | float)]
     return statistics.median(values) if values else None
 
 
@@ -243,9 +250,9 @@ def summary_lines(result: Comparison) -> list[str]:
     old_host, new_host = result.host_op_us
     if old_host and new_host and max(old_host, new_host) > HOST_DIFFERENCE * min(old_host,
                                                                                   new_host):
-        flags = result.cells[["flags_old", "flags_new"]].fillna("").astype(str)
-        bound = int((flags["flags_old"].str.contains("host-bound")
-                     | flags["flags_new"].str.contains("host-bound")).sum())
+        cells = result.cells
+        bound = int((has_flag(cells.rename(columns={"flags_old": "flags"}), "host-bound")
+                     | has_flag(cells.rename(columns={"flags_new": "flags"}), "host-bound")).sum())
         lines.append(f"note: the hosts differ (OLD issues a small torch op in {old_host:.1f} us, "
                      f"NEW in {new_host:.1f} us): {bound} matched cell(s) flagged host-bound time "
                      "the hosts as much as the code (--mode graph compares the kernels)")

@@ -386,13 +386,15 @@ class ReferenceCache:
         if recipe not in self._gradients:
             problem, config = problem_of(recipe.config), recipe.config
             precision = get_precision(recipe.precision)
-            grad_out = recipe.grad_output()
+            inputs = recipe.values()
+            grad_out = recipe.grad_output(inputs)
+            upcast = inputs.to(dtype=torch.float64)
+            del inputs  # the float64 pass holds only the upcast inputs (drawn again after it)
             oracle_module = problem.make_module(self.state_dict, config, recipe.device,
                                                 torch.float64)
-            # the float64 pass holds only the upcast inputs (drawn again for the own pass)
-            oracle = reference_gradients(oracle_module, config,
-                                         recipe.values().to(dtype=torch.float64),
-                                         grad_out.double(), problem.grad_inputs)
+            oracle = reference_gradients(oracle_module, config, upcast, grad_out.double(),
+                                         problem.grad_inputs)
+            del upcast
             # parked before the reference's own pass, which then has the GPU to itself
             oracle = {name: _parked(t) for name, t in oracle.items()}
             inputs = recipe.values()

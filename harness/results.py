@@ -313,12 +313,16 @@ class ResultsFile(Medians):
 
 def known_run_ids(metadata_path: Path) -> set[str]:
     """The run ids `metadata.json` lists (empty when the file is missing)."""
+    return set(metadata_runs(metadata_path))
+
+
+def metadata_runs(metadata_path: Path) -> dict[str, dict]:
+    """The runs `metadata.json` lists, by run id (empty when the file is missing)."""
     _refuse_symlink(metadata_path, METADATA_JSON)
     if not metadata_path.exists():
-        return set()
+        return {}
     try:
-        runs = json.loads(metadata_path.read_text())["runs"]
-        return {run["run_id"] for run in runs}
+        return {run["run_id"]: run for run in json.loads(metadata_path.read_text())["runs"]}
     except (ValueError, KeyError, TypeError) as exc:
         raise IPAInputError(f"{metadata_path}: not an ipa-bench {METADATA_JSON} ({exc}); nothing "
                             "was changed. Use a new -o DIR") from None
