@@ -73,6 +73,16 @@ def test_second_call_goes_direct_with_every_parameter_in_order(tuned):
     assert direct.direct_launches == 1 and direct.best_config is tuned.configs[0]
 
 
+def test_switched_off_every_call_takes_triton_path(tuned, monkeypatch):
+    monkeypatch.setattr(launch, "ENABLED", False)
+    direct = launch.DirectLaunch(tuned)
+    x, y = torch.zeros(64), torch.zeros(64)
+    for _ in range(3):
+        direct[(1,)](x, y, 100, scale=0.5)
+    assert _paths(tuned) == ["triton"] * 3
+    assert direct.triton_launches == 3 and direct.direct_launches == 0
+
+
 @pytest.mark.parametrize("change", ["misaligned", "dtype", "int value", "int to bool",
                                     "keyword order"])
 def test_a_new_call_signature_takes_triton_path(tuned, change):

@@ -50,6 +50,7 @@ _MAX_SIGNATURES = 256  # per kernel: more (a ragged sweep) start the table again
 _SCALARS = (float, str)
 _TRUE, _FALSE, _NONE = object(), object(), object()  # equal to no int (True == 1)
 INSTANCES: list[DirectLaunch] = []  # every DirectLaunch made in this process
+ENABLED = True  # False: every launch takes Triton's path (`profile_call.py --ab` of the two)
 
 
 def call_signature(device: int, args: tuple, kwargs: dict):
@@ -154,6 +155,10 @@ class DirectLaunch:
         self._plans.clear()
 
     def _launch(self, grid, args: tuple, kwargs: dict) -> None:
+        if not ENABLED:
+            self.triton_launches += 1
+            self.kernel[grid](*args, **kwargs)
+            return
         device, stream = device_and_stream()
         signature = call_signature(device, args, kwargs)
         plan = self._plans.get(signature) if signature is not _UNCACHED else None
