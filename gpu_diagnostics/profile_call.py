@@ -6,7 +6,7 @@ kernel's fastest configs with their times.
 
     PYTHONPATH=. python3 gpu_diagnostics/profile_call.py [N] [fp32|bf16] [variant]
         [--problem simplified|openfold] [--pass forward|forward+backward] [--device cuda|cpu]
-        [--nvtx | --host]
+        [--nvtx | --host | --host-states]
 
 With `--ab SETTING [SETTING ...]` the call is timed instead under each SETTING in turn (seven
 rounds of five calls each, the host clock around five back-to-back calls and a synchronise,
@@ -52,7 +52,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from harness.measure import L2Flusher
+from harness.measure import L2Flusher, TimingPolicy, time_cuda
 from harness.problems import PROBLEMS
 from harness.runner import (
     InputRecipe,
@@ -78,6 +78,9 @@ def main(argv: list[str]) -> int:
                         help="run the measured call in an NVTX range `ipa` (for ncu)")
     parser.add_argument("--host", action="store_true",
                         help="cProfile 20 calls instead: where the host's time goes")
+    parser.add_argument("--host-states", action="store_true",
+                        help="the host's issue time of one call back to back, and under the "
+                        "sweep's timing after a busy wait, nothing, or a sleep")
     parser.add_argument("--ab", nargs="+", metavar="SETTING",
                         help="time the call under each MODULE:NAME=VALUE[,...] setting in turn")
     parser.add_argument("--latency", action="store_true",
@@ -116,6 +119,9 @@ def main(argv: list[str]) -> int:
                 call()
                 sync()
             torch.cuda.profiler.stop()
+            return 0
+        if args.host_states:
+            print_host_states(call, sync, cuda)
             return 0
         if args.ab:
             print_ab(args.ab, call, sync, latency=args.latency)
@@ -226,6 +232,35 @@ def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5,
         label = ", ".join(f"{name}={value!r}" for (_, name), value in setting.items())
         print(f"{label}: median {samples[len(samples) // 2]:.3f} ms "
               f"(min {samples[0]:.3f}, max {samples[-1]:.3f}, {rounds} x {calls} calls)")
+
+
+def print_host_states(call, sync, cuda: bool) -> None:
+    """Why an eager row's host_ms can exceed the host's issue time back to back: the same call
+    issued (1) back to back, 20 calls without a synchronisation; then under the sweep's own
+    timing (`harness.measure.time_cuda`: an L2 flush, device events, a synchronisation after
+    each sample) with, before each sample, (2) nothing, (3) a 2 ms busy wait of the host, (4) a
+    2 ms sleep. If (2) and (4) exceed (1) and (3), the host issues slower when it has just
+    waited (a core gone idle: cold caches, a lower clock), and the row measures that host."""
+    def busy(_: int) -> None:
+        until = time.perf_counter() + 2e-3
+        while time.perf_counter() < until:
+            pass
+
+    def sleep(_: int) -> None:
+        time.sleep(2e-3)
+
+    start = time.perf_counter()
+    for _ in range(20):
+        call()
+    print(f"back to back: {(time.perf_counter() - start) / 20 * 1e3:.3f} ms to issue one call")
+    sync()
+    if not cuda:
+        return
+    flusher = L2Flusher(torch.device("cuda"))
+    for label, before in (("nothing", None), ("a busy wait", busy), ("a sleep", sleep)):
+        timing = time_cuda(call, TimingPolicy(), flusher, before)
+        print(f"sweep timing after {label}: host {timing.host_ms:.3f} ms, "
+              f"device median {timing.median_ms:.3f} ms ({timing.n_samples} samples)")
 
 
 def print_launch_paths() -> None:
