@@ -236,16 +236,11 @@ def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5,
 
 def print_host_states(call, sync, cuda: bool) -> None:
     """Why an eager row's host_ms can exceed the host's issue time back to back: the same call
-    issued (1) back to back, 20 calls without a synchronisation; then under the sweep's own
-    timing (`harness.measure.time_cuda`: an L2 flush, device events, a synchronisation after
-    each sample) with, before each sample, (2) nothing, (3) a 2 ms busy wait of the host, (4) a
-    2 ms sleep. If (2) and (4) exceed (1) and (3), the host issues slower when it has just
-    waited (a core gone idle: cold caches, a lower clock), and the row measures that host."""
-    def busy(_: int) -> None:
-        until = time.perf_counter() + 2e-3
-        while time.perf_counter() < until:
-            pass
-
+    issued back to back (20 calls without a synchronisation), then under the sweep's timing
+    (`harness.measure.time_cuda`: an L2 flush, device events, a synchronisation after each
+    sample) with, before each sample: nothing; a 2 ms sleep; the sweep's busy wait
+    (`TimingPolicy.host_spin_ms`); a sleep and then that busy wait. A host-bound call issued
+    slower after an idle wait than after a busy one times the host's state, not the code."""
     def sleep(_: int) -> None:
         time.sleep(2e-3)
 
@@ -257,8 +252,11 @@ def print_host_states(call, sync, cuda: bool) -> None:
     if not cuda:
         return
     flusher = L2Flusher(torch.device("cuda"))
-    for label, before in (("nothing", None), ("a busy wait", busy), ("a sleep", sleep)):
-        timing = time_cuda(call, TimingPolicy(), flusher, before)
+    spin = TimingPolicy.host_spin_ms
+    for label, before, spin_ms in (("nothing", None, 0.0), ("a sleep", sleep, 0.0),
+                                   (f"a {spin} ms busy wait", None, spin),
+                                   (f"a sleep and a {spin} ms busy wait", sleep, spin)):
+        timing = time_cuda(call, TimingPolicy(host_spin_ms=spin_ms), flusher, before)
         print(f"sweep timing after {label}: host {timing.host_ms:.3f} ms, "
               f"device median {timing.median_ms:.3f} ms ({timing.n_samples} samples)")
 

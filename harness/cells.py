@@ -169,6 +169,7 @@ def describe_environment(device: torch.device, node: str | None = None,
     bandwidth = copy_bandwidth_gbps(device, nbytes=(1 << 30) if device.type == "cuda" else 1 << 27)
     meta["copy_bandwidth_gbps"] = bandwidth
     meta["host_op_us"] = host_op_us(device)
+    meta["host_spin_ms"] = TimingPolicy.host_spin_ms  # before each CUDA sample (measure's doc)
     env = Environment(device, meta["device_name"], bandwidth, flusher,
                       node=node or socket.gethostname(),
                       gpu=this_gpu(device) if gpu is None else gpu)

@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli import main as cli_main
 from harness.grid import grid_from_dict, load_grid_file, preset_grid
-from harness.measure import flops, min_bytes, summarize
+from harness.measure import flops, min_bytes, spin_host, summarize
 from harness.report import report
 from harness.results import COLUMNS, read_results
 from harness.sweep import Sweep
@@ -39,6 +39,15 @@ def test_summarize_gives_median_percentiles_and_noise():
     assert t.p20_ms == pytest.approx(3.0) and t.p80_ms == pytest.approx(9.0)
     assert 0 < t.rel_noise < 1
     assert summarize([2.0] * 20).rel_noise == 0.0
+
+
+def test_spin_host_keeps_the_core_busy_for_the_time_asked():
+    # a busy wait, not a sleep: the process's CPU time advances with the clock
+    wall, cpu = time.perf_counter(), time.process_time()
+    spin_host(30.0)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert wall >= 0.030
+    assert cpu >= 0.5 * wall, (cpu, wall)
 
 
 def test_cost_model_matches_spec_floor():

@@ -200,6 +200,24 @@ def test_a_row_is_host_bound_when_issuing_its_call_took_most_of_its_median(host_
 
 
 @pytest.mark.gpu
+def test_every_cuda_sample_is_issued_by_a_busy_host(monkeypatch):
+    import torch
+
+    from harness import measure
+
+    spins, calls = [], []
+    monkeypatch.setattr(measure, "spin_host", lambda ms: spins.append((ms, len(calls))))
+    x = torch.zeros(16, device="cuda")
+    policy = measure.TimingPolicy(min_warmup=2, warmup_s=0.0, min_samples=5, max_samples=5,
+                                  host_spin_ms=1.5)
+    timing = measure.time_cuda(lambda: calls.append(x.add_(1)), policy,
+                               measure.L2Flusher(torch.device("cuda")))
+    # one spin before each call (warm-up and samples), none skipped or doubled
+    assert timing.n_samples == 5 and len(calls) == 7
+    assert spins == [(1.5, i) for i in range(7)]
+
+
+@pytest.mark.gpu
 def test_many_tiny_launches_are_host_bound_and_their_graph_replay_is_not():
     import torch
 
