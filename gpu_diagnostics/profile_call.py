@@ -11,7 +11,8 @@ kernel's fastest configs with their times.
 With `--ab SETTING [SETTING ...]` the call is timed instead under each SETTING in turn (seven
 rounds of five calls each, the host clock around five back-to-back calls and a synchronise,
 or with `--latency` device events around each call alone after an L2 flush, as the sweep
-times an eager row (host overhead in front of the kernels counts); medians in ms): an A/B of
+times an eager row (host overhead in front of the kernels counts); with `--graph` each
+setting's call is captured in a CUDA graph and its replays timed; medians in ms): an A/B of
 one change in one process, behind module-level switches that the change adds for the
 experiment. A SETTING is `MODULE:NAME=VALUE[,MODULE:NAME=VALUE...]` (VALUE a Python literal);
 a lone `MODULE:NAME` (a boolean) stands for its two settings, off and on. The eighteenth
@@ -52,7 +53,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from harness.measure import L2Flusher, TimingPolicy, time_cuda
+from harness.measure import L2Flusher, TimingPolicy, capture_cuda_graph, time_cuda
 from harness.problems import PROBLEMS
 from harness.runner import (
     InputRecipe,
@@ -86,6 +87,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--latency", action="store_true",
                         help="--ab: each call alone after an L2 flush, by device events (an "
                         "eager row's latency), instead of back-to-back calls")
+    parser.add_argument("--graph", action="store_true",
+                        help="--ab: each setting's call captured in a CUDA graph and replayed "
+                        "(with --latency: a graph row's time; the kernels alone)")
     args = parser.parse_args(argv)
     problem = PROBLEMS[args.problem]
     config = problem.config_class()
@@ -124,7 +128,7 @@ def main(argv: list[str]) -> int:
             print_host_states(call, sync, cuda)
             return 0
         if args.ab:
-            print_ab(args.ab, call, sync, latency=args.latency)
+            print_ab(args.ab, call, sync, latency=args.latency, graph=args.graph)
             print_tuning()
             return 0
         if args.host:
@@ -178,17 +182,19 @@ def parse_settings(specs: list[str]) -> list[dict[tuple[str, str], object]]:
 
 
 def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5,
-             latency: bool = False) -> None:
+             latency: bool = False, graph: bool = False) -> None:
     """Median ms of `call` under each setting (`parse_settings`), alternating by rounds so that
     drift in the device's clocks hits every setting alike; the switches are restored after.
     By default back-to-back calls by the host clock (throughput: one call's host work overlaps
     the last one's kernels); `latency`: each call alone as the sweep times an eager row (an L2
-    flush, then device events around the call, synchronised after), the round's median."""
+    flush, then device events around the call, synchronised after), the round's median.
+    `graph`: each setting's call is captured once in a CUDA graph, under that setting, and its
+    replay timed instead (no host overhead: the kernels' time)."""
     settings = parse_settings(specs)
     cuda = torch.cuda.is_available()
     flush = L2Flusher(torch.device("cuda")) if latency and cuda else None
 
-    def timed_round() -> float:
+    def timed_round(call) -> float:
         if not latency:
             start = time.perf_counter()
             for _ in range(calls):
@@ -218,14 +224,20 @@ def print_ab(specs: list[str], call, sync, rounds: int = 7, calls: int = 5,
         for (module_name, name), value in values.items():
             setattr(importlib.import_module(module_name), name, value)
 
-    times: list[list[float]] = [[] for _ in settings]
-    for _ in range(rounds):
-        for setting, samples in zip(settings, times, strict=True):
+    calls_of = [call] * len(settings)
+    if graph and cuda:
+        for i, setting in enumerate(settings):
             apply(originals)
             apply(setting)
-            call()
+            calls_of[i] = capture_cuda_graph(call)
+    times: list[list[float]] = [[] for _ in settings]
+    for _ in range(rounds):
+        for setting, samples, timed in zip(settings, times, calls_of, strict=True):
+            apply(originals)
+            apply(setting)
+            timed()
             sync()
-            samples.append(timed_round())
+            samples.append(timed_round(timed))
     apply(originals)
     for setting, samples in zip(settings, times, strict=True):
         samples.sort()

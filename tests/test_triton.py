@@ -287,6 +287,25 @@ def test_pair_bias_kernel_matches_einsum(layout, wide, monkeypatch):
     torch.testing.assert_close(pair_bias(z, w).double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("layout", ["contiguous", "slice"])
+def test_linear_3xtf32_matches_float64(layout, with_bias):
+    # awkward sizes: no dimension a multiple of a block; "slice": rows 50 apart, K = 45
+    from variants.triton.linear import linear_3xtf32
+
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(2, 37, 50, generator=g)
+    x = wide[..., :45] if layout == "slice" else wide[..., :45].contiguous()
+    w, b = torch.randn(70, 45, generator=g), torch.randn(70, generator=g)
+    bias = b if with_bias else None
+    expected = torch.nn.functional.linear(x.double(), w.double(),
+                                          bias.double() if with_bias else None)
+    out = linear_3xtf32(x, w, bias)
+    assert out.shape == (2, 37, 70) and out.is_contiguous()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 @needs_triton
 @pytest.mark.parametrize("layout", ["contiguous", "crop", "transposed"])
 def test_cublas_pair_bias_forms_match_einsum(layout):
@@ -504,6 +523,27 @@ def test_matches_oracle_gpu(name, precision):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_tf32_matches_oracle_gpu(name, case):
     run_check(name, case, "cuda", "tf32", seeds=3, must_run=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("rows", [1, 97, 1024])
+def test_linear_3xtf32_is_as_accurate_as_cublas_fp32_gpu(rows):
+    # the forward's two projections (default layer): error against float64 at most 2x cuBLAS's
+    # IEEE SGEMM's (3xTF32 drops the lo x lo products)
+    from variants.triton.linear import linear_3xtf32
+
+    g = torch.Generator().manual_seed(0)
+    for k, n_out, with_bias in ((384, 1728, False), (672, 384, True)):
+        x = torch.randn(rows, k, generator=g).cuda()
+        w = (torch.randn(n_out, k, generator=g) / k**0.5).cuda()
+        b = torch.randn(n_out, generator=g).cuda() if with_bias else None
+        expected = torch.nn.functional.linear(x.double(), w.double(),
+                                              None if b is None else b.double())
+        with math_mode("fp32"):
+            cublas = rel_l2(torch.nn.functional.linear(x, w, b), expected)
+        ours = rel_l2(linear_3xtf32(x, w, b), expected)
+        assert ours <= 2 * cublas + 1e-7, (k, n_out, ours, cublas)
 
 
 @pytest.mark.gpu

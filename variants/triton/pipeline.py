@@ -44,10 +44,14 @@ from variants.triton.common import (
 )
 from variants.triton.core_op import bias_core_op, core_op
 from variants.triton.fullfuse import launch_fullfuse
+from variants.triton.linear import linear_3xtf32
 from variants.triton.pair_bias import bias_tensor
 
 # The SPEC state_dict's names; the six projections in the order of the one input GEMM.
 IN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "q_pts", "k_pts", "v_pts")
+# `triton_ipa`'s fp32 projections as 3xTF32 Triton GEMMs (`linear.py`) instead of cuBLAS's
+# SGEMM; a switch for `gpu_diagnostics/profile_call.py --ab` until timed on the H200.
+LINEAR_3XTF32 = True
 PARAMETER_NAMES = ("layer_norm.weight", "layer_norm.bias",
                    *(f"{p}.weight" for p in IN_PROJECTIONS), "pair_bias.weight", "head_weights",
                    "out_proj.weight", "out_proj.bias")
@@ -157,23 +161,27 @@ def _around_kernels(
     rotations: torch.Tensor,
     kernels: Callable[[Operands], tuple[torch.Tensor, torch.Tensor]],
     layout: frames.Layout = frames.OPERANDS,
+    linear: Callable[..., torch.Tensor] = F.linear,
 ) -> torch.Tensor:
     """The forward with `kernels(operands) -> (o_s, out_p)` as its attention core: o_s
     (B, N, H, d) `operands.out_s` (written in place) or a tensor of the kernels' own (the
     training op's), out_p (B, N, H, 3*Vp) fp32. Arguments are checked by the caller. Without
     autograd the frame transforms are `frames.py`'s two kernels, the points in `layout` (the
     default: `Operands`'); with it, the same kernels as differentiable custom ops
-    (`frames_op`), the points in the default layout whatever `layout` says."""
+    (`frames_op`), the points in the default layout whatever `layout` says. `linear`
+    (`F.linear`'s arguments) computes the two projections where no autograd is needed."""
     check_runnable("node_repr", node_repr)
     cfg = weights.config
     bsz, n, _ = node_repr.shape
     h, d, qp, vp = cfg.heads, cfg.head_dim, cfg.query_points, cfg.value_points
     hd = h * d
     fused = not _needs_autograd(weights, node_repr, pair_repr, translations, rotations)
+    if not fused:
+        linear = F.linear
 
     # Prologue: LayerNorm, one GEMM for all six projections, frames in fp32.
     x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
-    proj = F.linear(x, weights.w_in)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
+    proj = linear(x, weights.w_in)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
     # Split, not sliced: under autograd one split's backward is one concatenation, where each
     # slice's is a zero fill and a copy, added up (14 launches more per training step).
     q, k, v, local_pts = proj.split([hd, hd, hd, proj.shape[-1] - 3 * hd], dim=-1)
@@ -209,7 +217,7 @@ def _around_kernels(
     else:  # concatenated, not written into `cat`: a copy's backward is several launches
         local = frames_op.epilogue(out_p, rotations, centred_t, node_repr.dtype)
         cat = torch.cat([o_s.reshape(bsz, n, hd), local], dim=-1)
-    return F.linear(cat, weights.w_out, weights.b_out)
+    return linear(cat, weights.w_out, weights.b_out)
 
 
 # ---- the public forwards -------------------------------------------------------------------
@@ -234,8 +242,9 @@ def triton_ipa(
     in place) -> (B, N, node_dim) in that dtype. `math_mode` is "ieee" or "tf32" (tf32: fp32
     inputs only). `split`: key ranges per query block of the attention kernel, merged after
     (None: chosen from the grid, `attention.default_split`). `fp32_dots` (fp32 "ieee" mode):
-    the attention kernel's q.k, p.v and p.v_pts as "3xtf32" tensor-core dots (default) or as
-    "ieee" FMAs (1.5-1.8x slower on the H200 at N >= 1024, as accurate; for comparison).
+    the attention kernel's q.k, p.v and p.v_pts, and the two projections (`linear.py`), as
+    "3xtf32" tensor-core dots (default), or the attention's as "ieee" FMAs (1.5-1.8x slower on
+    the H200 at N >= 1024, as accurate; for comparison) and the projections by cuBLAS.
     `half_points` (bf16/fp16 inputs): the point distances' cross term and the value-point sum
     as three bf16 dots of split operands ("3xbf16", default: one tensor-core layout for the
     whole score tile; 2-4 % faster than "tf32" at N >= 1024 on the H200, as accurate) or as
@@ -269,7 +278,10 @@ def triton_ipa(
             ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, ops.centred_t,
             ops.point_weight, ops.out_s, bias, modes, split=split)
 
-    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
+    # fp32 "ieee": the projections on tensor cores as well (3xTF32, `linear.py`)
+    linear = linear_3xtf32 if modes.split_dots and LINEAR_3XTF32 else F.linear
+    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
+                           linear=linear)
 
 
 def triton_fullfuse_ipa(

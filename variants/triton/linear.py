@@ -1,0 +1,88 @@
+"""fp32 `x @ W^T + b` on tensor cores as 3xTF32: the `triton` forward's two projections (all six
+input projections in one GEMM, and out_proj) where the call needs no autograd.
+
+cuBLAS runs an fp32 GEMM as an SIMT SGEMM (no tensor cores unless TF32 is allowed, which
+fp32 "ieee" forbids). At the forward's shapes (M = B N rows, K = 384 or 672, 384-1728 outputs)
+that was 37 us of the 90 us `triton` fp32 forward at N = 256 on an H100, and 68 of 397 us at
+N = 1024, against 10.5 us for the same two GEMMs in bf16 (2026-12-06,
+`gpu_diagnostics/profile_call.py 1024 fp32 triton --pass forward`). Here each product is three
+TF32 dots of split operands (`tf32.dot_split_tf32`, split by `tf32_hi`: two integer
+instructions an element), accurate to about fp32 like the attention kernel's dots (the rows'
+math mode says `fp32-3xtf32`). Accumulation is fp32, in K order within a program.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from variants.triton.common import autotuned, cdiv, pow2
+from variants.triton.tf32 import dot_split_tf32, tf32_hi
+
+
+@triton.jit(do_not_specialize=["M", "M_KEY"])
+def _linear_kernel(
+    X,  # (M, K) fp32, unit stride along K
+    W,  # (N_OUT, K) fp32, contiguous
+    BIAS,  # (N_OUT,) fp32 when HAS_BIAS
+    OUT,  # (M, N_OUT) fp32, contiguous
+    M,
+    N_OUT,
+    K,
+    stride_xm,
+    M_KEY,  # autotune bucket, unused in the body
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N_OUT
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        x = tl.load(X + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(W + offs_n[None, :] * K + offs_k[:, None],  # (BLOCK_K, BLOCK_N): W^T
+                    mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        x_hi, w_hi = tf32_hi(x), tf32_hi(w)
+        acc = dot_split_tf32(x_hi, x - x_hi, w_hi, w - w_hi, acc)
+    if HAS_BIAS:
+        acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0)[None, :]
+    tl.store(OUT + offs_m[:, None] * N_OUT + offs_n[None, :], acc,
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+_linear = autotuned(
+    "linear_3xtf32",
+    _linear_kernel,
+    configs=[
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+        for m, n, k, w, s in [
+            (32, 64, 32, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
+            (128, 128, 32, 8, 3), (64, 32, 64, 4, 3), (32, 32, 64, 4, 4),
+        ]
+    ],
+    key=["M_KEY", "N_OUT", "K", "HAS_BIAS"],
+    interpreted={"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32},
+)
+
+
+def linear_3xtf32(x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for fp32 tensors on one device, unchecked (the forward built
+    them): x (..., K) with a unit stride along K and rows of one stride (a contiguous tensor
+    or a slice of one along K), weight (N_OUT, K) contiguous, bias (N_OUT,) contiguous or None
+    -> (..., N_OUT) contiguous."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k)  # a view for the inputs the forward passes
+    m, n_out = rows.shape[0], weight.shape[0]
+    out = torch.empty(*x.shape[:-1], n_out, dtype=torch.float32, device=x.device)
+    grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]))
+    _linear[grid](rows, weight, out if bias is None else bias, out, m, n_out, k, rows.stride(0),
+                  pow2(m, 64), HAS_BIAS=bias is not None)
+    return out
