@@ -36,6 +36,7 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PROMOTE: tl.constexpr = True,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -50,7 +51,11 @@ def _linear_kernel(
         w = tl.load(W + offs_n[None, :] * K + offs_k[:, None],  # (BLOCK_K, BLOCK_N): W^T
                     mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         x_hi, w_hi = tf32_hi(x), tf32_hi(w)
-        acc = dot_split_tf32(x_hi, x - x_hi, w_hi, w - w_hi, acc)
+        if PROMOTE:
+            acc += dot_split_tf32(x_hi, x - x_hi, w_hi, w - w_hi,
+                                  tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
+        else:
+            acc = dot_split_tf32(x_hi, x - x_hi, w_hi, w - w_hi, acc)
     if HAS_BIAS:
         acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0)[None, :]
     tl.store(OUT + offs_m[:, None] * N_OUT + offs_n[None, :], acc,
