@@ -8,7 +8,17 @@ N = 1024, against 10.5 us for the same two GEMMs in bf16 (2026-12-06,
 `gpu_diagnostics/profile_call.py 1024 fp32 triton --pass forward`). Here each product is three
 TF32 dots of split operands (`tf32.dot_split_tf32`, split by `tf32_hi`: two integer
 instructions an element), accurate to about fp32 like the attention kernel's dots (the rows'
-math mode says `fp32-3xtf32`). Accumulation is fp32, in K order within a program.
+math mode says `fp32-3xtf32`).
+
+Each K block's three dots start from zero, and their sum is added to the fp32 accumulator by
+an ordinary FADD. Chained straight into the accumulator (`acc = tl.dot(a, b, acc)`) the
+products of all K went through the tensor cores' own accumulation, which truncates where an
+FADD rounds to nearest: a bias that grows with the number of chained steps. Measured on an H100
+(2026-12-06, B N = 1-4096 rows, float64 reference, `gpu_diagnostics/linear_accuracy.py` at
+1ba8bd3): chained, rel_l2 2.5-2.6e-6 (K = 384) and 4.3-4.7e-6 (K = 672), 7-50x cuBLAS's IEEE
+SGEMM (0.9-4.6e-7); summed per block of 32, 1.4-1.6e-7, below cuBLAS's; the replayed forward's
+time unchanged. With the chained form the `triton` fp32 forward's err_ratio rose from 0.42-0.45
+to 1.41-1.66 (N = 256 and 1024); summed per block it is 0.44-0.59.
 """
 
 from __future__ import annotations
@@ -36,7 +46,6 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PROMOTE: tl.constexpr = True,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -51,11 +60,10 @@ def _linear_kernel(
         w = tl.load(W + offs_n[None, :] * K + offs_k[:, None],  # (BLOCK_K, BLOCK_N): W^T
                     mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         x_hi, w_hi = tf32_hi(x), tf32_hi(w)
-        if PROMOTE:
-            acc += dot_split_tf32(x_hi, x - x_hi, w_hi, w - w_hi,
-                                  tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
-        else:
-            acc = dot_split_tf32(x_hi, x - x_hi, w_hi, w - w_hi, acc)
+        # summed from zero, then added on the CUDA cores (round to nearest): not chained into
+        # `acc` by the tensor cores, whose accumulation truncates (module doc)
+        acc += dot_split_tf32(x_hi, x - x_hi, w_hi, w - w_hi,
+                              tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
     if HAS_BIAS:
         acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0)[None, :]
     tl.store(OUT + offs_m[:, None] * N_OUT + offs_n[None, :], acc,

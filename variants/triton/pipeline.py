@@ -49,9 +49,6 @@ from variants.triton.pair_bias import bias_tensor
 
 # The SPEC state_dict's names; the six projections in the order of the one input GEMM.
 IN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "q_pts", "k_pts", "v_pts")
-# `triton_ipa`'s fp32 projections as 3xTF32 Triton GEMMs (`linear.py`) instead of cuBLAS's
-# SGEMM; a switch for `gpu_diagnostics/profile_call.py --ab` until timed on the H200.
-LINEAR_3XTF32 = True
 PARAMETER_NAMES = ("layer_norm.weight", "layer_norm.bias",
                    *(f"{p}.weight" for p in IN_PROJECTIONS), "pair_bias.weight", "head_weights",
                    "out_proj.weight", "out_proj.bias")
@@ -278,8 +275,9 @@ def triton_ipa(
             ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, ops.centred_t,
             ops.point_weight, ops.out_s, bias, modes, split=split)
 
-    # fp32 "ieee": the projections on tensor cores as well (3xTF32, `linear.py`)
-    linear = linear_3xtf32 if modes.split_dots and LINEAR_3XTF32 else F.linear
+    # fp32 "ieee": the projections on tensor cores as well (3xTF32, `linear.py`; H100,
+    # replayed: N = 256 0.099 -> 0.073 ms, N = 1024 0.399 -> 0.372, N = 4096 4.633 -> 4.545)
+    linear = linear_3xtf32 if modes.split_dots else F.linear
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
                            linear=linear)
 
