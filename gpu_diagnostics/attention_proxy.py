@@ -33,6 +33,7 @@ import torch
 import variants.triton.attention as att
 import variants.triton.bias_backward as bb
 import variants.triton.common as common
+import variants.triton.linear as linear
 import variants.triton.pipeline as pipeline
 import variants.triton.sums as sums
 from gpu_diagnostics.sm90_proxy import (
@@ -126,6 +127,7 @@ def launch_args(name: str, dtype: torch.dtype, options: dict, n: int, layer: dic
     stand_ins = [(att, "TUNED", {**att.TUNED, name[1:]: rec}),
                  (frames, "_prologue_kernel", Recorder()),
                  (frames, "_epilogue_kernel", Recorder()), (pair_bias, "_pair_bias", Recorder()),
+                 (linear, "_linear", Recorder()),
                  (common, "check_runnable", lambda *a: None),
                  (pipeline, "check_runnable", lambda *a: None)]
     cfg = problem.IPAConfig(**layer)
