@@ -195,12 +195,9 @@ def _key_kernel(
         pt_hi, pt_lo = tf32_parts(pt, SPLIT)
         dos_hi, dos_lo = tf32_parts(dos, SPLIT)
         dop_hi, dop_lo = tf32_parts(dop, SPLIT)
-        # summed from zero per query block, then added by FADDs: chained into the tensor cores'
-        # truncating accumulation over all N queries, the sums lose bits (`linear.py`)
-        acc_dv += dot_parts(pt_hi.to(dos.dtype), pt_lo.to(dos.dtype), dos_hi, dos_lo,
-                            tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32), DOT_PRECISION)
-        acc_dvp += dot_parts(pt_hi, pt_lo, dop_hi, dop_lo,
-                             tl.zeros([BLOCK_N, VP3_PAD], dtype=tl.float32), PTS_PRECISION)
+        acc_dv = dot_parts(pt_hi.to(dos.dtype), pt_lo.to(dos.dtype), dos_hi, dos_lo, acc_dv,
+                           DOT_PRECISION)
+        acc_dvp = dot_parts(pt_hi, pt_lo, dop_hi, dop_lo, acc_dvp, PTS_PRECISION)
         dpt = dot_parts(v_hi, v_lo, tl.trans(dos_hi), tl.trans(dos_lo),
                         tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PRECISION)
         # centred vp: dP - c.dO_p
