@@ -191,7 +191,7 @@ def openfold_bias_launch_args(kernel: str, dtype: torch.dtype, n: int
     stand_ins = [(att, "_LOGITS_TWIN", recorders), (pv, "_pair_values", values),
                  (pair_bias, "_pair_bias", Recorder()),
                  (frames, "_prologue_kernel", Recorder()),
-                 (frames, "_epilogue_kernel", Recorder()),
+                 (frames, "_epilogue_kernel", Recorder()), (linear, "_linear", Recorder()),
                  (common, "check_runnable", lambda *a: None)]
     inputs = make_inputs(cfg, 1, n, dtype=dtype, device="cpu", seed=1)
     with standing_in(stand_ins), torch.no_grad():

@@ -117,7 +117,7 @@ def _forward(problem: str, dtype: str, layer: dict):
 
 def launch_args(problem: str, dtype: str, n: int, layer: dict) -> tuple[tuple, dict]:
     """The arguments the variant's `launch` passes to the autotuned kernel."""
-    from variants.triton import frames
+    from variants.triton import frames, linear
 
     rec = Recorder()
     # The fused kernel records its launch; the frame kernels around it (no driver here) only
@@ -126,7 +126,7 @@ def launch_args(problem: str, dtype: str, n: int, layer: dict) -> tuple[tuple, d
                                                "_bias_kernel_fp32", "_bias_kernel_16bit")]
     stand_ins += [(frames, name, Recorder()) for name in ("_prologue_kernel",
                                                           "_epilogue_kernel")]
-    stand_ins.append((common, "check_runnable", lambda *a: None))
+    stand_ins += [(linear, "_linear", Recorder()), (common, "check_runnable", lambda *a: None)]
     with standing_in(stand_ins), torch.no_grad(), math_mode(dtype):
         fwd, inputs = _forward(problem, dtype, layer)
         fwd(*inputs(n).as_tuple())

@@ -66,13 +66,14 @@ def pytorch_forward(forward, s, z, translations, rotations, mask, sqrt=torch.sqr
     B, N, _ = s.shape
     H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
     with torch.no_grad():
-        qkv = F.linear(s, forward.w_qkv, forward.b_qkv)  # [q | k | v] (`Projections`)
+        # the forward's own GEMMs (`Projections.linear`: 3xTF32 for fp32 operands)
+        qkv = forward.linear(s, forward.w_qkv, forward.b_qkv)  # [q | k | v] (`Projections`)
         q, k, v = (qkv[..., i * H * C:(i + 1) * H * C].view(B, N, H, C) for i in range(3))
         rot = rotations.float()
         trans = translations.float()
         trans = trans - trans.mean(dim=1, keepdim=True)
         s_pts = s if forward.dtype == torch.float32 else s.float()
-        y = F.linear(s_pts, forward.w_points, forward.b_points)
+        y = forward.linear(s_pts, forward.w_points, forward.b_points)
         local = torch.cat([local_points(part, H) for part in
                            (y[..., :3 * H * Pq], y[..., 3 * H * Pq:])], dim=3)
         pts = torch.einsum("bnxy,bnhpy->bnhpx", rot, local) + trans[:, :, None, None, :]
@@ -86,7 +87,7 @@ def pytorch_forward(forward, s, z, translations, rotations, mask, sqrt=torch.sqr
         local = mod.to_local(o_pt.view(B, N, H, Pv, 3), rot, trans).reshape(B, N, hp, 3)
         cat[..., hc:hc + 3 * hp] = local.permute(0, 1, 3, 2).reshape(B, N, 3 * hp)
         cat[..., hc + 3 * hp:hc + 4 * hp] = sqrt((local ** 2).sum(dim=-1) + cfg.eps)
-        return mod.linear_out(cat.to(forward.dtype))
+        return forward.linear(cat.to(forward.dtype), mod.linear_out.weight, mod.linear_out.bias)
 
 
 # ---- the prologue: every operand of the kernel's launch --------------------------------------
@@ -253,11 +254,14 @@ def _kernel_ops(fn, *args) -> list[str]:
 def test_a_forward_is_a_handful_of_launches(precision):
     # GEMM q|kv, (bf16: s upcast,) GEMM points, the mean, the prologue, (bf16: the mask
     # upcast, as before,) the kernel, the epilogue, (bf16: the cast,) linear_out: FusedCore
-    # prepares nothing. The PyTorch formulation: 30 (fp32) and 49 (bf16).
+    # prepares nothing. The fp32 GEMMs are 3xTF32 Triton kernels (`Projections.linear`), the
+    # bf16 ones cuBLAS's. The PyTorch formulation: 30 (fp32) and 49 (bf16).
     forward, inputs = setup("awkward", precision)
-    cast = ["_to_copy"] if precision == "bf16" else []
+    bf16 = precision == "bf16"
+    cast = ["_to_copy"] if bf16 else []
+    gemm16 = "addmm" if bf16 else "triton:_linear_kernel"
     assert _kernel_ops(forward, *inputs) == [
-        "addmm", *cast, "addmm", "mean", "triton:_prologue_kernel", *cast,
-        "triton:_openfold_kernel", "triton:_epilogue_kernel", *cast, "addmm"]
+        gemm16, *cast, "triton:_linear_kernel", "mean", "triton:_prologue_kernel", *cast,
+        "triton:_openfold_kernel", "triton:_epilogue_kernel", *cast, gemm16]
     assert len(_kernel_ops(pytorch_forward, forward, *inputs)) == (
         30 if precision == "fp32" else 49)

@@ -63,9 +63,8 @@ class BiasForward(Projections):
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
                  math_mode: str):
-        self.math_mode = math_mode
         self.bias_scale = math.sqrt(1.0 / 3)
-        super().__init__(module, device, dtype)
+        super().__init__(module, device, dtype, math_mode)
 
     def take_weights(self) -> None:
         super().take_weights()

@@ -301,8 +301,10 @@ class Projections:
     prologue (global points, centred per batch element) and the epilogue (the inverse frame
     and the norms, then linear_out)."""
 
-    def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype):
+    def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
+                 math_mode: str):
         self.module, self.config, self.device, self.dtype = module, module.config, device, dtype
+        self.math_mode = math_mode
         C = module.config.c_hidden
         self.q_scale = math.sqrt(1.0 / (3 * C)) * LOG2E
         self.take_weights()
@@ -345,6 +347,17 @@ class Projections:
         return (torch.cat([p.weight for p in points]).float(),
                 torch.cat([p.bias for p in points]).float())
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """`F.linear` for the no-grad forwards: fp32 operands in "ieee" math (every fp32 input,
+        and the point projection in every dtype) as 3xTF32 on tensor cores
+        (`variants/triton/linear.py`: as accurate as cuBLAS's IEEE SGEMM, which runs without
+        them), anything else by cuBLAS."""
+        if x.dtype == torch.float32 and self.math_mode == "ieee":
+            from variants.triton.linear import linear_3xtf32
+
+            return linear_3xtf32(x, weight, bias)
+        return F.linear(x, weight, bias)
+
     def check(self, s, z, translations, rotations, mask) -> None:
         """The inputs' checks before any launch: `validate_inputs` (no value scan), and CUDA
         tensors where the kernels are compiled."""
@@ -365,13 +378,13 @@ class Projections:
         H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
         # Points in fp32, in a frame centred on each batch element's mean translation (the
         # output is invariant to that shift, and the kernels' point sums stay small).
-        qkv = F.linear(s, self.w_qkv, self.b_qkv)  # (B, N, 3 H C): [q | k | v]
+        qkv = self.linear(s, self.w_qkv, self.b_qkv)  # (B, N, 3 H C): [q | k | v]
         # Split, not sliced: under autograd one split's backward is one concatenation, where each
         # slice's is a zero fill and a copy, added up.
         q, k, v = (t.view(B, N, H, C) for t in qkv.split(H * C, dim=-1))
         s_pts = s if self.dtype == torch.float32 else s.float()
         # Each projection's output is [X | Y | Z] blocks of H * P (PointProjection's layout)
-        y = F.linear(s_pts, self.w_points, self.b_points)
+        y = self.linear(s_pts, self.w_points, self.b_points)
         mean = translations.mean(dim=1, dtype=torch.float32)  # (B, 3)
         # One launch: R p + (t - mean) of every point, in the kernel's layouts, and the
         # centred translations.
@@ -391,7 +404,8 @@ class Projections:
         cfg = self.config
         frames.epilogue(o_pt, rotations, pts.centred_t, cat, cfg.no_heads * cfg.c_hidden,
                         convention=frames.OPENFOLD, eps=cfg.eps)
-        return self.module.linear_out(cat.to(self.dtype))
+        out = self.module.linear_out
+        return self.linear(cat.to(self.dtype), out.weight, out.bias)
 
 
 class FusedForward(Projections):
@@ -401,7 +415,7 @@ class FusedForward(Projections):
 
     def __init__(self, module: OpenFoldIPA, device: torch.device, dtype: torch.dtype,
                  math_mode: str):
-        super().__init__(module, device, dtype)
+        super().__init__(module, device, dtype, math_mode)
         with torch.no_grad():
             b_b = (module.linear_b.bias.double() * math.sqrt(1.0 / 3) * LOG2E).float()
             self.core = FusedCore(
@@ -437,7 +451,7 @@ class OpenFoldTriton(Variant):
     def code_paths(self):
         here = Path(__file__).resolve().parent  # the kernel, and the modules it reuses
         triton_dir = here.parent / "triton"
-        reused = ("common.py", "frames.py", "launch.py", "pipeline.py", "tf32.py")
+        reused = ("common.py", "frames.py", "launch.py", "linear.py", "pipeline.py", "tf32.py")
         return [here, *(triton_dir / f for f in reused), here.parent / "base2.py"]
 
     def math_mode_label(self, precision):
