@@ -169,7 +169,6 @@ def describe_environment(device: torch.device, node: str | None = None,
     bandwidth = copy_bandwidth_gbps(device, nbytes=(1 << 30) if device.type == "cuda" else 1 << 27)
     meta["copy_bandwidth_gbps"] = bandwidth
     meta["host_op_us"] = host_op_us(device)
-    meta["host_spin_ms"] = TimingPolicy.host_spin_ms  # before each CUDA sample (measure's doc)
     env = Environment(device, meta["device_name"], bandwidth, flusher,
                       node=node or socket.gethostname(),
                       gpu=this_gpu(device) if gpu is None else gpu)
@@ -324,7 +323,8 @@ class CellRunner:
                                          notes, known), "kernel": kernel} for mode in modes]
         if device != "cuda":
             notes.append("peak memory not measured on CPU")
-        policy = TimingPolicy(budget_s=self.spec.grid.budget_s)
+        policy = TimingPolicy(budget_s=self.spec.grid.budget_s,
+                              host_spin_ms=self.spec.grid.host_spin_ms)
         refills = self._refills(cell, policy, timing_inputs)
         timed = worker.time(build, timing_inputs, modes, policy, refills, cell.pass_name)
         kernel = worker.kernel(build)

@@ -22,6 +22,8 @@ TOML format (every key optional; unknown keys are errors):
     passes = ["forward"]         # and/or "forward+backward": a timed training step (eager)
     seeds = 3                    # correctness seeds per cell
     budget_s = 1.0               # timing budget per cell and mode
+    host_spin_ms = 2.0           # CUDA: the host's busy wait before each sample (0: none;
+                                 # harness/measure.py)
 
     [[slice]]              # each slice: lists of values; cells = product of its lists
     length = [64, 128, 256]
@@ -53,6 +55,7 @@ MODES = ("eager", "graph")
 BASE_DEFAULTS = {
     "batch": 1, "dtypes": ["fp32", "bf16"], "modes": ["eager", "graph"],
     "graph_max_length": 512, "seeds": 3, "budget_s": 1.0, "passes": ["forward"],
+    "host_spin_ms": 2.0,
 }
 BASE_KEYS = ("problem", *BASE_DEFAULTS, *CONFIG_AXES)
 
@@ -85,6 +88,7 @@ class Grid:
     source: str = ""
     slices: list[dict] = field(default_factory=list)
     problem: str = DEFAULT
+    host_spin_ms: float = BASE_DEFAULTS["host_spin_ms"]
 
     def modes_for(self, cell: Cell, device: str) -> list[str]:
         """Eager always; CUDA-graph replay (of a forward or a whole training step) on CUDA up
@@ -135,6 +139,10 @@ def grid_from_dict(data: dict, source: str = "", problem: str | None = None) -> 
     budget = base["budget_s"]
     if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:
         raise IPAInputError(f"base.budget_s: expected a positive number of seconds, got {budget!r}")
+    spin = base["host_spin_ms"]
+    if isinstance(spin, bool) or not isinstance(spin, int | float) or not spin >= 0:
+        raise IPAInputError(f"base.host_spin_ms: expected a number of milliseconds >= 0, got "
+                            f"{spin!r}")
     graph_max = base["graph_max_length"]
     if isinstance(graph_max, bool) or not isinstance(graph_max, int) or graph_max < 0:
         raise IPAInputError(f"base.graph_max_length: expected an integer >= 0, got {graph_max!r}")
@@ -173,7 +181,7 @@ def grid_from_dict(data: dict, source: str = "", problem: str | None = None) -> 
             if cell not in cells:
                 cells.append(cell)
     return Grid(cells, list(base["modes"]), int(base["graph_max_length"]), int(base["seeds"]),
-                float(base["budget_s"]), source, slices, problem)
+                float(base["budget_s"]), source, slices, problem, float(spin))
 
 
 def _check_passes(where: str, passes) -> list[str]:

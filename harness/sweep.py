@@ -112,7 +112,8 @@ class Sweep:
             meta["device_name"] = None
         runs = json.loads(meta_path.read_text())["runs"] if meta_path.exists() else []
         meta.update(run_id=self.run_id, started_at=self.started_at, grid=self.grid.source,
-                    problem=self.grid.problem, cells_todo=len(todo), finished=False)
+                    problem=self.grid.problem, host_spin_ms=self.grid.host_spin_ms,
+                    cells_todo=len(todo), finished=False)
         runs.append(meta)
         self._write_meta(meta_path, runs)
         finished = False

@@ -84,6 +84,8 @@ def test_presets_cover_the_published_grid():
         ({"base": {"speed": 1}, "slice": [{"length": [8]}]}, r"base: unknown key\(s\) \['speed'\]"),
         ({"base": {}}, "at least one"),
         ({"slice": [{"length": [8], "heads": [5]}]}, "heads: expected a divisor"),
+        ({"base": {"host_spin_ms": -1}, "slice": [{"length": [8]}]},
+         r"base.host_spin_ms: expected a number of milliseconds >= 0, got -1"),
     ],
 )
 def test_grid_validation_errors_are_clear(data, fragment):
@@ -96,6 +98,8 @@ def test_grid_file_is_read(tmp_path):
     path.write_text('[base]\ndtypes = ["bf16"]\n[[slice]]\nlength = [10, 20]\nheads = [4, 8]\n')
     grid = load_grid_file(path)
     assert len(grid.cells) == 4 and {c.precision for c in grid.cells} == {"bf16"}
+    path.write_text('[base]\nhost_spin_ms = 0\n[[slice]]\nlength = [10]\n')
+    assert load_grid_file(path).host_spin_ms == 0.0
     path.write_text("[[slice]\n")
     with pytest.raises(IPAInputError, match="invalid TOML"):
         load_grid_file(path)
@@ -122,6 +126,7 @@ def test_failures_become_rows_and_the_sweep_goes_on(tmp_path):
                 "copy_bandwidth_gbps", "host_op_us"):
         assert key in meta
     assert 0 < meta["host_op_us"] < 1000  # us to issue one small op
+    assert meta["host_spin_ms"] == 2.0  # the grid's default
     assert meta["finished"] is True
 
 
