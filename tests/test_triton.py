@@ -306,6 +306,43 @@ def test_linear_3xtf32_matches_float64(layout, with_bias):
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_linear_3xtf32_op_gradients_match_float64(with_bias):
+    # dx = dy W and dW = dy^T x run through the same kernel on transposed (strided) operands
+    from variants.triton.linear import linear_3xtf32_op
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 29, 45, generator=g)[:, :, :37].requires_grad_(True)  # rows 45 apart
+    w = torch.randn(70, 37, generator=g).requires_grad_(True)
+    b = torch.randn(70, generator=g).requires_grad_(True) if with_bias else None
+    leaves = [x, w] + ([b] if with_bias else [])
+    grad_out = torch.randn(3, 29, 70, generator=g)
+    out = linear_3xtf32_op(x, w, b)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    exact = [t.detach().double().requires_grad_(True) for t in leaves]
+    want_out = torch.nn.functional.linear(exact[0], exact[1], exact[2] if with_bias else None)
+    want = torch.autograd.grad(want_out, exact, grad_out.double())
+    torch.testing.assert_close(out.double(), want_out, rtol=1e-5, atol=1e-5)
+    for name, a, e in zip(("x", "weight", "bias")[:len(got)], got, want, strict=True):
+        assert a.shape == e.shape and a.dtype == torch.float32, name
+        torch.testing.assert_close(a.double(), e, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@needs_interpreter
+def test_linear_3xtf32_ops_pass_opcheck():
+    from variants.triton import linear
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 9, 12, generator=g, requires_grad=True)
+    w = torch.randn(5, 12, generator=g, requires_grad=True)
+    b = torch.randn(5, generator=g, requires_grad=True)
+    torch.library.opcheck(linear.linear_3xtf32_op.op, (x, w, b))
+    torch.library.opcheck(linear.linear_3xtf32_op.op, (x, w, None))
+    grad = torch.randn(2, 9, 5, generator=g)
+    torch.library.opcheck(linear._linear_backward.op, (grad, x.detach(), w.detach(), True))
+
+
 @needs_triton
 @pytest.mark.parametrize("layout", ["contiguous", "crop", "transposed"])
 def test_cublas_pair_bias_forms_match_einsum(layout):

@@ -115,6 +115,21 @@ def test_fp32_gradients_match_float64_oracle(variant, length):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("length", [17, 70])
+def test_fp32_gradients_with_3xtf32_projections(length, monkeypatch):
+    # `pipeline.TRAIN_SPLIT_GEMMS` (off until timed on a GPU): the projections' forward and
+    # backward GEMMs by `linear.linear_3xtf32_op`, the same protocol
+    from variants.triton import pipeline
+
+    monkeypatch.setattr(pipeline, "TRAIN_SPLIT_GEMMS", True)
+    calls = []
+    op = pipeline.linear_3xtf32_op
+    monkeypatch.setattr(pipeline, "linear_3xtf32_op", lambda *a: calls.append(1) or op(*a))
+    check_gradients(TritonTrain, "fp32", 2, length, SMALL, "cpu")
+    assert calls  # the GEMMs went through the op
+
+
+@needs_interpreter
 @each_variant
 def test_bf16_gradients_match_float64_oracle_interpreted(variant):
     figures = check_gradients(variant, "bf16", 2, 17, SMALL, "cpu")

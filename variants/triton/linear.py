@@ -27,20 +27,24 @@ import torch
 import triton
 import triton.language as tl
 
+from variants.custom_ops import custom_op
 from variants.triton.common import autotuned, cdiv, pow2
 from variants.triton.tf32 import dot_split_tf32, tf32_hi
+
+Tensor = torch.Tensor
 
 
 @triton.jit(do_not_specialize=["M", "M_KEY"])
 def _linear_kernel(
-    X,  # (M, K) fp32, unit stride along K
-    W,  # (N_OUT, K) fp32, contiguous
+    X,  # (M, K) fp32, strides (stride_xm, stride_xk)
+    W,  # (N_OUT, K) fp32, strides (stride_wn, stride_wk)
     BIAS,  # (N_OUT,) fp32 when HAS_BIAS
     OUT,  # (M, N_OUT) fp32, contiguous
     M,
     N_OUT,
     K,
-    stride_xm,
+    stride_xm, stride_xk,  # (a stride of 1 is specialised on: the forward's unit K strides)
+    stride_wn, stride_wk,
     M_KEY,  # autotune bucket, unused in the body
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -55,10 +59,10 @@ def _linear_kernel(
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
-        x = tl.load(X + offs_m[:, None] * stride_xm + offs_k[None, :],
+        x = tl.load(X + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(W + offs_n[None, :] * K + offs_k[:, None],  # (BLOCK_K, BLOCK_N): W^T
-                    mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        w = tl.load(W + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+                    mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # (BLOCK_K, BLOCK_N): W^T
         x_hi, w_hi = tf32_hi(x), tf32_hi(w)
         # summed from zero, then added on the CUDA cores (round to nearest): not chained into
         # `acc` by the tensor cores, whose accumulation truncates (module doc)
@@ -80,7 +84,8 @@ _linear = autotuned(
             (128, 128, 32, 8, 3), (64, 32, 64, 4, 3), (32, 32, 64, 4, 4),
         ]
     ],
-    key=["M_KEY", "N_OUT", "K", "HAS_BIAS"],
+    # the strides: the backward's transposed operands (`linear_3xtf32_op`) tune on their own
+    key=["M_KEY", "N_OUT", "K", "HAS_BIAS", "stride_xm", "stride_xk", "stride_wn", "stride_wk"],
     interpreted={"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32},
 )
 
@@ -88,14 +93,59 @@ _linear = autotuned(
 def linear_3xtf32(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for fp32 tensors on one device, unchecked (the forward built
-    them): x (..., K) with a unit stride along K and rows of one stride (a contiguous tensor
-    or a slice of one along K), weight (N_OUT, K) contiguous, bias (N_OUT,) contiguous or None
-    -> (..., N_OUT) contiguous."""
+    them), not differentiable (`linear_3xtf32_op` is): x (..., K) whose leading dimensions
+    merge into one (a contiguous tensor, a slice along K, a transpose of a 2-D one), weight
+    (N_OUT, K) any strides, bias (N_OUT,) contiguous or None -> (..., N_OUT) contiguous."""
     k = x.shape[-1]
-    rows = x.reshape(-1, k)  # a view for the inputs the forward passes
+    rows = x.reshape(-1, k)  # a view for the inputs the forwards pass
     m, n_out = rows.shape[0], weight.shape[0]
     out = torch.empty(*x.shape[:-1], n_out, dtype=torch.float32, device=x.device)
     grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]))
-    _linear[grid](rows, weight, out if bias is None else bias, out, m, n_out, k, rows.stride(0),
-                  pow2(m, 64), HAS_BIAS=bias is not None)
+    _linear[grid](rows, weight, out if bias is None else bias, out, m, n_out, k, *rows.stride(),
+                  *weight.stride(), pow2(m, 64), HAS_BIAS=bias is not None)
     return out
+
+
+# ---- the differentiable form: a custom op (torch.compile keeps it whole; opcheck tests it) ----
+
+@custom_op("ipa_bench::linear_3xtf32")
+def linear_3xtf32_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """`linear_3xtf32` with a backward of the same GEMMs: dx = dy W, dW = dy^T x (the rows
+    summed in blocks of BLOCK_K, each block's sum added by an FADD), db = dy summed."""
+    return linear_3xtf32(x, weight, bias)
+
+
+@linear_3xtf32_op.register_fake
+def _linear_fake(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@custom_op("ipa_bench::linear_3xtf32_backward")
+def _linear_backward(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    n_out, k = weight.shape
+    dy, rows = grad.reshape(-1, n_out), x.reshape(-1, k)
+    dx = linear_3xtf32(dy, weight.t()).view(x.shape)
+    dw = linear_3xtf32(dy.t(), rows.t())
+    db = dy.sum(0) if has_bias else dy.new_empty(0)  # a custom op returns no None
+    return dx, dw, db
+
+
+@_linear_backward.register_fake
+def _linear_backward_fake(grad, x, weight, has_bias):
+    return (x.new_empty(x.shape), weight.new_empty(weight.shape),
+            weight.new_empty(weight.shape[0] if has_bias else 0))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_grads(ctx, grad):
+    dx, dw, db = _linear_backward(grad, *ctx.saved_tensors, ctx.has_bias)
+    return dx, dw, db if ctx.has_bias else None
+
+
+linear_3xtf32_op.register_autograd(_linear_grads, setup_context=_linear_setup)

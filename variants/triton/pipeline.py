@@ -44,11 +44,15 @@ from variants.triton.common import (
 )
 from variants.triton.core_op import bias_core_op, core_op
 from variants.triton.fullfuse import launch_fullfuse
-from variants.triton.linear import linear_3xtf32
+from variants.triton.linear import linear_3xtf32, linear_3xtf32_op
 from variants.triton.pair_bias import bias_tensor
 
 # The SPEC state_dict's names; the six projections in the order of the one input GEMM.
 IN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "q_pts", "k_pts", "v_pts")
+# triton-train's fp32 projections, forward and backward, as 3xTF32 Triton GEMMs
+# (`linear.linear_3xtf32_op`) instead of cuBLAS's SGEMMs: CPU-tested, not yet timed or run on a
+# GPU (twenty-third session); off until `gpu_diagnostics/profile_call.py --ab` decides.
+TRAIN_SPLIT_GEMMS = False
 PARAMETER_NAMES = ("layer_norm.weight", "layer_norm.bias",
                    *(f"{p}.weight" for p in IN_PROJECTIONS), "pair_bias.weight", "head_weights",
                    "out_proj.weight", "out_proj.bias")
@@ -158,27 +162,29 @@ def _around_kernels(
     rotations: torch.Tensor,
     kernels: Callable[[Operands], tuple[torch.Tensor, torch.Tensor]],
     layout: frames.Layout = frames.OPERANDS,
-    linear: Callable[..., torch.Tensor] = F.linear,
+    split_gemms: bool = False,
 ) -> torch.Tensor:
     """The forward with `kernels(operands) -> (o_s, out_p)` as its attention core: o_s
     (B, N, H, d) `operands.out_s` (written in place) or a tensor of the kernels' own (the
     training op's), out_p (B, N, H, 3*Vp) fp32. Arguments are checked by the caller. Without
     autograd the frame transforms are `frames.py`'s two kernels, the points in `layout` (the
     default: `Operands`'); with it, the same kernels as differentiable custom ops
-    (`frames_op`), the points in the default layout whatever `layout` says. `linear`
-    (`F.linear`'s arguments) computes the two projections where no autograd is needed."""
+    (`frames_op`), the points in the default layout whatever `layout` says. `split_gemms`
+    (fp32 "ieee"): the two projections as 3xTF32 Triton GEMMs (`linear.py`, a custom op with
+    its backward under autograd), else cuBLAS's."""
     check_runnable("node_repr", node_repr)
     cfg = weights.config
     bsz, n, _ = node_repr.shape
     h, d, qp, vp = cfg.heads, cfg.head_dim, cfg.query_points, cfg.value_points
     hd = h * d
     fused = not _needs_autograd(weights, node_repr, pair_repr, translations, rotations)
-    if not fused:
-        linear = F.linear
+    linear = F.linear
+    if split_gemms:
+        linear = linear_3xtf32 if fused else linear_3xtf32_op
 
     # Prologue: LayerNorm, one GEMM for all six projections, frames in fp32.
     x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
-    proj = linear(x, weights.w_in)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
+    proj = linear(x, weights.w_in, None)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
     # Split, not sliced: under autograd one split's backward is one concatenation, where each
     # slice's is a zero fill and a copy, added up (14 launches more per training step).
     q, k, v, local_pts = proj.split([hd, hd, hd, proj.shape[-1] - 3 * hd], dim=-1)
@@ -277,9 +283,8 @@ def triton_ipa(
 
     # fp32 "ieee": the projections on tensor cores as well (3xTF32, `linear.py`; H100,
     # replayed: N = 256 0.099 -> 0.073 ms, N = 1024 0.399 -> 0.372, N = 4096 4.633 -> 4.545)
-    linear = linear_3xtf32 if modes.split_dots else F.linear
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
-                           linear=linear)
+                           split_gemms=modes.split_dots)
 
 
 def triton_fullfuse_ipa(
@@ -383,6 +388,10 @@ def triton_train_ipa(
     weights = TritonIPAWeights.from_parameters(params, config)
     _check(weights, node_repr, pair_repr, translations, rotations)
     op = core_op if fused else bias_core_op
+    # fp32 "ieee", triton-train: the projections and their gradients as 3xTF32 GEMMs, once
+    # timed on a GPU (`TRAIN_SPLIT_GEMMS`)
+    split_gemms = (TRAIN_SPLIT_GEMMS and not fused
+                   and dot_modes(node_repr.dtype, math_mode).split_dots)
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
         # The result does not depend on the kernel's origins: no gradient through them. o_s is
@@ -390,4 +399,5 @@ def triton_train_ipa(
         return op(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, ops.centred_t.detach(),
                   pair_repr, weights.w_pair, ops.point_weight, math_mode)[:2]
 
-    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
+    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
+                           split_gemms=split_gemms)
