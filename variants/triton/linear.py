@@ -36,15 +36,15 @@ Tensor = torch.Tensor
 
 @triton.jit(do_not_specialize=["M", "M_KEY"])
 def _linear_kernel(
-    X,  # (M, K) fp32, strides (stride_xm, stride_xk)
-    W,  # (N_OUT, K) fp32, strides (stride_wn, stride_wk)
+    X,  # (BATCH, M, K) fp32, strides (stride_xb, stride_xm, stride_xk)
+    W,  # (BATCH, N_OUT, K) fp32, strides (stride_wb, stride_wn, stride_wk)
     BIAS,  # (N_OUT,) fp32 when HAS_BIAS
-    OUT,  # (M, N_OUT) fp32, contiguous
+    OUT,  # (BATCH, M, N_OUT) fp32, contiguous
     M,
     N_OUT,
     K,
-    stride_xm, stride_xk,  # (a stride of 1 is specialised on: the forward's unit K strides)
-    stride_wn, stride_wk,
+    stride_xb, stride_xm, stride_xk,  # (a stride of 1 is specialised on: unit K strides)
+    stride_wb, stride_wn, stride_wk,
     M_KEY,  # autotune bucket, unused in the body
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -53,6 +53,10 @@ def _linear_kernel(
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    batch = tl.program_id(2).to(tl.int64)
+    X += batch * stride_xb
+    W += batch * stride_wb
+    OUT += batch * M * N_OUT
     m_ok = offs_m < M
     n_ok = offs_n < N_OUT
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -101,8 +105,19 @@ def linear_3xtf32(x: torch.Tensor, weight: torch.Tensor,
     m, n_out = rows.shape[0], weight.shape[0]
     out = torch.empty(*x.shape[:-1], n_out, dtype=torch.float32, device=x.device)
     grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]))
-    _linear[grid](rows, weight, out if bias is None else bias, out, m, n_out, k, *rows.stride(),
-                  *weight.stride(), pow2(m, 64), HAS_BIAS=bias is not None)
+    _linear[grid](rows, weight, out if bias is None else bias, out, m, n_out, k,
+                  0, *rows.stride(), 0, *weight.stride(), pow2(m, 64), HAS_BIAS=bias is not None)
+    return out
+
+
+def bmm_3xtf32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`torch.bmm(a, b, out=out)` for fp32 tensors, unchecked: a (BATCH, M, K) and b (BATCH,
+    K, N) any strides (a transposed operand is read in place), out (BATCH, M, N) contiguous."""
+    batch, m, k = a.shape
+    n = b.shape[2]
+    grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, meta["BLOCK_N"]), batch)
+    _linear[grid](a, b, out, out, m, n, k, *a.stride(), b.stride(0), b.stride(2), b.stride(1),
+                  pow2(m, 64), HAS_BIAS=False)
     return out
 
 

@@ -19,8 +19,15 @@ import triton.language as tl
 
 from variants.problem import math_mode
 from variants.triton.common import cdiv, direct, pow2
+from variants.triton.linear import bmm_3xtf32
 
 LN2_F = math.log(2.0)
+# The two sums of dS as batched 3xTF32 Triton GEMMs (`linear.bmm_3xtf32`, per-block sums: as
+# accurate as the IEEE SGEMM) instead of cuBLAS's SIMT SGEMMs, 3.7 ms of the fp32 N = 4096 step on
+# an H100 (2026-12-06, beside the pair pass). CPU-tested, not yet run on a GPU (its transposed
+# dS operand is what the fourteenth session's Triton sums read slowly); off until
+# `gpu_diagnostics/profile_call.py --ab variants.triton.sums:SUMS_3XTF32` decides.
+SUMS_3XTF32 = False
 _ROWS = 32  # rows of (b, n, h) or of N per program: a few KB of operands each
 
 
@@ -161,9 +168,13 @@ def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torc
                           W_PAD=pow2(width, 2), BLOCK=_ROWS)
     sums = ds.new_empty(2, b * h, n, width)
     ds = ds.view(b * h, n, n)
-    with math_mode("fp32"):  # IEEE SGEMM whatever the caller's TF32 switch
-        torch.bmm(ds, operand[0], out=sums[0])
-        torch.bmm(ds.transpose(1, 2), operand[1], out=sums[1])
+    if SUMS_3XTF32:
+        bmm_3xtf32(ds, operand[0], sums[0])
+        bmm_3xtf32(ds.transpose(1, 2), operand[1], sums[1])
+    else:
+        with math_mode("fp32"):  # IEEE SGEMM whatever the caller's TF32 switch
+            torch.bmm(ds, operand[0], out=sums[0])
+            torch.bmm(ds.transpose(1, 2), operand[1], out=sums[1])
     dq, dk = q.new_empty(b, n, h, d), k.new_empty(b, n, h, d)
     dq_pts, dk_pts = q_pts.new_empty(q_pts.shape), k_pts.new_empty(k_pts.shape)
     _gradients_kernel[grid](sums, q_pts, k_pts, point_weight.contiguous(), dq, dk, dq_pts,
