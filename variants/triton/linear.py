@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from variants.custom_ops import custom_op
-from variants.triton.common import autotuned, cdiv, pow2
+from variants.triton.common import autotuned, block_configs, cdiv, pow2
 from variants.triton.tf32 import dot_split_tf32, tf32_hi
 
 Tensor = torch.Tensor
@@ -81,13 +81,9 @@ def _linear_kernel(
 _linear = autotuned(
     "linear_3xtf32",
     _linear_kernel,
-    configs=[
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-        for m, n, k, w, s in [
-            (32, 64, 32, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
-            (128, 128, 32, 8, 3), (64, 32, 64, 4, 3), (32, 32, 64, 4, 4),
-        ]
-    ],
+    configs=block_configs([(32, 64, 32, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3),
+                           (128, 64, 32, 4, 3), (128, 128, 32, 8, 3), (64, 32, 64, 4, 3),
+                           (32, 32, 64, 4, 4)], names=("BLOCK_M", "BLOCK_N", "BLOCK_K")),
     # the strides: the backward's transposed operands (`linear_3xtf32_op`) tune on their own
     key=["M_KEY", "N_OUT", "K", "HAS_BIAS", "stride_xm", "stride_xk", "stride_wn", "stride_wk"],
     interpreted={"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32},
