@@ -38,7 +38,9 @@ last row counts. A change of device name between the files is reported: comparin
 different GPUs measures the GPUs, not the code. So is a change of host speed, where the
 `metadata.json` beside each file records it (`host_op_us`, the host's time to issue one small
 torch op) and the two differ by more than `HOST_DIFFERENCE`: a `host-bound` row then times the
-hosts (two H100 VMs of 2026-12-06 issued a Triton launch in 19 and 31 us).
+hosts (two H100 VMs of 2026-12-06 issued a Triton launch in 19 and 31 us). So is a change of
+the timing's busy wait before each sample (`host_spin_ms`, 0 before 2026-12-06), which changes
+what a host-bound row measures.
 """
 
 from __future__ import annotations
@@ -92,18 +94,31 @@ def load(path: str | Path, what: str) -> pd.DataFrame:
     return latest_per_key(df)
 
 
-def host_op_us(path: str | Path, df: pd.DataFrame) -> float | None:
-    """The median `host_op_us` of the runs that wrote `df`'s rows, from the `metadata.json`
-    beside the results file at `path`; None where none recorded it (or there is no such
-    file, or it is not an ipa-bench one)."""
+def run_figure(path: str | Path, df: pd.DataFrame, key: str,
+               missing: float | None = None) -> float | None:
+    """The median of `key` over the runs that wrote `df`'s rows, from the `metadata.json`
+    beside the results file at `path`; a run that did not record it counts as `missing` (None:
+    not at all). None where no run counts (or there is no such file, or it is not an ipa-bench
+    one)."""
     try:
         runs = metadata_runs(Path(path).parent / METADATA_JSON)
     except IPAInputError:
         return None
-    values = [runs[run_id].get("host_op_us") for run_id in set(df["run_id"].astype(str))
+    values = [runs[run_id].get(key, missing) for run_id in set(df["run_id"].astype(str))
               if run_id in runs]
     values = [v for v in values if isinstance(v, int | float)]
     return statistics.median(values) if values else None
+
+
+def host_op_us(path: str | Path, df: pd.DataFrame) -> float | None:
+    """The hosts' speed (`measure.host_op_us`) of the runs that wrote `df`'s rows."""
+    return run_figure(path, df, "host_op_us")
+
+
+def host_spin_ms(path: str | Path, df: pd.DataFrame) -> float | None:
+    """The timing's busy wait before each sample (`TimingPolicy.host_spin_ms`) of the runs that
+    wrote `df`'s rows: 0 for a run recorded before it existed (2026-12-06)."""
+    return run_figure(path, df, "host_spin_ms", missing=0.0)
 
 
 @dataclass
@@ -114,6 +129,7 @@ class Comparison:
     device_names: tuple[list[str], list[str]]
     threshold: float
     host_op_us: tuple[float | None, float | None] = (None, None)  # OLD's, NEW's
+    host_spin_ms: tuple[float | None, float | None] = (None, None)  # OLD's, NEW's
 
     @property
     def failed(self) -> pd.DataFrame:
@@ -158,9 +174,11 @@ def _verdict(row, threshold: float) -> str:
 
 
 def compare(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
-            host_op_us: tuple[float | None, float | None] = (None, None)) -> Comparison:
+            host_op_us: tuple[float | None, float | None] = (None, None),
+            host_spin_ms: tuple[float | None, float | None] = (None, None)) -> Comparison:
     """Match `old` and `new` (results DataFrames, as `load` returns) cell by cell;
-    `host_op_us`: their hosts' speeds, where known (`host_op_us`)."""
+    `host_op_us`: their hosts' speeds, `host_spin_ms`: their timings' busy waits, where known
+    (`host_op_us`, `host_spin_ms`)."""
     merged = old.merge(new, on=KEY_COLUMNS, how="outer", suffixes=("_old", "_new"),
                        indicator=True)
     only_old = merged.loc[merged["_merge"] == "left_only", KEY_COLUMNS]
@@ -187,7 +205,7 @@ def compare(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     names = (sorted(old["device_name"].dropna().astype(str).unique()),
              sorted(new["device_name"].dropna().astype(str).unique()))
     return Comparison(cells, only_old.reset_index(drop=True), only_new.reset_index(drop=True),
-                      names, threshold, host_op_us)
+                      names, threshold, host_op_us, host_spin_ms)
 
 
 def _num(value, spec: str) -> str:
@@ -247,15 +265,21 @@ def summary_lines(result: Comparison) -> list[str]:
     if old_names != new_names:
         lines.append(f"note: the devices differ (OLD {old_names}, NEW {new_names}): the ratios "
                      "compare the machines as much as the code")
+    cells = result.cells
+    bound = int((has_flag(cells.rename(columns={"flags_old": "flags"}), "host-bound")
+                 | has_flag(cells.rename(columns={"flags_new": "flags"}), "host-bound")).sum())
     old_host, new_host = result.host_op_us
     if old_host and new_host and max(old_host, new_host) > HOST_DIFFERENCE * min(old_host,
                                                                                   new_host):
-        cells = result.cells
-        bound = int((has_flag(cells.rename(columns={"flags_old": "flags"}), "host-bound")
-                     | has_flag(cells.rename(columns={"flags_new": "flags"}), "host-bound")).sum())
         lines.append(f"note: the hosts differ (OLD issues a small torch op in {old_host:.1f} us, "
                      f"NEW in {new_host:.1f} us): {bound} matched cell(s) flagged host-bound time "
                      "the hosts as much as the code (--mode graph compares the kernels)")
+    old_spin, new_spin = result.host_spin_ms
+    if old_spin is not None and new_spin is not None and old_spin != new_spin:
+        lines.append(f"note: the timings differ (the host busy for {old_spin:g} ms before each "
+                     f"OLD sample, {new_spin:g} ms before each NEW one): {bound} matched cell(s) "
+                     "flagged host-bound time the host's state as much as the code "
+                     "(docs/reliability.md; --mode graph compares the kernels)")
     for label, frame in (("only in OLD (not rerun)", result.only_old),
                          ("only in NEW (new cells)", result.only_new)):
         if not frame.empty:
@@ -275,7 +299,8 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.mode:
         old, new = old[old["mode"] == args.mode], new[new["mode"] == args.mode]
     result = compare(old, new, args.threshold,
-                     (host_op_us(args.old, old), host_op_us(args.new, new)))
+                     (host_op_us(args.old, old), host_op_us(args.new, new)),
+                     (host_spin_ms(args.old, old), host_spin_ms(args.new, new)))
     if result.cells.empty:
         problems = [sorted(set(df["problem"])) for df in (old, new)]
         hint = (f"; OLD holds problem(s) {problems[0]}, NEW {problems[1]}, and rows of "

@@ -224,25 +224,30 @@ def test_cells_run_on_another_gpu_model_are_not_judged(tmp_path, capsys):
     assert "SLOWER" in _table_lines_with(out, " N1024 ")[0]
 
 
-def _run_beside_metadata(tmp_path, old_rows, new_rows, old_host, new_host) -> int:
-    """`_run`, each file in a folder of its own with a metadata.json giving its run's
-    host_op_us (None: that key left out)."""
+def _run_beside_metadata(tmp_path, old_rows, new_rows, old_run: dict | None,
+                         new_run: dict | None) -> int:
+    """`_run`, each file in a folder of its own with a metadata.json whose one run records
+    `old_run` / `new_run`'s keys (None: no metadata.json at all)."""
     import json
 
     paths = []
-    for name, rows, host in (("old", old_rows, old_host), ("new", new_rows, new_host)):
+    for name, rows, keys in (("old", old_rows, old_run), ("new", new_rows, new_run)):
         folder = tmp_path / name
         folder.mkdir()
-        run = {"run_id": "r"} | ({} if host is None else {"host_op_us": host})
-        (folder / "metadata.json").write_text(json.dumps({"runs": [run]}))
+        if keys is not None:
+            (folder / "metadata.json").write_text(json.dumps({"runs": [{"run_id": "r"} | keys]}))
         paths.append(_write(folder / "results.csv", rows))
     return cli_main(["compare", *paths, "--markdown"])
+
+
+def _hosts(host: float | None) -> dict:
+    return {} if host is None else {"host_op_us": host}
 
 
 def test_hosts_of_different_speed_are_noted_with_their_host_bound_cells(tmp_path, capsys):
     old = [dict(_row("reference", 256), flags="host-bound"), _row("reference", 1024)]
     new = [dict(_row("reference", 256), flags="host-bound"), _row("reference", 1024)]
-    assert _run_beside_metadata(tmp_path, old, new, 6.0, 9.6) == 0
+    assert _run_beside_metadata(tmp_path, old, new, _hosts(6.0), _hosts(9.6)) == 0
     out = _out(capsys)
     assert ("note: the hosts differ (OLD issues a small torch op in 6.0 us, NEW in 9.6 us): "
             "1 matched cell(s) flagged host-bound") in out
@@ -251,5 +256,22 @@ def test_hosts_of_different_speed_are_noted_with_their_host_bound_cells(tmp_path
 @pytest.mark.parametrize("hosts", [(6.0, 6.6), (6.0, None), (None, None)])
 def test_hosts_are_noted_only_when_both_are_known_and_differ(tmp_path, capsys, hosts):
     rows = [dict(_row("reference", 256), flags="host-bound")]
-    assert _run_beside_metadata(tmp_path, rows, rows, *hosts) == 0
+    assert _run_beside_metadata(tmp_path, rows, rows, *map(_hosts, hosts)) == 0
     assert "the hosts differ" not in _out(capsys)
+
+
+def test_a_run_before_the_busy_host_is_noted_against_one_after(tmp_path, capsys):
+    # metadata.json from before 2026-12-06 has no host_spin_ms: its samples had no busy wait
+    rows = [dict(_row("reference", 256), flags="host-bound"), _row("reference", 1024)]
+    assert _run_beside_metadata(tmp_path, rows, rows, {"host_op_us": 6.0},
+                                {"host_op_us": 6.0, "host_spin_ms": 2.0}) == 0
+    assert ("note: the timings differ (the host busy for 0 ms before each OLD sample, 2 ms "
+            "before each NEW one): 1 matched cell(s) flagged host-bound") in _out(capsys)
+
+
+@pytest.mark.parametrize("runs", [({"host_spin_ms": 2.0}, {"host_spin_ms": 2.0}),
+                                  (None, {"host_spin_ms": 2.0}), (None, None)])
+def test_timings_are_noted_only_when_both_are_known_and_differ(tmp_path, capsys, runs):
+    rows = [dict(_row("reference", 256), flags="host-bound")]
+    assert _run_beside_metadata(tmp_path, rows, rows, *runs) == 0
+    assert "the timings differ" not in _out(capsys)
