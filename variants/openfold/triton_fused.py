@@ -452,7 +452,8 @@ class OpenFoldTriton(Variant):
         here = Path(__file__).resolve().parent  # the kernel, and the modules it reuses
         triton_dir = here.parent / "triton"
         reused = ("common.py", "frames.py", "launch.py", "linear.py", "pipeline.py", "tf32.py")
-        return [here, *(triton_dir / f for f in reused), here.parent / "base2.py"]
+        return [here, *(triton_dir / f for f in reused), here.parent / "base2.py",
+                here.parent / "custom_ops.py"]  # linear.py's op
 
     def math_mode_label(self, precision):
         return z_math_mode_label(get_precision(precision))
