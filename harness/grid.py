@@ -44,6 +44,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.measure import TimingPolicy
 from harness.problems import DEFAULT, PROBLEMS
 from harness.runner import PASSES
 from variants.problem import PRECISIONS, IPAInputError
@@ -55,7 +56,7 @@ MODES = ("eager", "graph")
 BASE_DEFAULTS = {
     "batch": 1, "dtypes": ["fp32", "bf16"], "modes": ["eager", "graph"],
     "graph_max_length": 512, "seeds": 3, "budget_s": 1.0, "passes": ["forward"],
-    "host_spin_ms": 2.0,
+    "host_spin_ms": TimingPolicy.host_spin_ms,
 }
 BASE_KEYS = ("problem", *BASE_DEFAULTS, *CONFIG_AXES)
 

@@ -9,9 +9,11 @@ samples) or the time budget is spent. On CPU the same statistics use `time.perf_
 Before each CUDA sample the host busy-waits `host_spin_ms`, so that every call is issued by a
 running host, as in a model whose host issues layer after layer. Without it, the synchronize
 that ends each sample lets the host's core go idle, and a host-bound call (an eager call at
-small N) issues 1.5-1.9x slower after an idle wait than after a busy one: measured on an H100
-host (2026-12-06, `gpu_diagnostics/profile_call.py --host-states`), `triton` bf16 N = 256 took
-0.71 ms after nothing, 0.60 after a 2 ms sleep and 0.38 after a 2 ms busy wait.
+small N) may issue slower: on one H100 host (2026-12-06, `gpu_diagnostics/profile_call.py
+--host-states`, `triton` at N = 256-4096) 1.4-1.6x slower after a 2 ms sleep than after a 2 ms
+busy wait (bf16 N = 256: 0.71 ms after nothing, 0.60 after the sleep, 0.38 after the busy
+wait). It narrows the spread, not removes it: on a second host the busy wait was ~10 % slower
+than nothing (docs/reliability.md).
 """
 
 from __future__ import annotations
