@@ -3,7 +3,7 @@
 with, at the default layer, and prints per config registers, stack bytes, and the SASS's shared
 loads and stores and tensor-core instructions (HGMMA: warpgroup MMAs; HMMA: per-warp ones). The
 layouts: the forward's projection (both operands K-contiguous); triton-train's sums of dS
-(`sums.SUMS_3XTF32`: dS and the transposed dS^T against [k | kp | 1]); the projections' backward
+(`sums.gemm_ds_sums`: dS and the transposed dS^T against [k | kp | 1]); the projections' backward
 (`linear_3xtf32_op`: dx = dy W, dW = dy^T x). A layout that does not compile, or spills, shows
 here before any GPU run.
 

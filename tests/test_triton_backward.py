@@ -115,20 +115,18 @@ def test_fp32_gradients_match_float64_oracle(variant, length):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("length", [17, 70])
-def test_fp32_gradients_with_3xtf32_gemms(length, monkeypatch):
-    # `pipeline.TRAIN_SPLIT_GEMMS` and `sums.SUMS_3XTF32` (off until timed on a GPU): the
-    # projections' forward and backward GEMMs by `linear.linear_3xtf32_op` and the sums of dS
-    # by `linear.bmm_3xtf32`, the same protocol
+def test_fp32_training_gemms_run_as_3xtf32(monkeypatch):
+    # triton-train's fp32 projections (forward and backward) go through `linear_3xtf32_op` and
+    # the sums of dS through `bmm_3xtf32`, not cuBLAS's SGEMMs, and the gradients still pass
     from variants.triton import pipeline, sums
 
-    monkeypatch.setattr(pipeline, "TRAIN_SPLIT_GEMMS", True)
-    monkeypatch.setattr(sums, "SUMS_3XTF32", True)
     calls = []
-    op = pipeline.linear_3xtf32_op
-    monkeypatch.setattr(pipeline, "linear_3xtf32_op", lambda *a: calls.append(1) or op(*a))
-    check_gradients(TritonTrain, "fp32", 2, length, SMALL, "cpu")
-    assert calls  # the GEMMs went through the op
+    for module, name in ((pipeline, "linear_3xtf32_op"), (sums, "bmm_3xtf32")):
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    check_gradients(TritonTrain, "fp32", 2, 17, SMALL, "cpu")
+    assert {"linear_3xtf32_op", "bmm_3xtf32"} <= set(calls)
 
 
 @needs_interpreter
@@ -190,19 +188,14 @@ def test_point_weight_gradient_is_centred():
 
 
 @needs_interpreter
-@pytest.mark.parametrize("split", [False, True], ids=["cublas", "3xtf32"])
-def test_gemm_ds_sums_match_float64_in_the_centred_frame(split, monkeypatch):
+def test_gemm_ds_sums_match_float64_in_the_centred_frame():
     # The sums of dS for dq, dk and the points' gradients run as fp32 GEMMs on points in the
     # layer's centred frame (one centre per batch element, not per block as a kernel would
     # use): against float64 on a protein-like chain (3.8 A steps, ~30 A across) and a
     # softmax-shaped dS, each result must stay far inside the fp32 floor (2e-5); 100 A off the
     # origin the point sums cancel visibly (the reason the frame is centred). q and k are
-    # strided views, as the projection's split gives them. `split`: the GEMMs as batched
-    # 3xTF32 Triton kernels (`sums.SUMS_3XTF32`, dS^T read in place), else cuBLAS's.
-    from variants.triton import sums
+    # strided views, as the projection's split gives them; dS^T is read in place.
     from variants.triton.sums import LN2_F, gemm_ds_sums
-
-    monkeypatch.setattr(sums, "SUMS_3XTF32", split)
 
     g = torch.Generator().manual_seed(3)
     b, h, n, d, qp = 2, 3, 300, 16, 4

@@ -24,13 +24,11 @@ attention-weighted mean squared point distance dbar. With D_i = dO_i . O_i preco
   point weight (`_point_weight_kernel`, a program per BLOCK_M rows of one (b, h)):
       d pw = ln 2 sum_ij dS_ij (|qp_i - kp_j|^2 - dbar_i), the distances recomputed directly
       in fp32, with w = pw ln 2 = -softplus(head_weights) / 2.
-  sums of dS (`gemm_ds_sums`: one cuBLAS IEEE SGEMM per side, dS read once by rows for the
+  sums of dS (`gemm_ds_sums`: one batched 3xTF32 GEMM per side, dS read once by rows for the
       queries and once by columns for the keys): dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS)
-      - dS kp), dk = dS^T q / sqrt(d), dkp = 2 w (kp colsum(dS) - dS^T qp). Triton's TF32 dots
-      cannot take dS's transposed tile from shared memory (its key-side sums took 2.4 ms at
-      N = 4096 on the H200) and its IEEE dots run as FMA loops; cuBLAS transposes for free.
-      Keeping dk and dkp out of the key kernel is what lets it run: with their accumulators it
-      spilled (proxy, 32 x 64 tiles: fp32 240 words) and took 5.9 ms at N = 4096 in fp32.
+      - dS kp), dk = dS^T q / sqrt(d), dkp = 2 w (kp colsum(dS) - dS^T qp). Keeping dk and
+      dkp out of the key kernel is what lets it run: with their accumulators it spilled
+      (proxy, 32 x 64 tiles: fp32 240 words) and took 5.9 ms at N = 4096 in fp32.
   pair kernel (a program owns a run of (i, j) pairs of one batch element) reads each dS and
       z tile once: d pair_repr = dS^T W_b written once (the only N x N x C tensor of the step)
       and dW_b = sum dS z into a partial sum per program (no atomic hot spot), summed by

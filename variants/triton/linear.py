@@ -1,8 +1,8 @@
 """fp32 `x @ W^T + b` on tensor cores as 3xTF32: the `triton` forward's two projections (all six
 input projections in one GEMM, and out_proj) and problem openfold's fp32 GEMMs (`linear_3xtf32`);
 the same with a backward, as a custom op (`linear_3xtf32_op`); and batched, any strides
-(`bmm_3xtf32`). The last two serve triton-train behind switches not yet timed on a GPU
-(`pipeline.TRAIN_SPLIT_GEMMS`, `sums.SUMS_3XTF32`).
+(`bmm_3xtf32`). The last two serve triton-train's fp32 projections and its sums of dS
+(`sums.gemm_ds_sums`).
 
 cuBLAS runs an fp32 GEMM as an SIMT SGEMM (no tensor cores unless TF32 is allowed, which
 fp32 "ieee" forbids). At the forward's shapes (M = B N rows, K = 384 or 672, 384-1728 outputs)

@@ -1,6 +1,6 @@
 """The backwards' O(N) row terms as single launches: the softmax's row term D (`row_delta`) and
-the sums of dS on cuBLAS (`gemm_ds_sums`) with the operands they read and the gradients they
-give written by one Triton kernel each.
+the sums of dS as two batched 3xTF32 GEMMs (`gemm_ds_sums`) with the operands they read and the
+gradients they give written by one Triton kernel each.
 
 Spelled in PyTorch these were ~20 small kernels of a training step (D: two products, two sums
 and an add, and casts for 16-bit inputs; the sums: four to build the GEMMs' operands, eight to
@@ -17,17 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.problem import math_mode
 from variants.triton.common import cdiv, direct, pow2
 from variants.triton.linear import bmm_3xtf32
 
 LN2_F = math.log(2.0)
-# The two sums of dS as batched 3xTF32 Triton GEMMs (`linear.bmm_3xtf32`, per-block sums: as
-# accurate as the IEEE SGEMM) instead of cuBLAS's SIMT SGEMMs, 3.7 ms of the fp32 N = 4096 step on
-# an H100 (2026-12-06, beside the pair pass). CPU-tested, not yet run on a GPU (its transposed
-# dS operand is what the fourteenth session's Triton sums read slowly); off until
-# `gpu_diagnostics/profile_call.py --ab variants.triton.sums:SUMS_3XTF32` decides.
-SUMS_3XTF32 = False
 _ROWS = 32  # rows of (b, n, h) or of N per program: a few KB of operands each
 
 
@@ -141,13 +134,14 @@ def _gradients_kernel(SUMS, Q_PTS, K_PTS, POINT_WEIGHT, DQ, DK, DQ_PTS, DK_PTS, 
 def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torch.Tensor,
                  k_pts: torch.Tensor, point_weight: torch.Tensor, q_scale: float
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sums of dS (B, H, N, N) fp32 as two batched IEEE fp32 GEMMs (cuBLAS on the GPU), one
-    read of dS per side: dS [k | kp | 1] for the queries and dS^T [q | qp | 1] for the keys give
-    dq = dS k / sqrt(d), dqp = 2 w (qp rowsum(dS) - dS kp), and dk, dkp alike, with the row
-    (column) sums. Triton's TF32 dots cannot take dS's transposed tile from shared memory (its
-    key-side sums took 2.4 ms at N = 4096 on the H200) and its IEEE dots run as FMA loops; the
-    SGEMM reads a transposed operand for free. The points are in the layer's centred frame
-    (centred on the mean frame origin per batch element, as the prologue writes them): the
+    """The sums of dS (B, H, N, N) fp32 as two batched fp32 GEMMs, one read of dS per side:
+    dS [k | kp | 1] for the queries and dS^T [q | qp | 1] for the keys give dq = dS k / sqrt(d),
+    dqp = 2 w (qp rowsum(dS) - dS kp), and dk, dkp alike, with the row (column) sums. The GEMMs
+    are `linear.bmm_3xtf32` (dS^T read in place), as accurate as an IEEE SGEMM: on an H100 they
+    took the fp32 N = 4096 step from 16.20 to 16.01 ms against cuBLAS's SIMT SGEMMs, with the
+    same gradient errors (2026-12-06, twenty-fourth session). The points are in the layer's
+    centred frame (centred on the mean frame origin per batch element, as the prologue writes
+    them): the
     cancellation in qp rowsum - dS kp then costs ~7e-6 relative at N = 4096 and a 77 A radius
     (an fp32 emulation; centred on each 64-key block, as a kernel could: 1e-6), against
     gradient tolerances of 2e-5 and more. One kernel writes both sides' operands into one
@@ -168,13 +162,8 @@ def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torc
                           W_PAD=pow2(width, 2), BLOCK=_ROWS)
     sums = ds.new_empty(2, b * h, n, width)
     ds = ds.view(b * h, n, n)
-    if SUMS_3XTF32:
-        bmm_3xtf32(ds, operand[0], sums[0])
-        bmm_3xtf32(ds.transpose(1, 2), operand[1], sums[1])
-    else:
-        with math_mode("fp32"):  # IEEE SGEMM whatever the caller's TF32 switch
-            torch.bmm(ds, operand[0], out=sums[0])
-            torch.bmm(ds.transpose(1, 2), operand[1], out=sums[1])
+    bmm_3xtf32(ds, operand[0], sums[0])
+    bmm_3xtf32(ds.transpose(1, 2), operand[1], sums[1])
     dq, dk = q.new_empty(b, n, h, d), k.new_empty(b, n, h, d)
     dq_pts, dk_pts = q_pts.new_empty(q_pts.shape), k_pts.new_empty(k_pts.shape)
     _gradients_kernel[grid](sums, q_pts, k_pts, point_weight.contiguous(), dq, dk, dq_pts,
