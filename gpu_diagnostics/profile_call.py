@@ -250,9 +250,10 @@ def print_host_states(call, sync, cuda: bool) -> None:
     """Why an eager row's host_ms can exceed the host's issue time back to back: the same call
     issued back to back (20 calls without a synchronisation), then under the sweep's timing
     (`harness.measure.time_cuda`: an L2 flush, device events, a synchronisation after each
-    sample) with, before each sample: nothing; a 2 ms sleep; the sweep's busy wait
-    (`TimingPolicy.host_spin_ms`); a sleep and then that busy wait. A host-bound call issued
-    slower after an idle wait than after a busy one times the host's state, not the code."""
+    sample) with, before each sample: nothing; a 2 ms sleep; a 2 ms busy wait
+    (`TimingPolicy.host_spin_ms`, off by default); a sleep and then that busy wait. A
+    host-bound call issued slower after an idle wait than after a busy one times the host's
+    state, not the code."""
     def sleep(_: int) -> None:
         time.sleep(2e-3)
 
@@ -264,7 +265,7 @@ def print_host_states(call, sync, cuda: bool) -> None:
     if not cuda:
         return
     flusher = L2Flusher(torch.device("cuda"))
-    spin = TimingPolicy.host_spin_ms
+    spin = 2.0
     for label, before, spin_ms in (("nothing", None, 0.0), ("a sleep", sleep, 0.0),
                                    (f"a {spin} ms busy wait", None, spin),
                                    (f"a sleep and a {spin} ms busy wait", sleep, spin)):

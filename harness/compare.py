@@ -39,8 +39,8 @@ different GPUs measures the GPUs, not the code. So is a change of host speed, wh
 `metadata.json` beside each file records it (`host_op_us`, the host's time to issue one small
 torch op) and the two differ by more than `HOST_DIFFERENCE`: a `host-bound` row then times the
 hosts (two H100 VMs of 2026-12-06 issued a Triton launch in 19 and 31 us). So is a change of
-the timing's busy wait before each sample (`host_spin_ms`, 0 before 2026-12-06), which changes
-what a host-bound row measures.
+the timing's busy wait before each sample (`host_spin_ms`: 2 in the runs of 2026-12-06's
+twenty-third session, 0 before and after), which changes what a host-bound row measures.
 """
 
 from __future__ import annotations

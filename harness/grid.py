@@ -22,7 +22,7 @@ TOML format (every key optional; unknown keys are errors):
     passes = ["forward"]         # and/or "forward+backward": a timed training step (eager)
     seeds = 3                    # correctness seeds per cell
     budget_s = 1.0               # timing budget per cell and mode
-    host_spin_ms = 2.0           # CUDA: the host's busy wait before each sample (0: none;
+    host_spin_ms = 0             # CUDA: the host's busy wait before each sample (0: none;
                                  # harness/measure.py)
 
     [[slice]]              # each slice: lists of values; cells = product of its lists

@@ -6,14 +6,13 @@ minimum count and a minimum time are reached, and noise-adaptive stopping: sampl
 the median's relative standard error is under `target_noise` (with at least `min_samples`
 samples) or the time budget is spent. On CPU the same statistics use `time.perf_counter`.
 
-Before each CUDA sample the host busy-waits `host_spin_ms`, so that every call is issued by a
-running host, as in a model whose host issues layer after layer. Without it, the synchronize
-that ends each sample lets the host's core go idle, and a host-bound call (an eager call at
-small N) may issue slower: on one H100 host (2026-12-06, `gpu_diagnostics/profile_call.py
---host-states`, `triton` at N = 256-4096) 1.4-1.6x slower after a 2 ms sleep than after a 2 ms
-busy wait (bf16 N = 256: 0.71 ms after nothing, 0.60 after the sleep, 0.38 after the busy
-wait). It narrows the spread, not removes it: on a second host the busy wait was ~10 % slower
-than nothing (docs/reliability.md).
+`host_spin_ms` (default 0, none) makes the host busy-wait before each CUDA sample. A host-bound
+call (an eager call at small N) may issue slower after the synchronize that ends each sample
+lets the host's core go idle. On one H100 host a 2 ms busy wait before each sample made it
+faster (2026-12-06, `gpu_diagnostics/profile_call.py --host-states`: bf16 N = 256 0.71 ms after
+nothing, 0.38 after the busy wait); on a second start it was ~10 % slower than nothing, and in
+an A/B on a third (six sweep processes, 0 and 2 alternately) it had no consistent effect and
+did not narrow the spread. So it is off by default (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ class TimingPolicy:
     max_samples: int = 500
     budget_s: float = 1.0
     target_noise: float = 0.01
-    host_spin_ms: float = 2.0  # CUDA: the host's busy wait before each sample (module doc)
+    host_spin_ms: float = 0.0  # CUDA: the host's busy wait before each sample (module doc)
 
 
 @dataclass(frozen=True)

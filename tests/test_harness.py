@@ -126,7 +126,7 @@ def test_failures_become_rows_and_the_sweep_goes_on(tmp_path):
                 "copy_bandwidth_gbps", "host_op_us"):
         assert key in meta
     assert 0 < meta["host_op_us"] < 1000  # us to issue one small op
-    assert meta["host_spin_ms"] == 2.0  # the grid's default
+    assert meta["host_spin_ms"] == 0.0  # the grid's default: none
     assert meta["finished"] is True
 
 

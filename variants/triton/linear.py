@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from variants.custom_ops import custom_op
-from variants.triton.common import autotuned, block_configs, cdiv, largest_meta, pow2
+from variants.triton.common import autotuned, block_configs, cdiv, pow2
 from variants.triton.tf32 import dot_split_tf32, tf32_hi
 
 Tensor = torch.Tensor
@@ -49,10 +49,7 @@ def _linear_kernel(
     stride_xb, stride_xm, stride_xk,  # (a stride of 1 is specialised on: unit K strides)
     stride_wb, stride_wn, stride_wk,
     M_KEY,  # autotune bucket, unused in the body
-    CENTRE,  # (BATCH, M, N_OUT) fp32, contiguous, when CENTRE_GROUP
-    centre_lo, centre_hi,  # the centred columns [centre_lo, centre_hi)
     HAS_BIAS: tl.constexpr,
-    CENTRE_GROUP: tl.constexpr,  # 0, or rows per group (a multiple of BLOCK_M)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -65,12 +62,6 @@ def _linear_kernel(
     OUT += batch * M * N_OUT
     m_ok = offs_m < M
     n_ok = offs_n < N_OUT
-    if CENTRE_GROUP > 0:
-        # W's rows less the centre: CENTRE's row at the start of this block's group
-        group_row = (tl.program_id(0) * BLOCK_M // CENTRE_GROUP) * CENTRE_GROUP
-        centred = n_ok & (offs_n >= centre_lo) & (offs_n < centre_hi)
-        centre = tl.load(CENTRE + batch * M * N_OUT + group_row * N_OUT + offs_n, mask=centred,
-                         other=0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -79,8 +70,6 @@ def _linear_kernel(
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(W + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # (BLOCK_K, BLOCK_N): W^T
-        if CENTRE_GROUP > 0:
-            w -= centre[None, :]  # (X's masked columns are zeros: the pad rows add nothing)
         x_hi, w_hi = tf32_hi(x), tf32_hi(w)
         # summed from zero, then added on the CUDA cores (round to nearest): not chained into
         # `acc` by the tensor cores, whose accumulation truncates (module doc)
@@ -116,29 +105,18 @@ def linear_3xtf32(x: torch.Tensor, weight: torch.Tensor,
     out = torch.empty(*x.shape[:-1], n_out, dtype=torch.float32, device=x.device)
     grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]))
     _linear[grid](rows, weight, out if bias is None else bias, out, m, n_out, k,
-                  0, *rows.stride(), 0, *weight.stride(), pow2(m, 64), out, 0, 0,
-                  HAS_BIAS=bias is not None, CENTRE_GROUP=0)
+                  0, *rows.stride(), 0, *weight.stride(), pow2(m, 64), HAS_BIAS=bias is not None)
     return out
 
 
-def bmm_3xtf32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
-               centre: torch.Tensor | None = None, columns: tuple[int, int] = (0, 0),
-               group: int = 0) -> torch.Tensor:
+def bmm_3xtf32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """`torch.bmm(a, b, out=out)` for fp32 tensors, unchecked: a (BATCH, M, K) and b (BATCH,
-    K, N) any strides (a transposed operand is read in place), out (BATCH, M, N) contiguous.
-
-    With `centre` (BATCH, M, N) contiguous and `group` > 0: out row i is a[i] @ (b - c) with
-    c = centre[g] in `columns` [lo, hi) and 0 elsewhere, g the first row of i's group of
-    `group` rows (a multiple of every BLOCK_M): b's rows are moved near row i's before they are
-    summed, for sums whose terms cancel (`sums.gemm_ds_sums`)."""
+    K, N) any strides (a transposed operand is read in place), out (BATCH, M, N) contiguous."""
     batch, m, k = a.shape
     n = b.shape[2]
-    if group:
-        assert group % largest_meta(_linear, "BLOCK_M") == 0, group
     grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, meta["BLOCK_N"]), batch)
     _linear[grid](a, b, out, out, m, n, k, *a.stride(), b.stride(0), b.stride(2), b.stride(1),
-                  pow2(m, 64), out if centre is None else centre, *columns, HAS_BIAS=False,
-                  CENTRE_GROUP=group if centre is not None else 0)
+                  pow2(m, 64), HAS_BIAS=False)
     return out
 
 

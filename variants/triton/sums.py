@@ -22,9 +22,6 @@ from variants.triton.linear import bmm_3xtf32
 
 LN2_F = math.log(2.0)
 _ROWS = 32  # rows of (b, n, h) or of N per program: a few KB of operands each
-# Rows that share a centre in the sums of dS (`gemm_ds_sums`): a multiple of the GEMM's
-# largest BLOCK_M
-CENTRE_GROUP = 128
 
 
 @triton.jit
@@ -105,13 +102,10 @@ def _operand_kernel(Q, K, Q_PTS, K_PTS, OUT, N, H, stride_qb, stride_qn, stride_
 @triton.jit
 def _gradients_kernel(SUMS, Q_PTS, K_PTS, POINT_WEIGHT, DQ, DK, DQ_PTS, DK_PTS, N, H, scale,
                       pts_scale, D: tl.constexpr, D_PAD: tl.constexpr, P3: tl.constexpr,
-                      P3_PAD: tl.constexpr, WIDTH: tl.constexpr, GROUP: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """From the GEMMs' results SUMS[side, b * H + h, n] = dS-sums of [X | X_pts - c | 1]
-    (c: the own side's point at the first row of n's group of GROUP rows): side 0 (queries)
-    dq = scale S[:D] into DQ (B, N, H, D) contiguous, in its dtype, and dq_pts =
-    pts_scale w ((q_pts - c) rowsum - S[D:D+P3]) into DQ_PTS (B, H, P3, N) fp32; side 1 the
-    keys'."""
+                      P3_PAD: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """From the GEMMs' results SUMS[side, b * H + h, n] = dS-sums of [X | X_pts | 1]: side 0
+    (queries) dq = scale S[:D] into DQ (B, N, H, D) contiguous, in its dtype, and dq_pts =
+    pts_scale w (q_pts rowsum - S[D:D+P3]) into DQ_PTS (B, H, P3, N) fp32; side 1 the keys'."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     bh, side = tl.program_id(1), tl.program_id(2)
     b, h = (bh // H).to(tl.int64), bh % H
@@ -126,17 +120,14 @@ def _gradients_kernel(SUMS, Q_PTS, K_PTS, POINT_WEIGHT, DQ, DK, DQ_PTS, DK_PTS, 
     dots = tl.load(line + D + cp, mask=p_ok, other=0.0)
     rowsum = tl.load(line + D + P3, mask=r_ok[:, None], other=0.0)
     pts_at = (b * H + h) * P3 * N + cp * N + r
-    centre_at = pts_at - r + (r // GROUP) * GROUP
     weight = tl.load(POINT_WEIGHT + h) * pts_scale
     if side == 0:
         tl.store(DQ + grad_at, grad.to(DQ.dtype.element_ty), mask=r_ok[:, None] & (cd < D))
-        own = (tl.load(Q_PTS + pts_at, mask=p_ok, other=0.0)
-               - tl.load(Q_PTS + centre_at, mask=p_ok, other=0.0))
+        own = tl.load(Q_PTS + pts_at, mask=p_ok, other=0.0)
         tl.store(DQ_PTS + pts_at, (own * rowsum - dots) * weight, mask=p_ok)
     else:
         tl.store(DK + grad_at, grad.to(DK.dtype.element_ty), mask=r_ok[:, None] & (cd < D))
-        own = (tl.load(K_PTS + pts_at, mask=p_ok, other=0.0)
-               - tl.load(K_PTS + centre_at, mask=p_ok, other=0.0))
+        own = tl.load(K_PTS + pts_at, mask=p_ok, other=0.0)
         tl.store(DK_PTS + pts_at, (own * rowsum - dots) * weight, mask=p_ok)
 
 
@@ -150,19 +141,16 @@ def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torc
     took the fp32 N = 4096 step from 16.20 to 16.01 ms against cuBLAS's SIMT SGEMMs, with the
     same gradient errors (2026-12-06, twenty-fourth session).
 
-    The point sums cancel: dqp_i = 2 w sum_j dS_ij (qp_i - kp_j), summed as qp_i rowsum_i -
-    sum_j dS_ij kp_j, has terms of the size of the coordinates, where the reference's own
-    difference form has terms of the attended distances. So the GEMMs sum dS_ij (kp_j - c),
-    c the query point at the start of i's group of CENTRE_GROUP rows (a point of the same
-    chain segment, near the keys i attends), and the gradients kernel takes (qp_i - c) rowsum_i
-    (the keys' side alike). fp32 emulation against float64 on the suite's chains (radius
-    99-196 A at N = 1024-4096, 100 A off the origin), relative error of this sum: the
-    reference's difference form 0.84-1.31e-6; centred once per batch element (as before)
-    1.27-2.86e-6, 1.5-2.4x the reference's, as triton-train's point gradients were (1.24x at
-    N = 1024, 1.9x at 4096, measured); centred on the first point of each 128-row group
-    1.06-1.53e-6, 1.2-1.45x (`gpu_diagnostics/point_sums_emulation.py`). One kernel writes
-    both sides' operands into one buffer, one turns both GEMMs' results into the gradients:
-    four launches in all.
+    The points are in the layer's centred frame (centred on the mean frame origin per batch
+    element, as the prologue writes them). The cancellation in qp rowsum - dS kp then gives
+    that sum 1.3-2.9e-6 relative error on the suite's chains at N = 1024-4096 (fp32 emulation
+    against float64), 1.5-2.4x the reference's per-pair difference form. Moving the points near
+    each row's in the GEMM (a centre per 128-row group, fdf5cb2) took it to 1.1-1.5e-6, and
+    left every gradient's error on the H100 within 1 % of before (N = 1024 and 4096; q_pts
+    1.77x the reference's at 4096, pair_repr 1.40x): dS's own error dominates, so it was
+    reverted (docs/perf-notes.md, twenty-fourth session). One kernel writes both sides'
+    operands into one buffer, one turns both GEMMs' results into the gradients: four launches
+    in all.
 
     q, k (B, N, H, D) views with unit innermost stride and head stride D, any float dtype;
     q_pts, k_pts (B, H, 3Qp, N) fp32; point_weight (H,) fp32 (base-2 units, `variants.base2`);
@@ -179,13 +167,11 @@ def gemm_ds_sums(ds: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pts: torc
                           W_PAD=pow2(width, 2), BLOCK=_ROWS)
     sums = ds.new_empty(2, b * h, n, width)
     ds = ds.view(b * h, n, n)
-    points = (d, d + p3)  # the operands' point columns, centred per group of rows
-    bmm_3xtf32(ds, operand[0], sums[0], operand[1], points, CENTRE_GROUP)
-    bmm_3xtf32(ds.transpose(1, 2), operand[1], sums[1], operand[0], points, CENTRE_GROUP)
+    bmm_3xtf32(ds, operand[0], sums[0])
+    bmm_3xtf32(ds.transpose(1, 2), operand[1], sums[1])
     dq, dk = q.new_empty(b, n, h, d), k.new_empty(b, n, h, d)
     dq_pts, dk_pts = q_pts.new_empty(q_pts.shape), k_pts.new_empty(k_pts.shape)
     _gradients_kernel[grid](sums, q_pts, k_pts, point_weight.contiguous(), dq, dk, dq_pts,
                             dk_pts, n, h, q_scale * LN2_F, 2.0 * LN2_F, D=d, D_PAD=pow2(d, 2),
-                            P3=p3, P3_PAD=pow2(p3, 2), WIDTH=width, GROUP=CENTRE_GROUP,
-                            BLOCK=_ROWS)
+                            P3=p3, P3_PAD=pow2(p3, 2), WIDTH=width, BLOCK=_ROWS)
     return dq, dk, dq_pts, dk_pts
