@@ -5,8 +5,10 @@ and state_dict; a random pair bias of z W_b's size) it computes dS = P (dP - D) 
 - the reference's: torch's softmax of natural-base fp32 logits in the global frame, and its
   backward, D_i = sum_j P_ij dP_ij over the same rounded dP;
 - triton-train's scheme: base-2 logits in the layer's centred frame, the row statistics from an
-  online softmax over 32-key blocks, P = exp2((s - m) - log2 l) recomputed, and D_i = dO_i . O_i
-  from the forward's output (flash-attention's row term, `sums.row_delta`);
+  online softmax over 32-key blocks, P = exp2((s - m) - log2 l) recomputed, dP's point term on
+  points centred on each 64-key block's first key point c, and D_i from the forward's output
+  (flash-attention's row term): as dO . O - dO_p . c (the key kernel until the twenty-fourth
+  session), or as dO_s . O_s + dO_p . (O_p - c) (since);
 - the same with D_i = sum_j P_ij dP_ij from the backward's own P and dP.
 
 Prints each one's rel_l2 against float64, and P's. (The emulation does fp32 matmuls where the
@@ -28,7 +30,8 @@ from variants.problem import IPAConfig, make_inputs
 from variants.reference import init_state_dict
 
 F32, F64 = torch.float32, torch.float64
-KEY_BLOCK = 32
+KEY_BLOCK = 32  # the forward's online softmax
+KEY_PROGRAM = 64  # the key kernel's keys per program (BLOCK_N), centred on the first's point
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -101,13 +104,24 @@ def emulate(length: int, heads: list[int]) -> None:
             m = m_new
         out, out_p = acc / l_sum[:, None], acc_p / l_sum[:, None]
         p2 = torch.exp2((s2 - m[:, None]) - torch.log2(l_sum)[:, None])
-        dp2 = d_o[:, h].float() @ v32.T + d_op[:, h].float() @ vpc.T
-        delta = (d_o[:, h].float() * out).sum(-1) + (d_op[:, h].float() * out_p).sum(-1)
-        ds_flash = p2 * (dp2 - delta[:, None])
+        d_o32, d_op32 = d_o[:, h].float(), d_op[:, h].float()
+        dp_s = d_o32 @ v32.T  # dP's scalar term
+        delta_s = (d_o32 * out).sum(-1, keepdim=True)
+        delta = delta_s + (d_op32 * out_p).sum(-1, keepdim=True)
+        ds_before, ds_now = torch.empty_like(p2), torch.empty_like(p2)
+        for j in range(0, length, KEY_PROGRAM):  # the key kernel's blocks and their centres
+            c = kc[j, h, 0].float().repeat(vp_n)
+            dp_j = dp_s[:, j:j + KEY_PROGRAM] + d_op32 @ (vpc[j:j + KEY_PROGRAM] - c).T
+            before = delta - (d_op32 * c).sum(-1, keepdim=True)
+            now = delta_s + (d_op32 * (out_p - c)).sum(-1, keepdim=True)
+            ds_before[:, j:j + KEY_PROGRAM] = p2[:, j:j + KEY_PROGRAM] * (dp_j - before)
+            ds_now[:, j:j + KEY_PROGRAM] = p2[:, j:j + KEY_PROGRAM] * (dp_j - now)
+        dp2 = dp_s + d_op32 @ vpc.T
         ds_rows = p2 * (dp2 - row_term(p2, dp2))
         print(f"N = {length}, head {h} (w {w[h]:.2f}): P rel_l2 reference {rel(p_ref, p64):.3g}, "
               f"triton-train {rel(p2, p64):.3g}; dS rel_l2 reference {rel(ds_ref, ds64):.3g}, "
-              f"triton-train (D = dO . O) {rel(ds_flash, ds64):.3g}, "
+              f"triton-train with D - dO_p . c {rel(ds_before, ds64):.3g}, "
+              f"with D_s + dO_p . (O_p - c) {rel(ds_now, ds64):.3g}, "
               f"with D = sum_j P dP {rel(ds_rows, ds64):.3g}", flush=True)
 
 

@@ -5,14 +5,15 @@ two passes over z.
 The forward left the (B, H, N, N) fp32 base-2 logits s (bias and mask included) and each row's
 statistics. With P = 2^((s - m) - log2 l), the gradients of the outputs dO (o), dO_p (o_pt,
 global frame) and dO_z (o_pair), and D_i = dO . o + dO_p . o_pt + dO_z . o_pair per row and
-head (the softmax's row term, o_pair's included):
+head (the softmax's row term, o_pair's included; the key kernel adds the points' term itself,
+centred as dP's):
 
   pair terms (`_pair_terms_kernel`, pass 1 over z): G[h, i, j] = dO_z[i, h] . z[i, j], the
       pair values' part of dP, into a (B, H, N, N) fp32 buffer;
   key kernel, point weight and sums of dS (`variants/triton/bias_backward.
       attention_gradients`, its HAS_G path): P from the saved logits (nothing recomputed),
       dP = dO . v + dO_p . v_pts + G, dS = P (dP - D) written over G; dv, dv_pts; then
-      d point_weight, and dq, dk and the points' gradients (cuBLAS) from dS;
+      d point_weight, and dq, dk and the points' gradients (3xTF32 GEMMs) from dS;
   pair pass (`_pair_backward_kernel`, pass 2 over z): d z[i, j] = bias_scale dS[:, i, j] W_b
       + P[:, i, j] dO_z[i] (written once), and dW_b = bias_scale sum dS z as one partial sum
       per program, added by PyTorch (no atomics).
@@ -221,7 +222,8 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
     f32 = torch.float32
     grad_o_pair = grad_o_pair.float().contiguous()
     grad_o = grad_o.contiguous()  # once: row_delta and the key kernel read it so
-    delta = row_delta(grad_o, o, grad_o_pt, o_pt, grad_o_pair, o_pair)
+    # D less its points' term, which the key kernel adds (centred)
+    delta = row_delta(grad_o, o, grad_z=grad_o_pair, out_z=o_pair)
     precision = modes.bias  # the pair dots: as the forward's bias GEMM
     shared = dict(H=h, H_PAD=pow2(h, HEADS_PAD), C=c, C_PAD=pow2(c), PRECISION=precision,
                   CAST_F32=cast_f32(z.dtype))
@@ -240,7 +242,7 @@ def launch_backward(grad_o, grad_o_pt, grad_o_pair, q, k, v, q_pts, k_pts, v_pts
 
     dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (dz, dw) = attention_gradients(
         grad_o, grad_o_pt, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
-        modes, pair_pass, q_scale=q_scale, ds=g)
+        o_pt, modes, pair_pass, q_scale=q_scale, ds=g)
     return dq, dk, dv, dq_pts, dk_pts, dv_pts, dz, dw, d_point
 
 

@@ -49,8 +49,12 @@ the GEMMs' outputs, |qp|^2 rowsum + |kp|^2 colsum - 2 qp . dS kp, cancels at the
 R^2: 8e-5 relative in an fp32 emulation at N = 4096, against 1e-6 direct.)
 
 The key kernel's point products (dP's point half, dvp) run on coordinates centred on the
-program's first key point, and D takes dO_p . centre off to match; they run as 3xTF32 for fp32
-inputs and in TF32 for 16-bit ones. The sums centre the points on each batch element's centroid
+program's first key point c, and D's points' term is dO_p . (out_p - c), computed there from the
+forward's out_p (D - dO_p . c, as before the twenty-fourth session, rounds at the coordinates'
+size, and for the dominant key of a peaked row dP - D then kept that rounding: dS carried up to
+1.6x the reference's error in an fp32 emulation, 0.6-0.65x this way,
+`gpu_diagnostics/ds_emulation.py`). The products run as 3xTF32 for fp32 inputs and in TF32 for
+16-bit ones. The sums centre the points on each batch element's centroid
 (`gemm_ds_sums`).
 
 The forward's buffer is mutated: the op declares it (`mutates_args`), and autograd's version
@@ -110,8 +114,9 @@ def _key_kernel(
     # written); else unused
     DOS,  # (B, N, H, D) contiguous, input dtype: d loss / d out_s
     DOP,  # (B, N, H, 3*Vp) fp32 contiguous: d loss / d out_p
+    OP,  # (B, N, H, 3*Vp) fp32 contiguous: the forward's out_p
     STATS,  # (B, N, H, 3) fp32, the forward's: row max m, log2 l (and mean distance dbar)
-    DELTA,  # (B, N, H) fp32: D_i = dO_s . out_s + dO_p . out_p
+    DELTA,  # (B, N, H) fp32: D_i less its points' term, dO_s . out_s (+ openfold's pairs')
     DV,  # (S, B, N, H, D) fp32: one partial sum per query range
     DVP,  # (S, B, H, N, 3*Vp) fp32
     N,
@@ -200,7 +205,14 @@ def _key_kernel(
                         tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PRECISION)
         # centred vp: dP - c.dO_p
         dpt = dot_parts(vp_hi, vp_lo, tl.trans(dop_hi), tl.trans(dop_lo), dpt, PTS_PRECISION)
-        delta = tl.load(DELTA + row_h, mask=m_ok, other=0.0) - tl.sum(dop * centre_e[None, :], 1)
+        # D's points' term, centred alike: dO_p . (out_p - c), small where dP's is, so that
+        # dP - D cancels between small numbers (D - dO_p . c rounded at the coordinates' size,
+        # and dS carried up to 1.6x the reference's error: docs/perf-notes.md, twenty-fourth
+        # session)
+        op = tl.load(OP + row_h[:, None] * VP3 + offs_e[None, :],
+                     mask=m_ok[:, None] & e_ok[None, :], other=0.0)
+        delta = (tl.load(DELTA + row_h, mask=m_ok, other=0.0)
+                 + tl.sum(dop * (op - centre_e[None, :]), 1))
         if HAS_G:  # dS goes over G, the logits stay
             tile = DS + bh * N * N + offs_n[:, None] + offs_m[None, :].to(tl.int64) * N
             dpt += tl.load(tile, mask=tile_ok, other=0.0)
@@ -411,13 +423,13 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
     if q.shape[1] == 1:
         return single_key_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr,
                                     pair_weight, point_weight)
-    # D_i = sum_j P_ij dP_ij, per row and head: reads 2 * B*N*H*(D + 3Vp) elements. (grad_s
-    # made contiguous once: the key kernel reads it so too.)
+    # D_i = sum_j P_ij dP_ij, per row and head, less its points' term (the key kernel's):
+    # reads 2 * B*N*H*D elements. (grad_s made contiguous once: the key kernel reads it so too.)
     grad_s = grad_s.contiguous()
-    delta = row_delta(grad_s, out_s, grad_p, out_p)
+    delta = row_delta(grad_s, out_s)
     dq, dk, dv, dq_pts, dk_pts, dv_pts, d_point, (d_pair, d_weight) = attention_gradients(
         grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats, logits, delta,
-        modes, lambda ds: pair_gradients(ds, pair_repr, pair_weight), split=split)
+        out_p, modes, lambda ds: pair_gradients(ds, pair_repr, pair_weight), split=split)
     return (dq, dk, dv, dq_pts, dk_pts, dv_pts, d_pair, d_weight.to(pair_weight.dtype),
             d_point)
 
@@ -430,20 +442,23 @@ SUMS_BESIDE_PAIR_PASS = True
 
 
 def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weight, stats,
-                        logits, delta, modes: Modes, pair_pass, *, split: int | None = None,
+                        logits, delta, out_p, modes: Modes, pair_pass, *,
+                        split: int | None = None,
                         q_scale: float | None = None, ds: torch.Tensor | None = None):
     """The per-head work of the backward (the key kernel, then the sums of dS), unchecked: the
     gradients of q, k, v (their dtype), q_pts, k_pts, v_pts and point_weight (fp32), and last
     `pair_pass(dS)`'s result: it is launched on the caller's stream right after the key kernel,
     and the sums run beside it (`SUMS_BESIDE_PAIR_PASS`). `logits` (B, H, N, N) fp32: the
-    forward's base-2 logits. `delta` (B, N, H) fp32: D_i = sum_j P_ij dP_ij. `q_scale`: the
+    forward's base-2 logits. `delta` (B, N, H) fp32: D_i = sum_j P_ij dP_ij less the points'
+    term dO_p . out_p, which the key kernel adds centred; out_p (B, N, H, 3 Vp) fp32, the
+    forward's. `q_scale`: the
     forward's q.k factor (default log2(e) / sqrt(D)). `ds` None: dS overwrites `logits`; else
     (B, H, N, N) fp32, a term of dP per (row, key) (problem openfold's pair values,
     do_pair . z), overwritten with dS, and the logits stay."""
     b, n, h, d = q.shape
     p3, vp3 = q_pts.shape[2], v_pts.shape[3]
     dev, f32 = q.device, torch.float32
-    grad_s, grad_p = grad_s.contiguous(), grad_p.contiguous()
+    grad_s, grad_p, out_p = grad_s.contiguous(), grad_p.contiguous(), out_p.contiguous()
     fp32 = q.dtype == torch.float32
     key_kernel = (_key_16bit if not fp32 else _key_3xtf32 if modes.split_dots else _key_fp32)
     split, split_len = split_range(n, key_split(b * h, n, dev) if split is None else split,
@@ -459,7 +474,7 @@ def attention_gradients(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, point_weig
     key_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]), b * h, split)](
         # (without G a one-element stand-in for DS: the autotuner's restore copies each)
         v, k_pts, v_pts, logits, logits.new_empty(1) if ds is None else ds, grad_s, grad_p,
-        stats, delta, dv, dv_pts, n, split_len, v.stride(0), v.stride(1), pow2(n, 64),
+        out_p, stats, delta, dv, dv_pts, n, split_len, v.stride(0), v.stride(1), pow2(n, 64),
         H=h, D=d, D_PAD=pow2(d), P3=p3, VP3=vp3, VP3_PAD=pow2(vp3), DOT_PRECISION=dots,
         PTS_PRECISION=dots if fp32 else "tf32", CAST_F32=cast_f32(q.dtype),
         HAS_G=ds is not None, ALIGNED=aligned(n, split_len),

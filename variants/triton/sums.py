@@ -37,37 +37,41 @@ def _row_dots(A, B, rows64, r_ok, W: tl.constexpr, W_PAD: tl.constexpr):
 @triton.jit
 def _delta_kernel(GS, OS, GP, OP, GZ, OZ, DELTA, ROWS,
                   D: tl.constexpr, D_PAD: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-                  Z: tl.constexpr, Z_PAD: tl.constexpr, HAS_Z: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    """DELTA[r] = GS[r] . OS[r] + GP[r] . OP[r] (+ GZ[r] . OZ[r]) over rows r of (b, n, h), in
-    fp32; every operand contiguous, rows of D, P (and Z) elements."""
+                  Z: tl.constexpr, Z_PAD: tl.constexpr, HAS_P: tl.constexpr,
+                  HAS_Z: tl.constexpr, BLOCK: tl.constexpr):
+    """DELTA[r] = GS[r] . OS[r] (+ GP[r] . OP[r]) (+ GZ[r] . OZ[r]) over rows r of (b, n, h),
+    in fp32; every operand contiguous, rows of D, P (and Z) elements."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     r_ok = rows < ROWS
     rows64 = rows.to(tl.int64)[:, None]
-    acc = _row_dots(GS, OS, rows64, r_ok, D, D_PAD) + _row_dots(GP, OP, rows64, r_ok, P, P_PAD)
+    acc = _row_dots(GS, OS, rows64, r_ok, D, D_PAD)
+    if HAS_P:
+        acc += _row_dots(GP, OP, rows64, r_ok, P, P_PAD)
     if HAS_Z:
         acc += _row_dots(GZ, OZ, rows64, r_ok, Z, Z_PAD)
     tl.store(DELTA + rows, acc, mask=r_ok)
 
 
-def row_delta(grad_s: torch.Tensor, out_s: torch.Tensor, grad_p: torch.Tensor,
-              out_p: torch.Tensor, grad_z: torch.Tensor | None = None,
+def row_delta(grad_s: torch.Tensor, out_s: torch.Tensor, grad_p: torch.Tensor | None = None,
+              out_p: torch.Tensor | None = None, grad_z: torch.Tensor | None = None,
               out_z: torch.Tensor | None = None) -> torch.Tensor:
-    """The softmax's row term D_i = sum_j P_ij dP_ij = dO . O per (b, n, h), in fp32, in one
-    launch: grad_s, out_s (B, N, H, D) any float dtype; grad_p, out_p (B, N, H, 3 Vp); problem
-    openfold's pair values grad_z, out_z (B, N, H, c_z) add their product. Returns (B, N, H)
-    fp32."""
+    """The softmax's row term D_i = sum_j P_ij dP_ij = dO . O per (b, n, h), or the terms of it
+    given, in fp32, in one launch: grad_s, out_s (B, N, H, D) any float dtype; the points
+    grad_p, out_p (B, N, H, 3 Vp) (the training key kernel adds their term itself, centred:
+    `bias_backward._key_kernel`); problem openfold's pair values grad_z, out_z (B, N, H, c_z).
+    Returns (B, N, H) fp32."""
     b, n, h, d = grad_s.shape
-    p = grad_p.shape[3]
-    has_z = grad_z is not None
+    has_p, has_z = grad_p is not None, grad_z is not None
+    p = grad_p.shape[3] if has_p else 1
     z = grad_z.shape[3] if has_z else 1
-    ops = [t.contiguous() for t in (grad_s, out_s, grad_p, out_p)]
+    ops = [t.contiguous() for t in (grad_s, out_s)]
+    ops += [grad_p.contiguous(), out_p.contiguous()] if has_p else [ops[0], ops[0]]
     zs = [grad_z.contiguous(), out_z.contiguous()] if has_z else [ops[0], ops[0]]
     delta = torch.empty(b, n, h, dtype=torch.float32, device=grad_s.device)
     rows = b * n * h
     _delta_kernel[(cdiv(rows, _ROWS),)](
         *ops, *zs, delta, rows, D=d, D_PAD=pow2(d, 2), P=p, P_PAD=pow2(p, 2), Z=z,
-        Z_PAD=pow2(z, 2), HAS_Z=has_z, BLOCK=_ROWS)
+        Z_PAD=pow2(z, 2), HAS_P=has_p, HAS_Z=has_z, BLOCK=_ROWS)
     return delta
 
 
