@@ -256,20 +256,23 @@ def test_gemm_ds_sums_match_float64_in_the_centred_frame():
 
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("pair_values", [False, True], ids=["simplified", "openfold"])
-def test_row_delta_is_the_rows_dot_products(dtype, pair_values):
-    # D = dO . O per (b, n, h), the softmax's row term, in fp32 from any input dtype; awkward
-    # widths (D = 24, 3 Vp = 9, c_z = 20) and a row count that is no multiple of the block.
+@pytest.mark.parametrize("terms", ["s", "s+p", "s+z", "s+p+z"])
+def test_row_delta_is_the_rows_dot_products(dtype, terms):
+    # D = dO . O per (b, n, h), the softmax's row term, in fp32 from any input dtype, over the
+    # terms given: the scalar values' always, the points' (the training key kernel adds those
+    # itself, centred) and problem openfold's pair values' when passed; awkward widths (D = 24,
+    # 3 Vp = 9, c_z = 20) and a row count that is no multiple of the block.
     from variants.triton.sums import row_delta
 
     g = torch.Generator().manual_seed(8)
     b, n, h = 2, 13, 3
-    shapes = [(24, dtype), (24, dtype), (9, torch.float32), (9, torch.float32)]
-    if pair_values:
-        shapes += [(20, torch.float32), (20, torch.float32)]
-    ops = [torch.randn(b, n, h, w, generator=g).to(t) for w, t in shapes]
-    want = sum((x.double() * y.double()).sum(-1) for x, y in zip(ops[::2], ops[1::2], strict=True))
-    got = row_delta(*ops)
+    widths = {"s": (24, dtype), "p": (9, torch.float32), "z": (20, torch.float32)}
+    ops = {t: [torch.randn(b, n, h, widths[t][0], generator=g).to(widths[t][1])
+               for _ in range(2)] for t in terms.split("+")}
+    want = sum((x.double() * y.double()).sum(-1) for x, y in ops.values())
+    named = {"p": ("grad_p", "out_p"), "z": ("grad_z", "out_z")}
+    got = row_delta(*ops["s"], **{name: t for key, pair in ops.items() if key != "s"
+                                  for name, t in zip(named[key], pair, strict=True)})
     assert got.dtype == torch.float32 and got.shape == (b, n, h)
     assert rel_l2(got.double(), want) < 1e-6
 
