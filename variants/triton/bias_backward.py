@@ -1,5 +1,5 @@
 """The backward of the `triton` forward (the pair bias as a (B, H, N, N) tensor, then the streamed
-attention kernel of `attention.py`): per-head kernels, cuBLAS sums and one pass over pair_repr.
+attention kernel of `attention.py`): per-head kernels, GEMM sums and one pass over pair_repr.
 
 Idea: FlashAttention-2's backward (Dao 2023, section 3.2), per (batch, head) as the forward,
 with the logits read from the tensor the forward wrote rather than recomputed. In training the
@@ -434,7 +434,7 @@ def launch_bias_backward(grad_s, grad_p, q, k, v, q_pts, k_pts, v_pts, pair_repr
             d_point)
 
 
-# The sums of dS (the point-weight kernel and the two SGEMMs: latency- and compute-bound) run
+# The sums of dS (the point-weight kernel and the two GEMMs: latency- and compute-bound) run
 # on a side stream beside the pair pass (memory-bound); all of them only read dS. The side
 # stream must fork before the pair pass is queued: forked after it (the seventeenth session's
 # form), it waited for the pass and the A/B measured nothing.

@@ -34,7 +34,7 @@ Five registered variants; the first two differ in where the pair bias z . W_b co
   - `triton-train`: `triton`'s forward with an fp32 bias, which its attention kernel
     overwrites with the base-2 logits, saving each row's softmax statistics; the backward
     (`bias_backward.py`) recomputes P per (batch, head) from them, writes dS over the logits
-    (no second N x N x H tensor), sums dS for dq, dk and the points' gradients on cuBLAS,
+    (no second N x N x H tensor), sums dS for dq, dk and the points' gradients as 3xTF32 GEMMs,
     and writes d pair_repr and partial sums of dW_b in one pass over z. Extra memory:
     d pair_repr + the fp32 buffer + O(N).
   - `triton-fullfuse-train`: `triton-fullfuse`'s kernel; the backward (`backward.py`)
