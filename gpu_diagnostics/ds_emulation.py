@@ -25,6 +25,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from harness.correctness import rel_l2 as rel
 from variants.base2 import LOG2E
 from variants.problem import IPAConfig, make_inputs
 from variants.reference import init_state_dict
@@ -32,10 +33,6 @@ from variants.reference import init_state_dict
 F32, F64 = torch.float32, torch.float64
 KEY_BLOCK = 32  # the forward's online softmax
 KEY_PROGRAM = 64  # the key kernel's keys per program (BLOCK_N), centred on the first's point
-
-
-def rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want).norm() / want.norm()).item()
 
 
 def emulate(length: int, heads: list[int]) -> None:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import variants.reference as reference
 import variants.triton.bias_backward as bias_backward
+from harness.correctness import rel_l2
 from harness.runner import training_step
 from variants.problem import IPAConfig, make_inputs
 from variants.reference import init_state_dict, make_module
@@ -102,8 +103,7 @@ def main() -> None:
     w = F.softplus(state_dict["head_weights"].double())
 
     def rel(got, h=slice(None)):
-        want = ds64[:, h]
-        return ((got[:, h].double() - want).norm() / want.norm()).item()
+        return rel_l2(got[:, h], ds64[:, h])
 
     print(f"N = {opts.length}, dS rel_l2 against float64 (fp32 reference / triton-train / ratio):")
     for h in range(config.heads):

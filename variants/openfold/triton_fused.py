@@ -348,11 +348,13 @@ class Projections:
                 torch.cat([p.bias for p in points]).float())
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """`F.linear` for the no-grad forwards: fp32 operands in "ieee" math (every fp32 input,
-        and the point projection in every dtype) as 3xTF32 on tensor cores
-        (`variants/triton/linear.py`: as accurate as cuBLAS's IEEE SGEMM, which runs without
-        them), anything else by cuBLAS."""
-        if x.dtype == torch.float32 and self.math_mode == "ieee":
+        """`F.linear` for the no-grad forwards: where `dot_modes` splits fp32 dots (fp32 operands
+        in "ieee" math: every fp32 input, and the point projection in every dtype) as 3xTF32 on
+        tensor cores (`variants/triton/linear.py`: as accurate as cuBLAS's IEEE SGEMM, which
+        runs without them), anything else by cuBLAS."""
+        from variants.triton.common import dot_modes
+
+        if dot_modes(x.dtype, self.math_mode).split_dots:
             from variants.triton.linear import linear_3xtf32
 
             return linear_3xtf32(x, weight, bias)
