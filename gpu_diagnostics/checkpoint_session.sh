@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call that checks the open issues' main cells at once, for a session that may get a
 # single machine start: with LIM_TEST set, the GPU tests (`gpu_tests_session.sh`, better run in
-# a call of their own); a sweep of each issue's headline cells (their rows carry err_ratio / grad_err_ratio against the
-# float64 oracle, so they check as well as time): triton-train's step at N = 1024 (eager and
+# a call of their own); a sweep of each issue's headline cells (their rows carry err_ratio /
+# grad_err_ratio against the float64 oracle, so they check as well as time): triton-train's
+# step at N = 1024 (eager and
 # replayed), then at 4096 (eager) in a stage of its own, the `triton` forward at N = 256, 1024,
 # 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048 and its training step at
 # N = 1024; then torch.profiler on one fp32 training step at N = 4096. With LIM_HOST and
