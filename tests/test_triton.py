@@ -609,6 +609,36 @@ def test_split_keys_match_oracle_gpu(split, precision):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_prologue_beside_the_bias_gemm_gpu(precision, monkeypatch):
+    # The prologue on a side stream beside the bias GEMM runs the same kernels on the same
+    # operands: the output is bitwise the one-stream output, eager and replayed from a CUDA
+    # graph (where the fork and the join are the graph's edges).
+    from harness.measure import capture_cuda_graph
+    from variants.triton import pipeline
+
+    batch, length, config = 2, 97, IPAConfig()
+    dtype = get_precision(precision).dtype
+    weights = TritonIPAWeights.from_state_dict(init_state_dict(config, seed=3), config, "cuda",
+                                               dtype)
+    inputs = tuple(make_inputs(config, batch, length, dtype=dtype, device="cuda", seed=4))
+    monkeypatch.setattr(pipeline, "PROLOGUE_BESIDE_BIAS", False)
+    expected = triton_ipa(weights, *inputs)
+    assert pipeline.prologue_beside(weights, *inputs) is None
+    monkeypatch.setattr(pipeline, "PROLOGUE_BESIDE_BIAS", True)
+    assert pipeline.prologue_beside(weights, *inputs) is not None
+    assert torch.equal(triton_ipa(weights, *inputs), expected)
+    monkeypatch.setattr(pipeline, "PROLOGUE_BESIDE_BIAS", "auto")  # beside when captured
+    outputs = []
+    replay = capture_cuda_graph(lambda: outputs.append(triton_ipa(weights, *inputs)))
+    outputs[-1].zero_()
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outputs[-1], expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_strided_pair_repr_gpu(name, precision):
