@@ -610,29 +610,34 @@ def test_split_keys_match_oracle_gpu(split, precision):
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_prologue_beside_the_bias_gemm_gpu(precision, monkeypatch):
-    # The prologue on a side stream beside the bias GEMM runs the same kernels on the same
-    # operands: the output is bitwise the one-stream output, eager and replayed from a CUDA
-    # graph (where the fork and the join are the graph's edges).
+@pytest.mark.parametrize("problem, name", [("simplified", "triton"), ("openfold", "triton-bias")])
+def test_prologue_beside_the_bias_gemm_gpu(problem, name, precision, monkeypatch):
+    # The prologue on a side stream beside the bias GEMM (`common.PROLOGUE_BESIDE`) runs the same
+    # kernels on the same operands: the output is bitwise the one-stream output, eager and
+    # replayed from a CUDA graph (where the fork and the join are the graph's edges).
     from harness.measure import capture_cuda_graph
-    from variants.triton import pipeline
+    from harness.problems import PROBLEMS
+    from variants.registry import get_variant
 
-    batch, length, config = 2, 97, IPAConfig()
-    dtype = get_precision(precision).dtype
-    weights = TritonIPAWeights.from_state_dict(init_state_dict(config, seed=3), config, "cuda",
-                                               dtype)
-    inputs = tuple(make_inputs(config, batch, length, dtype=dtype, device="cuda", seed=4))
-    monkeypatch.setattr(pipeline, "PROLOGUE_BESIDE_BIAS", False)
-    expected = triton_ipa(weights, *inputs)
-    assert pipeline.prologue_beside(weights, *inputs) is None
-    monkeypatch.setattr(pipeline, "PROLOGUE_BESIDE_BIAS", True)
-    assert pipeline.prologue_beside(weights, *inputs) is not None
-    assert torch.equal(triton_ipa(weights, *inputs), expected)
-    monkeypatch.setattr(pipeline, "PROLOGUE_BESIDE_BIAS", "auto")  # beside when captured
-    outputs = []
-    replay = capture_cuda_graph(lambda: outputs.append(triton_ipa(weights, *inputs)))
-    outputs[-1].zero_()
-    replay()
+    spec = PROBLEMS[problem]
+    config = spec.config_class()
+    fn = get_variant(name, problem).build(spec.init_state_dict(config, seed=3), config, "cuda",
+                                          precision)
+    inputs = spec.make_inputs(config, 2, 97, dtype=get_precision(precision).dtype,
+                              device="cuda", seed=4).as_tuple()
+    monkeypatch.setattr(common, "PROLOGUE_BESIDE", False)
+    with torch.no_grad():
+        expected = fn(*inputs)
+        assert common.prologue_beside(inputs[0].device, 2, 97) is None
+        monkeypatch.setattr(common, "PROLOGUE_BESIDE", True)
+        assert common.prologue_beside(inputs[0].device, 2, 97) is not None
+        assert torch.equal(fn(*inputs), expected)
+        monkeypatch.setattr(common, "PROLOGUE_BESIDE", "auto")  # beside when captured
+        assert common.prologue_beside(inputs[0].device, 2, 97) is None
+        outputs = []
+        replay = capture_cuda_graph(lambda: outputs.append(fn(*inputs)))
+        outputs[-1].zero_()
+        replay()
     torch.cuda.synchronize()
     assert torch.equal(outputs[-1], expected)
 

@@ -42,6 +42,7 @@ from variants.triton.common import (
     check_runnable,
     check_split,
     dot_modes,
+    prologue_beside,
     require,
 )
 from variants.triton.core_op import bias_core_op, core_op
@@ -171,7 +172,8 @@ def _around_kernels(
     (`frames_op`), the points in the default layout whatever `layout` says. `split_gemms`
     (fp32 "ieee"): the two projections as 3xTF32 Triton GEMMs (`linear.py`, a custom op with
     its backward under autograd), else cuBLAS's. `beside` (forward-only calls): a side stream
-    the prologue runs on, beside what the caller queued after making it (`prologue_beside`)."""
+    the prologue runs on, beside what the caller queued after making it
+    (`common.prologue_beside`)."""
     check_runnable("node_repr", node_repr)
     cfg = weights.config
     bsz, n, _ = node_repr.shape
@@ -200,9 +202,7 @@ def _around_kernels(
                                   query_points=qp, value_points=vp, layout=layout,
                                   point_weight=weights.point_weight)
         if beside is not None:  # the kernels after this wait for the prologue
-            beside.join(proj, *(t for t in (pts.q_pts, pts.k_pts, pts.v_pts, pts.centred_t,
-                                            pts.v, *(pts.lows or ()))
-                                if isinstance(t, torch.Tensor)))
+            beside.join(proj, *pts.tensors())
         q_pts, k_pts, v_pts, centred_t = pts.q_pts, pts.k_pts, pts.v_pts, pts.centred_t
         lows = pts.lows if layout != frames.OPERANDS else None
         if pts.v is not None:
@@ -281,7 +281,9 @@ def triton_ipa(
     # same in either order; eager latency on the H100 (2026-12-05, twentieth session): bf16
     # N = 1024 0.529 -> 0.523 ms (host-bound either way). The prologue's kernels may run on a
     # side stream beside it (`prologue_beside`), forked before the GEMM is queued.
-    beside = prologue_beside(weights, node_repr, pair_repr, translations, rotations)
+    beside = None  # (autograd's backward would run on the side stream too)
+    if not _needs_autograd(weights, node_repr, pair_repr, translations, rotations):
+        beside = prologue_beside(node_repr.device, batch, length)
     bias = bias_tensor(pair_repr, weights.w_pair, modes)
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,36 +296,6 @@ def triton_ipa(
     # replayed: N = 256 0.099 -> 0.073 ms, N = 1024 0.399 -> 0.372, N = 4096 4.633 -> 4.545)
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
                            split_gemms=modes.split_dots, beside=beside)
-
-
-# Whether `triton_ipa` runs its O(N) prologue on a side stream beside the bias GEMM: True,
-# False, or "auto" (`prologue_beside`). Off until measured: built in the twenty-fifth session
-# after its device time ran out, a switch for the A/B that decides it
-# (`gpu_diagnostics/prologue_beside_session.sh`; "auto" is the intended default).
-PROLOGUE_BESIDE_BIAS: bool | str = False
-# "auto": beside the GEMM where the forward is captured in a CUDA graph, or where the GEMM's
-# pairs (B N^2) are at least this many, so that the GPU's time, not the host's, is the latency
-# and the fork's few microseconds of host time cost nothing.
-BESIDE_MIN_PAIRS = 2048 * 2048
-
-
-def prologue_beside(weights: TritonIPAWeights, node_repr, pair_repr, translations,
-                    rotations) -> SideStream | None:
-    """A side stream for `triton_ipa`'s prologue (LayerNorm, the input GEMM, the frames), made
-    before the bias GEMM is queued, or None: the prologue's small, latency-bound kernels then
-    run while the GEMM streams pair_repr, rather than after it. Forward-only calls on the GPU
-    alone (autograd's backward would run on the side stream too)."""
-    if PROLOGUE_BESIDE_BIAS is False or node_repr.device.type != "cuda":
-        return None
-    if _needs_autograd(weights, node_repr, pair_repr, translations, rotations):
-        return None
-    if PROLOGUE_BESIDE_BIAS == "auto":
-        batch, length = node_repr.shape[:2]
-        if (batch * length * length < BESIDE_MIN_PAIRS
-                and not torch.cuda.is_current_stream_capturing()):
-            return None
-    side = SideStream(node_repr.device)
-    return side if side.stream is not None else None
 
 
 def triton_fullfuse_ipa(
