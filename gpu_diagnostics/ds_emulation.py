@@ -9,6 +9,8 @@ and state_dict; a random pair bias of z W_b's size) it computes dS = P (dP - D) 
   points centred on each 64-key block's first key point c, and D_i from the forward's output
   (flash-attention's row term): as dO . O - dO_p . c (the key kernel until the twenty-fourth
   session), or as dO_s . O_s + dO_p . (O_p - c) (since);
+- dP's point term and D both on the batch centroid alone (no per-block centre: D's points' term
+  then a per-row scalar, with no out_p tile in the key kernel);
 - the same with D_i = sum_j P_ij dP_ij from the backward's own P and dP.
 
 Prints each one's rel_l2 against float64, and P's. (The emulation does fp32 matmuls where the
@@ -113,12 +115,14 @@ def emulate(length: int, heads: list[int]) -> None:
             now = delta_s + (d_op32 * (out_p - c)).sum(-1, keepdim=True)
             ds_before[:, j:j + KEY_PROGRAM] = p2[:, j:j + KEY_PROGRAM] * (dp_j - before)
             ds_now[:, j:j + KEY_PROGRAM] = p2[:, j:j + KEY_PROGRAM] * (dp_j - now)
-        dp2 = dp_s + d_op32 @ vpc.T
+        dp2 = dp_s + d_op32 @ vpc.T  # dP's point term on the batch centroid alone
+        ds_centroid = p2 * (dp2 - delta)
         ds_rows = p2 * (dp2 - row_term(p2, dp2))
         print(f"N = {length}, head {h} (w {w[h]:.2f}): P rel_l2 reference {rel(p_ref, p64):.3g}, "
               f"triton-train {rel(p2, p64):.3g}; dS rel_l2 reference {rel(ds_ref, ds64):.3g}, "
               f"triton-train with D - dO_p . c {rel(ds_before, ds64):.3g}, "
               f"with D_s + dO_p . (O_p - c) {rel(ds_now, ds64):.3g}, "
+              f"dP and D on the batch centroid {rel(ds_centroid, ds64):.3g}, "
               f"with D = sum_j P dP {rel(ds_rows, ds64):.3g}", flush=True)
 
 
