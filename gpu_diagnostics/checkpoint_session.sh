@@ -76,16 +76,14 @@ for path in sys.argv[1:]:
         "median_ms", "host_ms", "status"]].to_string(index=False))' \
         "$work"/{training,training-4096,forward,openfold}/results.csv
     echo "## training rows: each gradient's error over the reference's (gradients.jsonl)"
-    python3 -c 'import json, sys
+    python3 -c 'import sys; from harness.results import read_gradients
 for path in sys.argv[1:]:
-    for line in open(path):
-        row = json.loads(line)
-        key, grads = row["key"], row["gradients"]
-        ratios = {n: g["rel_l2"] / g["reference_rel_l2"] for n, g in grads.items()
-                  if g.get("reference_rel_l2")}
-        print(key["problem"], key["variant"], key["dtype"], key["mode"], "N =", key["length"],
-              " ".join(f"{n} {r:.2f}" for n, r in sorted(ratios.items())))' \
-        "$work"/{training,training-4096,openfold}/gradients.jsonl 2>/dev/null
+    df = read_gradients(path)
+    df = df[df.reference_rel_l2 > 0].assign(ratio=lambda d: d.rel_l2 / d.reference_rel_l2)
+    for key, cell in df.groupby(["problem", "variant", "dtype", "mode", "length"], sort=False):
+        print(*key[:4], "N =", key[4],
+              " ".join(f"{t} {r:.2f}" for t, r in sorted(zip(cell.tensor, cell.ratio))))' \
+        "$work"/{training,training-4096,openfold}/results.csv
     echo "## training step, fp32 N = 4096, kernels"; grep -E "_kernel |gemm" "$work/train-profile.log"
     echo "## triton bf16 N = 1024 eager forward, host (cProfile of 20 calls, by own time; then"
     echo "## each kernel's launches by path)"
