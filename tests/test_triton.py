@@ -609,41 +609,6 @@ def test_split_keys_match_oracle_gpu(split, precision):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("problem, name", [("simplified", "triton"), ("openfold", "triton-bias")])
-def test_prologue_beside_the_bias_gemm_gpu(problem, name, precision, monkeypatch):
-    # The prologue on a side stream beside the bias GEMM (`common.PROLOGUE_BESIDE`) runs the same
-    # kernels on the same operands: the output is bitwise the one-stream output, eager and
-    # replayed from a CUDA graph (where the fork and the join are the graph's edges).
-    from harness.measure import capture_cuda_graph
-    from harness.problems import PROBLEMS
-    from variants.registry import get_variant
-
-    spec = PROBLEMS[problem]
-    config = spec.config_class()
-    fn = get_variant(name, problem).build(spec.init_state_dict(config, seed=3), config, "cuda",
-                                          precision)
-    inputs = spec.make_inputs(config, 2, 97, dtype=get_precision(precision).dtype,
-                              device="cuda", seed=4).as_tuple()
-    monkeypatch.setattr(common, "PROLOGUE_BESIDE", False)
-    with torch.no_grad():
-        expected = fn(*inputs)
-        assert common.prologue_beside(inputs[0].device, 2, 97) is None
-        monkeypatch.setattr(common, "PROLOGUE_BESIDE", True)
-        assert common.prologue_beside(inputs[0].device, 2, 97) is not None
-        assert torch.equal(fn(*inputs), expected)
-        monkeypatch.setattr(common, "PROLOGUE_BESIDE", "auto")  # beside when captured
-        assert common.prologue_beside(inputs[0].device, 2, 97) is None
-        outputs = []
-        replay = capture_cuda_graph(lambda: outputs.append(fn(*inputs)))
-        outputs[-1].zero_()
-        replay()
-    torch.cuda.synchronize()
-    assert torch.equal(outputs[-1], expected)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA device and triton")
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_strided_pair_repr_gpu(name, precision):

@@ -41,7 +41,6 @@ Triton is a reason (`requires`), not an ImportError.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -91,7 +90,6 @@ class BiasForward(Projections):
     def _no_grad(self, s, z, translations, rotations, mask):
         from variants.openfold.core_op import pair_bias, run_core
         from variants.triton import frames
-        from variants.triton.common import prologue_beside
 
         self._current_weights()
         cfg = self.config
@@ -100,16 +98,10 @@ class BiasForward(Projections):
         # The bias reads only z and the mask, so it goes first: the GPU runs it (a full read
         # of z) while the host issues the projections and frames. Eager latency on the H100,
         # fp32 N = 2048 (2026-12-05, twentieth session): 2.493 ms after them, 2.381 first.
-        # The projections and frames may run on a side stream beside it (`prologue_beside`),
-        # forked before the GEMM is queued.
-        B, N = s.shape[:2]
-        beside = prologue_beside(s.device, B, N)
         scales = dict(math_mode=self.math_mode, bias_scale=self.bias_scale, inf=cfg.inf)
         bias = pair_bias(z, self.module.linear_b.weight, mask, **scales)
-        with beside or nullcontext():
-            q, k, v, pts, cat = self.project(s, translations, rotations, frames.OPERANDS)
-        if beside is not None:  # the kernels after this wait for the prologue
-            beside.join(q, k, v, cat, *pts.tensors())
+        q, k, v, pts, cat = self.project(s, translations, rotations, frames.OPERANDS)
+        B, N = s.shape[:2]
         H, C = cfg.no_heads, cfg.c_hidden
         o = cat[..., :H * C].view(B, N, H, C)
         o_pair = cat[..., cat.shape[2] - H * cfg.c_z:].view(B, N, H, cfg.c_z)

@@ -214,30 +214,6 @@ class SideStream:
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
-# Whether a forward that queues its pair-bias GEMM first (`triton`, problem openfold's
-# `triton-bias`) runs its O(N) prologue (LayerNorm, the projections, the frames) on a side
-# stream beside the GEMM: True, False, or "auto" (`prologue_beside`). Off until measured: built
-# in the twenty-fifth session after its device time ran out, a switch for the A/B that decides it
-# (`gpu_diagnostics/prologue_beside_session.sh`; "auto" is the intended default).
-PROLOGUE_BESIDE: bool | str = False
-# "auto": beside the GEMM where the call is captured in a CUDA graph, or where the GEMM's pairs
-# (B N^2) are at least this many, so that the GPU's time, not the host's, is the latency and the
-# fork's few microseconds of host time cost nothing.
-BESIDE_MIN_PAIRS = 2048 * 2048
-
-
-def prologue_beside(device: torch.device, batch: int, length: int) -> SideStream | None:
-    """A side stream for a forward-only call's O(N) prologue, to be made before its pair-bias
-    GEMM is queued, or None (`PROLOGUE_BESIDE`). The prologue's small, latency-bound kernels
-    then run while the GEMM streams pair_repr, rather than after it; the caller joins the
-    stream before the kernels that read the prologue's outputs."""
-    if PROLOGUE_BESIDE is False or device.type != "cuda" or INTERPRET:
-        return None
-    if (PROLOGUE_BESIDE == "auto" and batch * length * length < BESIDE_MIN_PAIRS
-            and not torch.cuda.is_current_stream_capturing()):
-        return None
-    return SideStream(device)
-
 
 @dataclass(frozen=True)
 class Modes:

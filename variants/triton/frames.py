@@ -112,11 +112,6 @@ class Points:
     v: torch.Tensor | None
     lows: tuple
 
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor written (for `SideStream.join`)."""
-        return [t for t in (self.q_pts, self.k_pts, self.v_pts, self.centred_t, self.v,
-                            *(self.lows or ())) if isinstance(t, torch.Tensor)]
-
 
 @triton.jit
 def _to_global(p_rows, base, cs, x, r_rows, ct, stride_rr, stride_rc, ok):

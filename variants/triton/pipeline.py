@@ -26,7 +26,6 @@ tests/test_frames.py holds the kernels to the PyTorch form that defines them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -38,11 +37,9 @@ from variants.triton import frames, frames_op
 from variants.triton.attention import default_split, launch_attention
 from variants.triton.common import (
     HEADS_PAD,
-    SideStream,
     check_runnable,
     check_split,
     dot_modes,
-    prologue_beside,
     require,
 )
 from variants.triton.core_op import bias_core_op, core_op
@@ -162,7 +159,6 @@ def _around_kernels(
     kernels: Callable[[Operands], tuple[torch.Tensor, torch.Tensor]],
     layout: frames.Layout = frames.OPERANDS,
     split_gemms: bool = False,
-    beside: SideStream | None = None,
 ) -> torch.Tensor:
     """The forward with `kernels(operands) -> (o_s, out_p)` as its attention core: o_s
     (B, N, H, d) `operands.out_s` (written in place) or a tensor of the kernels' own (the
@@ -171,9 +167,7 @@ def _around_kernels(
     default: `Operands`'); with it, the same kernels as differentiable custom ops
     (`frames_op`), the points in the default layout whatever `layout` says. `split_gemms`
     (fp32 "ieee"): the two projections as 3xTF32 Triton GEMMs (`linear.py`, a custom op with
-    its backward under autograd), else cuBLAS's. `beside` (forward-only calls): a side stream
-    the prologue runs on, beside what the caller queued after making it
-    (`common.prologue_beside`)."""
+    its backward under autograd), else cuBLAS's."""
     check_runnable("node_repr", node_repr)
     cfg = weights.config
     bsz, n, _ = node_repr.shape
@@ -185,10 +179,8 @@ def _around_kernels(
         linear = linear_3xtf32 if fused else linear_3xtf32_op
 
     # Prologue: LayerNorm, one GEMM for all six projections, frames in fp32.
-    require(beside is None or fused, "beside: a side stream serves forward-only calls alone")
-    with beside or nullcontext():
-        x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
-        proj = linear(x, weights.w_in, None)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
+    x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+    proj = linear(x, weights.w_in, None)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
     # Split, not sliced: under autograd one split's backward is one concatenation, where each
     # slice's is a zero fill and a copy, added up (14 launches more per training step).
     q, k, v, local_pts = proj.split([hd, hd, hd, proj.shape[-1] - 3 * hd], dim=-1)
@@ -196,13 +188,10 @@ def _around_kernels(
     if fused:
         # One launch: the global points in the kernels' layouts, and the centred translations
         # (the frames' origin: each batch element's mean translation).
-        with beside or nullcontext():
-            mean = translations.mean(dim=1, dtype=torch.float32)
-            pts = frames.prologue(proj, rotations, translations, mean, heads=h, head_dim=d,
-                                  query_points=qp, value_points=vp, layout=layout,
-                                  point_weight=weights.point_weight)
-        if beside is not None:  # the kernels after this wait for the prologue
-            beside.join(proj, *pts.tensors())
+        mean = translations.mean(dim=1, dtype=torch.float32)
+        pts = frames.prologue(proj, rotations, translations, mean, heads=h, head_dim=d,
+                              query_points=qp, value_points=vp, layout=layout,
+                              point_weight=weights.point_weight)
         q_pts, k_pts, v_pts, centred_t = pts.q_pts, pts.k_pts, pts.v_pts, pts.centred_t
         lows = pts.lows if layout != frames.OPERANDS else None
         if pts.v is not None:
@@ -279,11 +268,7 @@ def triton_ipa(
     # The bias GEMM reads only pair_repr, so it goes first: the GPU runs it (the forward's
     # largest kernel from N ~ 1024) while the host issues the O(N) prologue. Outputs are the
     # same in either order; eager latency on the H100 (2026-12-05, twentieth session): bf16
-    # N = 1024 0.529 -> 0.523 ms (host-bound either way). The prologue's kernels may run on a
-    # side stream beside it (`prologue_beside`), forked before the GEMM is queued.
-    beside = None  # (autograd's backward would run on the side stream too)
-    if not _needs_autograd(weights, node_repr, pair_repr, translations, rotations):
-        beside = prologue_beside(node_repr.device, batch, length)
+    # N = 1024 0.529 -> 0.523 ms (host-bound either way).
     bias = bias_tensor(pair_repr, weights.w_pair, modes)
 
     def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +280,7 @@ def triton_ipa(
     # fp32 "ieee": the projections on tensor cores as well (3xTF32, `linear.py`; H100,
     # replayed: N = 256 0.099 -> 0.073 ms, N = 1024 0.399 -> 0.372, N = 4096 4.633 -> 4.545)
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
-                           split_gemms=modes.split_dots, beside=beside)
+                           split_gemms=modes.split_dots)
 
 
 def triton_fullfuse_ipa(
