@@ -52,7 +52,7 @@ from variants.triton.common import (
     split_for_sms,
     split_range,
 )
-from variants.triton.merge import merge_key_ranges
+from variants.triton.merge import KeyRanges, merge_key_ranges
 from variants.triton.tf32 import bf16_split, dot_split_bf16, dot_split_tf32, tf32_hi
 
 LOG2E = tl.constexpr(base2.LOG2E)  # the bias's factor to base-2 units, inside the kernel
@@ -352,11 +352,14 @@ def default_split(batch: int, heads: int, length: int, device: torch.device) -> 
 
 def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_s, bias,
                      modes: Modes, stats: torch.Tensor | None = None, split: int = 1, *,
-                     q_scale: float | None = None, write_logits: bool = False):
+                     q_scale: float | None = None, write_logits: bool = False,
+                     merge: bool = True):
     """The kernel, unchecked (callers check; shapes in `ipa_attention`). Returns out_p; with
     `stats` ((B, N, H, 3) fp32) also writes each row's softmax statistics there (see the
     kernel's STATS). `split` > 1 (not with `stats`): that many key ranges per query block, each
-    its own program, merged after (`merge.merge_key_ranges`): more programs at moderate N.
+    its own program, merged after (`merge.merge_key_ranges`): more programs at moderate N;
+    with `merge` False, not merged: the ranges are returned as `merge.KeyRanges` instead of
+    out_p, and out_s is left unwritten (the frames epilogue merges them, `frames.epilogue`).
     `modes.split_dots`: q.k, p.v and p.v_pts as 3xTF32 on tensor cores (fp32 IEEE);
     `modes.split_bf16`: 16-bit inputs' point cross term and p.v_pts as 3xBF16. `q_scale`: the
     q.k factor in base-2 units (default log2(e) / sqrt(D)). `write_logits` (an fp32 `bias`):
@@ -393,6 +396,8 @@ def launch_attention(q, k, v, q_pts, k_pts, v_pts, centred_t, point_weight, out_
     )
     if split == 1:
         return out_p[0]
+    if not merge:
+        return KeyRanges(os_buf, out_p, lse_buf)
     return merge_key_ranges(os_buf, out_p, lse_buf, out_s)
 
 

@@ -63,6 +63,7 @@ import triton.language as tl
 
 from variants.openfold.triton_kernel import KEY_PAD
 from variants.triton.common import cdiv, direct, pow2, sm_count
+from variants.triton.merge import KeyRanges
 from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 BLOCK_ROWS = 32  # rows (residues) per program: N = 1024, 12 heads -> 384 programs
@@ -309,10 +310,14 @@ def _store(CAT, offs, x, ok):
 @triton.jit
 def _epilogue_kernel(
     OUT_P,  # (B, N, H, 3 VP) fp32, innermost stride 1: the kernels' global value points
+    OS_PARTS,  # MERGE: (S, B, N, H, D) fp32 contiguous, the key ranges' scalar outputs
+    OP_PARTS,  # MERGE: (S, B, N, H, 3 VP) fp32 contiguous, their value points (not OUT_P)
+    LSE_PARTS,  # MERGE: (S, B, N, H) fp32 contiguous, their rows' log2-sum-exp2
     ROT,  # (B, N, 3, 3) input dtype, any strides (the column convention's: R transposed)
     CT,  # (B, N, 3) fp32 contiguous
     CAT,  # (B, N, W) output dtype, innermost stride 1: out_proj's input
     N,
+    S,  # MERGE: the key ranges
     col,  # CAT's first value-point column (H d)
     eps,  # the norms' (XYZ_BLOCKS)
     stride_ob, stride_on, stride_oh,
@@ -321,8 +326,12 @@ def _epilogue_kernel(
     H: tl.constexpr,
     VP: tl.constexpr,  # value points per head
     VP_PAD: tl.constexpr,
+    D: tl.constexpr,  # MERGE: the scalar head dim, whose output goes to CAT's columns h D
+    D_PAD: tl.constexpr,
     XYZ_BLOCKS: tl.constexpr,  # CAT's columns [X | Y | Z | norms] blocks of H VP (OpenFold),
     # else xyz triples, head-major
+    MERGE: tl.constexpr,  # the attention's key ranges merged here first (`merge.py`'s
+    # arithmetic, in its order), the scalar output written into CAT too
     BLOCK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -332,16 +341,45 @@ def _epilogue_kernel(
     row_ok = rows < N
     p = tl.arange(0, VP_PAD)[None, :]  # the head's value points
     ok = row_ok & (p < VP)
-    g_pts = OUT_P + b * stride_ob + rows * stride_on + h * stride_oh + 3 * p
+    cat_rows = b * stride_cb + rows * stride_cn
+    if MERGE:
+        r = (b * N + rows) * H + h  # the rows' (b, n, h) in the ranges' (B, N, H)
+        per_range = tl.num_programs(2).to(tl.int64) * N * H
+        c = tl.arange(0, D_PAD)[None, :]
+        c_ok = row_ok & (c < D)
+        top = tl.full([BLOCK, 1], float("-inf"), dtype=tl.float32)
+        for s in range(S):
+            top = tl.maximum(top, tl.load(LSE_PARTS + s * per_range + r, mask=row_ok, other=0.0))
+        total = tl.zeros([BLOCK, 1], dtype=tl.float32)
+        acc_s = tl.zeros([BLOCK, D_PAD], dtype=tl.float32)
+        g0 = tl.zeros([BLOCK, VP_PAD], dtype=tl.float32)
+        g1 = tl.zeros([BLOCK, VP_PAD], dtype=tl.float32)
+        g2 = tl.zeros([BLOCK, VP_PAD], dtype=tl.float32)
+        for s in range(S):
+            at = s * per_range + r
+            w = tl.exp2(tl.load(LSE_PARTS + at, mask=row_ok, other=0.0) - top)
+            total += w
+            acc_s += w * tl.load(OS_PARTS + at * D + c, mask=c_ok, other=0.0)
+            parts = OP_PARTS + at * (3 * VP) + 3 * p
+            g0 += w * tl.load(parts, mask=ok, other=0.0)
+            g1 += w * tl.load(parts + 1, mask=ok, other=0.0)
+            g2 += w * tl.load(parts + 2, mask=ok, other=0.0)
+        _store(CAT, cat_rows + h * D + c, acc_s / total, c_ok)
+        g0, g1, g2 = g0 / total, g1 / total, g2 / total
+    else:
+        g_pts = OUT_P + b * stride_ob + rows * stride_on + h * stride_oh + 3 * p
+        g0 = tl.load(g_pts, mask=ok, other=0.0)
+        g1 = tl.load(g_pts + 1, mask=ok, other=0.0)
+        g2 = tl.load(g_pts + 2, mask=ok, other=0.0)
     ct_rows = CT + (b * N + rows) * 3
-    d0 = tl.load(g_pts, mask=ok, other=0.0) - tl.load(ct_rows, mask=row_ok, other=0.0)
-    d1 = tl.load(g_pts + 1, mask=ok, other=0.0) - tl.load(ct_rows + 1, mask=row_ok, other=0.0)
-    d2 = tl.load(g_pts + 2, mask=ok, other=0.0) - tl.load(ct_rows + 2, mask=row_ok, other=0.0)
+    d0 = g0 - tl.load(ct_rows, mask=row_ok, other=0.0)
+    d1 = g1 - tl.load(ct_rows + 1, mask=row_ok, other=0.0)
+    d2 = g2 - tl.load(ct_rows + 2, mask=row_ok, other=0.0)
     r_rows = ROT + b * stride_rb + rows * stride_rn
     x = _to_local(d0, d1, d2, r_rows, stride_rc, row_ok)
     y = _to_local(d0, d1, d2, r_rows + stride_rr, stride_rc, row_ok)
     z = _to_local(d0, d1, d2, r_rows + 2 * stride_rr, stride_rc, row_ok)
-    cat_rows = b * stride_cb + rows * stride_cn + col
+    cat_rows += col
     if XYZ_BLOCKS:
         # SPEC-openfold.md steps 9-10: X, Y, Z, then the norms sqrt(x^2 + y^2 + z^2 + eps)
         # (summed in that order as torch sums; the root correctly rounded, as torch's CUDA
@@ -423,25 +461,39 @@ def prologue(proj: torch.Tensor, rotations: torch.Tensor, translations: torch.Te
     return Points(q_pts, k_pts, v_pts, centred_t, v, (kp_lo, vp_lo, v_lo))
 
 
-def epilogue(out_p: torch.Tensor, rotations: torch.Tensor, centred_t: torch.Tensor,
-             cat: torch.Tensor, col: int, *, convention: Convention = SIMPLIFIED,
-             eps: float = 0.0) -> None:
+def epilogue(out_p: torch.Tensor | KeyRanges, rotations: torch.Tensor,
+             centred_t: torch.Tensor, cat: torch.Tensor, col: int, *,
+             convention: Convention = SIMPLIFIED, eps: float = 0.0) -> None:
     """Value points back to each query's frame, into out_proj's input, in one launch,
     unchecked: out_p (B, N, H, 3 Vp) fp32 (innermost stride 1), rotations (B, N, 3, 3) any
     strides, centred_t (B, N, 3) fp32 contiguous; writes the local points, cast to cat's
     dtype, into cat (B, N, W) (innermost stride 1) from column col. simplified: (g - ct) @ R^T
     as xyz triples, cat[..., col:col + 3 H Vp]; openfold (`Convention.xyz_blocks`, `column`):
     R^T (g - ct) as [X | Y | Z] blocks of H Vp, then the norms sqrt(x^2 + y^2 + z^2 + eps),
-    cat[..., col:col + 4 H Vp] (SPEC-openfold.md steps 8-10)."""
-    bsz, n, h, vp3 = out_p.shape
-    if out_p.stride(3) != 1:
-        out_p = out_p.contiguous()
+    cat[..., col:col + 4 H Vp] (SPEC-openfold.md steps 8-10).
+
+    out_p may instead be the attention's key ranges, not yet merged (`merge.KeyRanges`,
+    simplified only): they are merged first, as `merge.merge_key_ranges` merges them (the same
+    values, one launch and one round trip of the merged outputs fewer), and the merged scalar
+    output (B, N, H, d) goes into cat[..., :H d] as well."""
+    ranges = out_p if isinstance(out_p, KeyRanges) else None
+    if ranges is not None:
+        s, bsz, n, h, d = ranges.os_parts.shape
+        vp3 = ranges.op_parts.shape[4]
+        out_p = ranges.op_parts  # (a pointer for the argument MERGE skips)
+    else:
+        bsz, n, h, vp3 = out_p.shape
+        s, d = 0, 1
+        if out_p.stride(3) != 1:
+            out_p = out_p.contiguous()
     if convention.column:
         rotations = rotations.transpose(2, 3)  # R^T (g - t) = (g - t) @ R
+    parts = (ranges.os_parts, ranges.op_parts, ranges.lse_parts) if ranges else (out_p,) * 3
     _epilogue_kernel[_row_grid(n, h, bsz)](
-        out_p, rotations, centred_t, cat, n, col, eps, out_p.stride(0), out_p.stride(1),
-        out_p.stride(2), *rotations.stride(), cat.stride(0), cat.stride(1),
-        H=h, VP=vp3 // 3, VP_PAD=pow2(vp3 // 3, 1), XYZ_BLOCKS=convention.xyz_blocks,
+        out_p, *parts, rotations, centred_t, cat, n, s, col, eps, out_p.stride(0),
+        out_p.stride(1), out_p.stride(2), *rotations.stride(), cat.stride(0), cat.stride(1),
+        H=h, VP=vp3 // 3, VP_PAD=pow2(vp3 // 3, 1), D=d, D_PAD=pow2(d, 1),
+        XYZ_BLOCKS=convention.xyz_blocks, MERGE=ranges is not None,
         BLOCK=BLOCK_ROWS, num_warps=NUM_WARPS,
     )
 

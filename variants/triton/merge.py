@@ -2,12 +2,17 @@
 output is normalised over its own keys and comes with its rows' log2-sum-exp2 L_s; the whole's
 output is sum_s w_s out_s with w_s = 2^(L_s - L), L = log2 sum_s 2^L_s (its log2-sum-exp2).
 
-Used by the `triton` and `triton-fullfuse` forwards when they split the keys of a query block
-over several programs. A program merges BLOCK_R rows (b, i, h) and walks the S ranges twice
-(their maximum, then the weighted sums); it reads and writes O(S * B * N * H * (D + 3Vp)).
+Used by the `triton-fullfuse` forward, and by `triton`'s under autograd, when they split the
+keys of a query block over several programs; the `triton` forward without autograd leaves its
+`KeyRanges` to the frames epilogue, which merges them with this arithmetic on the way
+(`frames.epilogue`: one launch fewer). A program merges BLOCK_R rows (b, i, h) and walks the S
+ranges twice (their maximum, then the weighted sums); it reads and writes
+O(S * B * N * H * (D + 3Vp)).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -16,6 +21,21 @@ import triton.language as tl
 from variants.triton.common import cdiv, direct, pow2
 
 BLOCK_R = 32
+
+
+@dataclass(frozen=True)
+class KeyRanges:
+    """The attention over S key ranges, not yet merged: each range's outputs, normalised over
+    its own keys, os_parts (S, B, N, H, D) and op_parts (S, B, N, H, 3 Vp), and its rows'
+    log2-sum-exp2 lse_parts (S, B, N, H), all fp32 contiguous."""
+
+    os_parts: torch.Tensor
+    op_parts: torch.Tensor
+    lse_parts: torch.Tensor
+
+    def merge(self, out_s: torch.Tensor) -> torch.Tensor:
+        """`merge_key_ranges` of these into out_s; returns the point output."""
+        return merge_key_ranges(self.os_parts, self.op_parts, self.lse_parts, out_s)
 
 
 @direct

@@ -45,6 +45,7 @@ from variants.triton.common import (
 from variants.triton.core_op import bias_core_op, core_op
 from variants.triton.fullfuse import launch_fullfuse
 from variants.triton.linear import linear_3xtf32, linear_3xtf32_op
+from variants.triton.merge import KeyRanges
 from variants.triton.pair_bias import bias_tensor
 
 # The SPEC state_dict's names; the six projections in the order of the one input GEMM.
@@ -178,9 +179,14 @@ def _around_kernels(
     if split_gemms:
         linear = linear_3xtf32 if fused else linear_3xtf32_op
 
-    # Prologue: LayerNorm, one GEMM for all six projections, frames in fp32.
-    x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
-    proj = linear(x, weights.w_in, None)  # (B, N, 3*H*d + 3*H*(2Qp+Vp))
+    # Prologue: LayerNorm, one GEMM for all six projections (B, N, 3*H*d + 3*H*(2Qp+Vp)),
+    # frames in fp32. Without autograd the 3xTF32 GEMM normalises its rows itself (one launch
+    # fewer).
+    if fused and split_gemms:
+        proj = linear_3xtf32(node_repr, weights.w_in, norm=(weights.ln_weight, weights.ln_bias))
+    else:
+        x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+        proj = linear(x, weights.w_in, None)
     # Split, not sliced: under autograd one split's backward is one concatenation, where each
     # slice's is a zero fill and a copy, added up (14 launches more per training step).
     q, k, v, local_pts = proj.split([hd, hd, hd, proj.shape[-1] - 3 * hd], dim=-1)
@@ -203,17 +209,19 @@ def _around_kernels(
     cat = torch.empty(bsz, n, hd + 3 * h * vp, dtype=node_repr.dtype, device=node_repr.device)
     out_s = cat[..., :hd].view(bsz, n, h, d)
 
-    # (x stays alive through the kernels, as in the version whose peak memory was published;
-    # freeing it first would lower the peak by its size.)
     ops = Operands(q, k, v, q_pts, k_pts, v_pts, centred_t, weights.point_weight, out_s, lows)
     o_s, out_p = kernels(ops)
 
-    # Epilogue: value points back to each query's frame, out_proj of [o_s | o_p local].
+    # Epilogue: value points back to each query's frame, out_proj of [o_s | o_p local]. The
+    # kernels may return their key ranges unmerged (`merge.KeyRanges`): the frames epilogue
+    # merges them on the way, o_s included.
     if fused:
         if o_s is not out_s:  # the kernels returned o_s in a tensor of their own
             out_s.copy_(o_s)
         frames.epilogue(out_p, rotations, centred_t, cat, hd)  # one launch
     else:  # concatenated, not written into `cat`: a copy's backward is several launches
+        if isinstance(out_p, KeyRanges):
+            out_p = out_p.merge(out_s)
         local = frames_op.epilogue(out_p, rotations, centred_t, node_repr.dtype)
         cat = torch.cat([o_s.reshape(bsz, n, hd), local], dim=-1)
     return linear(cat, weights.w_out, weights.b_out)
@@ -275,7 +283,7 @@ def triton_ipa(
         # The launchers' own checks are skipped: every operand is built by the prologue.
         return ops.out_s, launch_attention(
             ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts, ops.centred_t,
-            ops.point_weight, ops.out_s, bias, modes, split=split)
+            ops.point_weight, ops.out_s, bias, modes, split=split, merge=False)
 
     # fp32 "ieee": the projections on tensor cores as well (3xTF32, `linear.py`; H100,
     # replayed: N = 256 0.099 -> 0.073 ms, N = 1024 0.399 -> 0.372, N = 4096 4.633 -> 4.545)
