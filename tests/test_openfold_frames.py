@@ -58,10 +58,20 @@ def correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
     return x.double().sqrt().float()
 
 
+def frame_product(matrix: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """sum_y M[..., x, y] v[..., y] for frames M (B, N, 3, 3) and points v (B, N, H, P, 3), the
+    products added y = 0, 1, 2 in order by elementwise ops: what the frame kernels compute, to
+    the bit under the interpreter. (torch's CPU einsum, the module's form, may fuse a product
+    and a sum into an FMA on some CPUs: an ulp apart on an AVX-512 machine, 2026-12-06.)"""
+    m = matrix[:, :, None, None]
+    return v[..., 0:1] * m[..., 0] + v[..., 1:2] * m[..., 1] + v[..., 2:3] * m[..., 2]
+
+
 def pytorch_forward(forward, s, z, translations, rotations, mask, sqrt=torch.sqrt):
     """The previous `FusedForward.__call__` (inputs unchecked): the frames, the [X | Y | Z]
-    permute and the norms in PyTorch, the module's own `to_local`, `FusedCore` preparing the
-    kernel's operands from (B, N, H, 3P) points. `sqrt`: the norms' root."""
+    permute and the norms in PyTorch, the module's `to_global` and `to_local` (as
+    `frame_product`s), `FusedCore` preparing the kernel's operands from (B, N, H, 3P) points.
+    `sqrt`: the norms' root."""
     cfg, mod = forward.config, forward.module
     B, N, _ = s.shape
     H, C, Pq, Pv = cfg.no_heads, cfg.c_hidden, cfg.no_qk_points, cfg.no_v_points
@@ -76,7 +86,7 @@ def pytorch_forward(forward, s, z, translations, rotations, mask, sqrt=torch.sqr
         y = forward.linear(s_pts, forward.w_points, forward.b_points)
         local = torch.cat([local_points(part, H) for part in
                            (y[..., :3 * H * Pq], y[..., 3 * H * Pq:])], dim=3)
-        pts = torch.einsum("bnxy,bnhpy->bnhpx", rot, local) + trans[:, :, None, None, :]
+        pts = frame_product(rot, local) + trans[:, :, None, None, :]
         q_pts = pts[..., :Pq, :].reshape(B, N, H, 3 * Pq)
         k_pts = pts[..., Pq:2 * Pq, :].reshape(B, N, H, 3 * Pq)
         v_pts = pts[..., 2 * Pq:, :].reshape(B, N, H, 3 * Pv)
@@ -84,7 +94,8 @@ def pytorch_forward(forward, s, z, translations, rotations, mask, sqrt=torch.sqr
         cat = torch.empty(B, N, cfg.out_in_features, dtype=torch.float32)
         o_pt = torch.empty(B, N, H, 3 * Pv, dtype=torch.float32)
         forward.core(q, k, v, q_pts, k_pts, v_pts, z, mask.float().contiguous(), cat, o_pt)
-        local = mod.to_local(o_pt.view(B, N, H, Pv, 3), rot, trans).reshape(B, N, hp, 3)
+        centred = o_pt.view(B, N, H, Pv, 3) - trans[:, :, None, None, :]
+        local = frame_product(rot.transpose(2, 3), centred).reshape(B, N, hp, 3)
         cat[..., hc:hc + 3 * hp] = local.permute(0, 1, 3, 2).reshape(B, N, 3 * hp)
         cat[..., hc + 3 * hp:hc + 4 * hp] = sqrt((local ** 2).sum(dim=-1) + cfg.eps)
         return forward.linear(cat.to(forward.dtype), mod.linear_out.weight, mod.linear_out.bias)
@@ -150,8 +161,9 @@ def test_prologue_applies_openfolds_frames_in_any_layout(precision):
     torch.testing.assert_close(pts.centred_t, centred, **EXACT)
     local = torch.cat([local_points(part, H) for part in
                        (y[..., :3 * H * Pq], y[..., 3 * H * Pq:])], dim=3)
-    glob = (torch.einsum("bnxy,bnhpy->bnhpx", rot.float(), local)
-            + centred[:, :, None, None])  # (B, N, H, 2 Pq + Pv, 3)
+    glob = frame_product(rot.float(), local) + centred[:, :, None, None]  # (B, N, H, 2Pq+Pv, 3)
+    torch.testing.assert_close(glob - centred[:, :, None, None],  # the module's form
+                               torch.einsum("bnxy,bnhpy->bnhpx", rot.float(), local), **TIGHT)
     per_head = lambda first, count: glob[..., first:first + count, :].flatten(3)
     torch.testing.assert_close(pts.q_pts, per_head(0, Pq).permute(0, 2, 3, 1), **EXACT)
     torch.testing.assert_close(pts.k_pts, per_head(Pq, Pq).permute(0, 2, 3, 1), **EXACT)
@@ -180,7 +192,10 @@ def test_epilogue_equals_to_local_and_norms(case):
     o_pt[0, 0, 0, :3] = centred_t[0, 0]  # a point at its frame's origin: the norm is sqrt(eps)
     cat = torch.full((b, n, cfg.out_in_features), 7.0)
     frames.epilogue(o_pt, rot, centred_t, cat, hc, convention=frames.OPENFOLD, eps=cfg.eps)
-    local = module.to_local(o_pt.view(b, n, h, pv, 3), rot, centred_t).reshape(b, n, hp, 3)
+    points = o_pt.view(b, n, h, pv, 3)
+    local = frame_product(rot.transpose(2, 3), points - centred_t[:, :, None, None])
+    torch.testing.assert_close(local, module.to_local(points, rot, centred_t), **TIGHT)
+    local = local.reshape(b, n, hp, 3)
     torch.testing.assert_close(cat[..., hc:hc + 3 * hp],
                                local.permute(0, 1, 3, 2).reshape(b, n, 3 * hp), **EXACT)
     # The norms: the same fp32 sum, and its root correctly rounded (sqrt.rn on the GPU, as
@@ -255,7 +270,8 @@ def test_a_forward_is_a_handful_of_launches(precision):
     # GEMM q|kv, (bf16: s upcast,) GEMM points, the mean, the prologue, (bf16: the mask
     # upcast, as before,) the kernel, the epilogue, (bf16: the cast,) linear_out: FusedCore
     # prepares nothing. The fp32 GEMMs are 3xTF32 Triton kernels (`Projections.linear`), the
-    # bf16 ones cuBLAS's. The PyTorch formulation: 30 (fp32) and 49 (bf16).
+    # bf16 ones cuBLAS's. The PyTorch formulation: 38 (fp32) and 57 (bf16), its frame
+    # products spelled elementwise (`frame_product`; as the module's einsums, 30 and 49).
     forward, inputs = setup("awkward", precision)
     bf16 = precision == "bf16"
     cast = ["_to_copy"] if bf16 else []
@@ -264,4 +280,4 @@ def test_a_forward_is_a_handful_of_launches(precision):
         gemm16, *cast, "triton:_linear_kernel", "mean", "triton:_prologue_kernel", *cast,
         "triton:_openfold_kernel", "triton:_epilogue_kernel", *cast, gemm16]
     assert len(_kernel_ops(pytorch_forward, forward, *inputs)) == (
-        30 if precision == "fp32" else 49)
+        38 if precision == "fp32" else 57)
