@@ -11,7 +11,9 @@ Why. Spelled in PyTorch, the work around the attention kernels of one forward wa
 `triton-pairdot` (`FusedCore`'s padding, distance rows and TF32 splits on top), each one or
 more kernels: on the H200 that was 0.4-0.9 ms of host launches per forward at N = 1024-4096
 for a few microseconds of bytes. Now it is LayerNorm, the input GEMM, the mean translation,
-the prologue, (the attention kernels,) the epilogue and out_proj: 6 launches. Problem
+the prologue, (the attention kernels,) the epilogue and out_proj: 6 launches; 5 for the fp32
+`triton` forward, whose 3xTF32 GEMM normalises its rows itself, and its key ranges' merge is
+the epilogue's too (`epilogue` given `merge.KeyRanges`). Problem
 openfold's forward had 29 (fp32) and 48 (bf16) ops around its kernel (0.73-1.99 ms per forward
 on the H200): now the two GEMMs, the mean, the prologue, the epilogue and linear_out (bf16:
 three casts more), 6 and 9.
