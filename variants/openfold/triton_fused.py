@@ -453,7 +453,8 @@ class OpenFoldTriton(Variant):
     def code_paths(self):
         here = Path(__file__).resolve().parent  # the kernel, and the modules it reuses
         triton_dir = here.parent / "triton"
-        reused = ("common.py", "frames.py", "launch.py", "linear.py", "pipeline.py", "tf32.py")
+        reused = ("common.py", "frames.py", "launch.py", "linear.py", "merge.py", "pipeline.py",
+                  "tf32.py")
         return [here, *(triton_dir / f for f in reused), here.parent / "base2.py",
                 here.parent / "custom_ops.py"]  # linear.py's op
 
