@@ -55,6 +55,7 @@ from harness.results import (
     Medians,
     cell_of_key,
     row_key,
+    slow_host,
     variant_of_key,
 )
 from harness.runner import BuildSpec, InputRecipe, free_device_memory
@@ -159,6 +160,7 @@ class Environment:
     flusher: L2Flusher | None
     node: str = field(default_factory=socket.gethostname)
     gpu: str = ""
+    host_op_us: float = math.nan  # the host's speed at the run's start (`measure.host_op_us`)
 
 
 def describe_environment(device: torch.device, node: str | None = None,
@@ -171,7 +173,8 @@ def describe_environment(device: torch.device, node: str | None = None,
     meta["host_op_us"] = host_op_us(device)
     env = Environment(device, meta["device_name"], bandwidth, flusher,
                       node=node or socket.gethostname(),
-                      gpu=this_gpu(device) if gpu is None else gpu)
+                      gpu=this_gpu(device) if gpu is None else gpu,
+                      host_op_us=meta["host_op_us"])
     meta.update(node=env.node, gpu=env.gpu)
     return env, meta
 
@@ -337,7 +340,8 @@ class CellRunner:
                     **_correctness_columns(check), notes="; ".join(notes)))
                 continue
             row = self._timed_row(cell, variant, mode, env, timed.timings[mode], check,
-                                  build_s, timed.peak_mib, notes, medians, known)
+                                  build_s, timed.peak_mib, notes, medians, known,
+                                  timed.host_op_us.get(mode, math.nan))
             suspicions = self._verify_refills(refills, timed.refill_outputs[mode], references,
                                               precision)
             if device == "cuda":
@@ -424,7 +428,8 @@ class CellRunner:
             **_correctness_columns(check), notes="; ".join(notes), flags=known)
 
     def _timed_row(self, cell, variant, mode, env, timing: Timing, check: CheckResult,
-                   build_s, peak, notes, medians: Medians, known: str) -> dict:
+                   build_s, peak, notes, medians: Medians, known: str,
+                   host_speed: float) -> dict:
         status = "ok" if check.passed else "mismatch"
         key = cell_key(variant.name, cell, mode, self.device.type)
         cell_part = cell_of_key(key)
@@ -436,21 +441,27 @@ class CellRunner:
         review = (variant.name not in BUILTIN_NAMES and best_builtin is not None
                   and timing.median_ms * REVIEW_SPEEDUP < best_builtin)
         host = host_bound(timing)
+        slow = host and slow_host(host_speed, env.host_op_us)
+        host_notes = [f"host-bound: the host took {timing.host_ms:.4g} ms to issue the call, "
+                      f"the device events {timing.median_ms:.4g} ms"] if host else []
+        if slow:
+            host_notes.append(f"slow host: {host_speed:.3g} us a small torch op just before "
+                              f"the samples, {env.host_op_us:.3g} us at the run's start")
         row = self._row(
             cell, variant, mode, env, status=status, reason="; ".join(check.failures),
             build_s=build_s, median_ms=timing.median_ms, p20_ms=timing.p20_ms,
             p80_ms=timing.p80_ms, n_samples=timing.n_samples, rel_noise=timing.rel_noise,
             host_ms="" if math.isnan(timing.host_ms) else timing.host_ms,
+            host_op_us="" if math.isnan(host_speed) else host_speed,
             peak_mem_mib="" if peak is None else peak, **_correctness_columns(check),
             speedup_vs_baseline=(base_ms / timing.median_ms) if base_ms else "",
             tflops=flops(cell.config, cell.batch, cell.length, cell.pass_name)
             / (timing.median_ms * 1e-3) / 1e12,
-            notes="; ".join([*notes, *([f"host-bound: the host took {timing.host_ms:.4g} ms "
-                                        f"to issue the call, the device events "
-                                        f"{timing.median_ms:.4g} ms"] if host else [])]),
+            notes="; ".join([*notes, *host_notes]),
             flags=";".join(f for f in (known, "noisy" if timing.rel_noise > NOISY_REL_NOISE
                                        else "", "review" if review else "",
-                                       "host-bound" if host else "") if f),
+                                       "host-bound" if host else "",
+                                       "slow-host" if slow else "") if f),
         )
         row["pct_of_floor"] = 100.0 * row["floor_ms"] / timing.median_ms
         if timing.median_ms < row["floor_ms"]:  # physics: faster than reading the inputs once

@@ -61,7 +61,7 @@ def _cell(rows: pd.DataFrame, variant: str, column: str, spec: str) -> str:
     if column == "median_ms" and "noisy" in flags:
         text += " (noisy)"
     if column == "median_ms" and "host-bound" in flags:
-        text += " (host)"
+        text += " (slow host)" if "slow-host" in flags else " (host)"
     return text + (" (MISMATCH)" if r["status"] == "mismatch" else "")
 
 
@@ -151,6 +151,9 @@ def report(df: pd.DataFrame) -> str:
     if not host.empty:
         parts += ["", f"{len(host)} timed row(s) are marked `(host)`, host-bound: "
                   f"{FLAGS['host-bound']}."]
+    slow = df[has_flag(df, "slow-host")]
+    if not slow.empty:
+        parts += ["", f"{len(slow)} of them are marked `(slow host)`: {FLAGS['slow-host']}."]
     failed = df[df["status"] != "ok"]
     untimed = df[(df["status"] == "ok") & df["median_ms"].isna()]
     parts += ["", "## Failures, unsupported and untimed cells", ""]

@@ -33,7 +33,7 @@ COLUMNS = [
     "run_id", "started_at", "problem", "variant", "is_baseline", "batch", "length", "heads",
     "head_dim", "node_dim", "pair_dim", "query_points", "value_points", "dtype", "math_mode",
     "mode", "pass", "device", "device_name", "status", "reason", "build_s", "median_ms",
-    "p20_ms", "p80_ms", "n_samples", "rel_noise", "host_ms",
+    "p20_ms", "p80_ms", "n_samples", "rel_noise", "host_ms", "host_op_us",
     "peak_mem_mib", "rel_l2", "max_abs", "reference_rel_l2", "tol", "err_ratio",
     "invariance_err", "invariance_tol", "correctness_seeds", "grad_rel_l2", "grad_tol",
     "grad_worst", "grad_err_ratio", "speedup_vs_baseline", "floor_ms", "pct_of_floor", "tflops",
@@ -53,7 +53,7 @@ def _derived_head_dim(df: pd.DataFrame) -> pd.Series:
 ADDED_COLUMNS = {"flags": "", "code_digest": "", "kernel": "", "pass": "forward",
                  "grad_rel_l2": math.nan, "grad_tol": math.nan, "grad_worst": "",
                  "grad_err_ratio": math.nan, "node": "", "gpu": "", "problem": "simplified",
-                 "head_dim": _derived_head_dim, "host_ms": math.nan}
+                 "head_dim": _derived_head_dim, "host_ms": math.nan, "host_op_us": math.nan}
 KEY_COLUMNS = ["problem", "variant", "batch", "length", "heads", "head_dim", "node_dim",
                "pair_dim", "query_points", "value_points", "dtype", "mode", "pass", "device"]
 _VARIANT_AT = KEY_COLUMNS.index("variant")
@@ -84,6 +84,9 @@ TIMED = ("ok", "mismatch")  # statuses that carry a latency (a mismatch may lack
 NOISY_REL_NOISE = 0.03  # the sampler aims at 0.01; above this the median is not to be trusted
 # A row this many times faster than the best built-in variant at its cell is flagged `review`.
 REVIEW_SPEEDUP = 10.0
+# A host-bound row whose host issued ops this many times slower than at the run's start is
+# flagged `slow-host`.
+SLOW_HOST = 1.3
 FLAGS = {
     "noisy": f"rel_noise above {NOISY_REL_NOISE:g}: the time budget ran out before the median "
              "settled (typical of CPU rows)",
@@ -97,7 +100,17 @@ FLAGS = {
                   "the device waited for launches, so the row measures launch overhead (a "
                   "CUDA-graph replay row of the same cell measures the kernels), or the call "
                   "waits for the device inside",
+    "slow-host": f"host-bound, and the host issued a small torch op at least {SLOW_HOST:g}x "
+                 "slower just before this row's samples than at the run's start (`host_op_us` "
+                 "against metadata.json's): the latency measures a slower host too, so compare "
+                 "it with rows of the same host speed, or with the CUDA-graph row",
 }
+
+def slow_host(host_speed_us: float, start_speed_us: float) -> bool:
+    """Whether the host issued a small op at least `SLOW_HOST` times slower before a row's
+    samples (`host_op_us`) than at the run's start; False where either is unknown (NaN)."""
+    return host_speed_us > SLOW_HOST * start_speed_us
+
 
 # The error figure every table shows: the variant's rel_l2 over the reference's own rel_l2
 # in the same precision (1.0 = as accurate as the eager reference). Column `err_ratio`.

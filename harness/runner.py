@@ -26,6 +26,7 @@ from harness.measure import (
     Timing,
     TimingPolicy,
     capture_cuda_graph,
+    host_op_us,
     peak_memory_mib,
     time_cpu,
     time_cuda,
@@ -154,6 +155,8 @@ class TimedRun:
     peak_mib: float | None
     refill_outputs: dict[str, list[RunOutput]]
     failures: dict[str, str] = field(default_factory=dict)
+    # CUDA: per mode, the worker's host speed just before its samples (`measure.host_op_us`)
+    host_op_us: dict[str, float] = field(default_factory=dict)
 
 
 def input_names(inputs: ForwardInputs) -> tuple[str, ...]:
@@ -354,7 +357,7 @@ class LocalRunner:
                     holder[0] = _detached(training_step(fn, args, params, grad_out, names)[0])
 
             refill_at = dict(refills)
-            timings, kept, callables, failures = {}, {}, {}, {}
+            timings, kept, callables, failures, host_speed = {}, {}, {}, {}, {}
             peak = None
             if self.device == "cuda":
                 self._flusher = self._flusher or L2Flusher(torch.device("cuda"))
@@ -387,12 +390,13 @@ class LocalRunner:
                     timed = call
                 callables[mode] = timed
                 if self.device == "cuda":
+                    host_speed[mode] = host_op_us(torch.device("cuda"))
                     timings[mode] = time_cuda(timed, policy, self._flusher, before_sample)
                 else:
                     timings[mode] = time_cpu(timed, policy, before_sample)
                 kept[mode] = outputs
             self._timed = (spec.key, callables)
-            return TimedRun(timings, peak, kept, failures)
+            return TimedRun(timings, peak, kept, failures, host_speed)
 
     def wall(self, mode: str, calls: int) -> None:
         """`calls` back-to-back calls of the last timed `mode`, between two device-wide

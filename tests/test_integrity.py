@@ -150,6 +150,9 @@ def test_a_cuda_fault_is_an_error_row_and_the_next_cell_gets_a_fresh_worker(tmp_
     # host_ms: the host's issue time of a CUDA call, empty on the CPU (where all is host)
     host_ms = rows["reference", "96"]["host_ms"]
     assert host_ms == "" if device == "cpu" else float(host_ms) > 0, host_ms
+    # host_op_us: the worker's host speed just before the row's samples (CUDA only)
+    host_op = rows["reference", "96"]["host_op_us"]
+    assert host_op == "" if device == "cpu" else float(host_op) > 0, host_op
 
 
 def test_device_busy_after_the_end_event_is_named_work_outside_the_timed_stream():
@@ -197,6 +200,17 @@ def test_a_row_is_host_bound_when_issuing_its_call_took_most_of_its_median(host_
     from harness.measure import Timing, host_bound
 
     assert host_bound(Timing(1.0, 0.9, 1.1, 20, 0.01, host_ms=host_ms)) is bound
+
+
+@pytest.mark.parametrize(("before", "bound_slow"),
+                         [(1.31, True), (1.29, False), (0.5, False), (float("nan"), False)])
+def test_a_row_is_on_a_slow_host_when_ops_issued_slower_than_at_the_runs_start(before,
+                                                                               bound_slow):
+    # 1 us a small op at the run's start; NaN: not measured (CPU rows, older files)
+    from harness.results import slow_host
+
+    assert slow_host(before, 1.0) is bound_slow
+    assert slow_host(before, float("nan")) is False
 
 
 @pytest.mark.gpu

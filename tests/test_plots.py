@@ -250,7 +250,11 @@ def test_report_marks_host_bound_rows_and_says_what_it_means(smoke):
     flagged.loc[first_ok, "flags"] = "host-bound"
     text = report(flagged)
     assert text.count(" (host)") == 1 and "1 timed row(s) are marked `(host)`" in text
-    assert "(host)" not in report(smoke)
+    assert "(host)" not in report(smoke) and "slow host" not in text
+    flagged.loc[first_ok, "flags"] = "host-bound;slow-host"
+    text = report(flagged)
+    assert text.count(" (slow host)") == 1 and " (host)" not in text
+    assert "1 of them are marked `(slow host)`" in text
 
 
 def test_a_sweep_of_slices_gets_a_shapes_figure_and_one_shape_none(smoke):
