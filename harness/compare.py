@@ -20,6 +20,9 @@ Verdicts, and the rules behind them:
   `MEMORY_SLACK_MIB` (peak memory is deterministic, but a few-KiB change on a tiny cell is
   not worth a red build). CUDA only: CPU sweeps record no memory.
 * `faster`, `less memory`: the same tests in the other direction (reported, never fail).
+* `slow host (OLD|NEW): latency not judged`: a row flagged `slow-host` (its host issued ops
+  1.3x slower while it was timed than at its run's start): no latency verdict, as for another
+  GPU; memory and status verdicts still apply.
 * `fixed`: the status was not `ok` and now is. `still STATUS`: not `ok` in both (e.g.
   `still unsupported`), whatever the numbers.
 * `same`: none of the above.
@@ -153,7 +156,11 @@ def _verdict(row, threshold: float) -> str:
         return f"other GPU ({row.device_name_old} -> {row.device_name_new}): not judged"
     verdicts = []
     lat = row.latency_ratio
-    if not math.isnan(lat):
+    slowed = [side for side, flags in (("OLD", row.flags_old), ("NEW", row.flags_new))
+              if "slow-host" in str(flags).split(";")]
+    if slowed and not math.isnan(lat):  # the host's speed moved, not only the code
+        verdicts.append(f"slow host ({' and '.join(slowed)}): latency not judged")
+    elif not math.isnan(lat):
         old_p20 = row.median_ms_old if pd.isna(row.p20_ms_old) else row.p20_ms_old
         old_p80 = row.median_ms_old if pd.isna(row.p80_ms_old) else row.p80_ms_old
         new_p20 = row.median_ms_new if pd.isna(row.p20_ms_new) else row.p20_ms_new

@@ -67,6 +67,19 @@ def test_planted_20_percent_slowdown_is_flagged(tmp_path, capsys):
     assert "REGRESSION: 1 cell(s)" in out
 
 
+def test_a_slowdown_on_a_slowed_host_is_not_judged_but_memory_is(tmp_path, capsys):
+    # The same 20 % slowdown, in a host-bound row whose host had slowed (`slow-host`): no
+    # latency verdict either way; 2x the memory still fails the comparison.
+    old = [_row("triton", 256, 2.0), _row("triton", 1024, 2.0)]
+    new = [{**_row("triton", 256, 2.4), "flags": "host-bound;slow-host"},
+           {**_row("triton", 1024, 2.4, peak=200.0), "flags": "host-bound;slow-host"}]
+    assert _run(tmp_path, old, new, "--threshold", "5%") == 1
+    out = _out(capsys)
+    assert "SLOWER" not in out
+    assert len(_table_lines_with(out, "slow host (NEW): latency not judged")) == 1
+    assert len(_table_lines_with(out, "MORE MEMORY")) == 1
+
+
 def test_difference_inside_the_noise_is_ignored(tmp_path, capsys):
     # 10 % slower median, but each run's p20-p80 spread is +-15 %: the bands overlap.
     old = [_row("reference", 256, 10.0, spread=0.15)]
