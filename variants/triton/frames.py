@@ -65,7 +65,7 @@ import triton.language as tl
 
 from variants.openfold.triton_kernel import KEY_PAD
 from variants.triton.common import cdiv, direct, pow2, sm_count
-from variants.triton.merge import KeyRanges
+from variants.triton.merge import KeyRanges, merged_ranges
 from variants.triton.tf32 import tf32_hi, to_bf16_rn
 
 BLOCK_ROWS = 32  # rows (residues) per program: N = 1024, 12 heads -> 384 programs
@@ -332,8 +332,8 @@ def _epilogue_kernel(
     D_PAD: tl.constexpr,
     XYZ_BLOCKS: tl.constexpr,  # CAT's columns [X | Y | Z | norms] blocks of H VP (OpenFold),
     # else xyz triples, head-major
-    MERGE: tl.constexpr,  # the attention's key ranges merged here first (`merge.py`'s
-    # arithmetic, in its order), the scalar output written into CAT too
+    MERGE: tl.constexpr,  # the attention's key ranges merged here first
+    # (`merge.merged_ranges`), the scalar output written into CAT too
     BLOCK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -344,30 +344,19 @@ def _epilogue_kernel(
     p = tl.arange(0, VP_PAD)[None, :]  # the head's value points
     ok = row_ok & (p < VP)
     cat_rows = b * stride_cb + rows * stride_cn
-    if MERGE:
+    if MERGE:  # `merge.merged_ranges`, as the merge kernel merges
         r = (b * N + rows) * H + h  # the rows' (b, n, h) in the ranges' (B, N, H)
         per_range = tl.num_programs(2).to(tl.int64) * N * H
         c = tl.arange(0, D_PAD)[None, :]
         c_ok = row_ok & (c < D)
-        top = tl.full([BLOCK, 1], float("-inf"), dtype=tl.float32)
-        for s in range(S):
-            top = tl.maximum(top, tl.load(LSE_PARTS + s * per_range + r, mask=row_ok, other=0.0))
-        total = tl.zeros([BLOCK, 1], dtype=tl.float32)
-        acc_s = tl.zeros([BLOCK, D_PAD], dtype=tl.float32)
-        g0 = tl.zeros([BLOCK, VP_PAD], dtype=tl.float32)
-        g1 = tl.zeros([BLOCK, VP_PAD], dtype=tl.float32)
-        g2 = tl.zeros([BLOCK, VP_PAD], dtype=tl.float32)
-        for s in range(S):
-            at = s * per_range + r
-            w = tl.exp2(tl.load(LSE_PARTS + at, mask=row_ok, other=0.0) - top)
-            total += w
-            acc_s += w * tl.load(OS_PARTS + at * D + c, mask=c_ok, other=0.0)
-            parts = OP_PARTS + at * (3 * VP) + 3 * p
-            g0 += w * tl.load(parts, mask=ok, other=0.0)
-            g1 += w * tl.load(parts + 1, mask=ok, other=0.0)
-            g2 += w * tl.load(parts + 2, mask=ok, other=0.0)
-        _store(CAT, cat_rows + h * D + c, acc_s / total, c_ok)
-        g0, g1, g2 = g0 / total, g1 / total, g2 / total
+        o_s, _, _ = merged_ranges(OS_PARTS, LSE_PARTS, S, per_range, r, row_ok, c, c_ok, D)
+        _store(CAT, cat_rows + h * D + c, o_s, c_ok)
+        g0, _, _ = merged_ranges(OP_PARTS, LSE_PARTS, S, per_range, r, row_ok, 3 * p, ok,
+                                 3 * VP)
+        g1, _, _ = merged_ranges(OP_PARTS, LSE_PARTS, S, per_range, r, row_ok, 3 * p + 1, ok,
+                                 3 * VP)
+        g2, _, _ = merged_ranges(OP_PARTS, LSE_PARTS, S, per_range, r, row_ok, 3 * p + 2, ok,
+                                 3 * VP)
     else:
         g_pts = OUT_P + b * stride_ob + rows * stride_on + h * stride_oh + 3 * p
         g0 = tl.load(g_pts, mask=ok, other=0.0)

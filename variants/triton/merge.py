@@ -38,6 +38,28 @@ class KeyRanges:
         return merge_key_ranges(self.os_parts, self.op_parts, self.lse_parts, out_s)
 
 
+@triton.jit
+def merged_ranges(PARTS, LSE_PARTS, S, per_range, rows, row_ok, cols, ok,
+                  WIDTH: tl.constexpr):
+    """One output of the S key ranges merged, for rows `rows` (BLOCK, 1) of the ranges'
+    (B, N, H) (`per_range` rows a range): sum_s w_s PARTS[s, row, cols] / sum_s w_s, with
+    w_s = 2^(L_s - top) and top = max_s L_s, summed s = 0, 1, ... in order; PARTS's rows are
+    WIDTH elements, `ok` masks the (BLOCK, C) tile. Returns the merged tile, top and the sum
+    of the weights ((BLOCK, 1) each). The merge kernel and the frames epilogue both merge
+    through this, so their values agree to the bit."""
+    top = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
+    for s in range(S):
+        top = tl.maximum(top, tl.load(LSE_PARTS + s * per_range + rows, mask=row_ok, other=0.0))
+    total = tl.zeros(rows.shape, dtype=tl.float32)
+    acc = tl.zeros(ok.shape, dtype=tl.float32)
+    for s in range(S):
+        at = s * per_range + rows
+        w = tl.exp2(tl.load(LSE_PARTS + at, mask=row_ok, other=0.0) - top)
+        total += w
+        acc += w * tl.load(PARTS + at * WIDTH + cols, mask=ok, other=0.0)
+    return acc / total, top, total
+
+
 @direct
 @triton.jit(do_not_specialize=["ROWS", "N", "S"])
 def _merge_kernel(
@@ -59,33 +81,20 @@ def _merge_kernel(
     WRITE_LSE: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]
     r_ok = rows < ROWS
-    offs_d = tl.arange(0, D_PAD)
-    offs_e = tl.arange(0, VP3_PAD)
-    d_ok = r_ok[:, None] & (offs_d < D)[None, :]
-    e_ok = r_ok[:, None] & (offs_e < VP3)[None, :]
-    top = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s in range(S):
-        top = tl.maximum(top, tl.load(LSE_PARTS + s * ROWS + rows, mask=r_ok, other=0.0))
-    total = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc_s = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
-    acc_p = tl.zeros([BLOCK_R, VP3_PAD], dtype=tl.float32)
-    for s in range(S):
-        w = tl.exp2(tl.load(LSE_PARTS + s * ROWS + rows, mask=r_ok, other=0.0) - top)
-        total += w
-        part_s = tl.load(OS_PARTS + (s * ROWS + rows)[:, None] * D + offs_d[None, :],
-                         mask=d_ok, other=0.0)
-        part_p = tl.load(OP_PARTS + (s * ROWS + rows)[:, None] * VP3 + offs_e[None, :],
-                         mask=e_ok, other=0.0)
-        acc_s += w[:, None] * part_s
-        acc_p += w[:, None] * part_p
+    offs_d = tl.arange(0, D_PAD)[None, :]
+    offs_e = tl.arange(0, VP3_PAD)[None, :]
+    d_ok = r_ok & (offs_d < D)
+    e_ok = r_ok & (offs_e < VP3)
+    out_s, top, total = merged_ranges(OS_PARTS, LSE_PARTS, S, ROWS, rows, r_ok, offs_d, d_ok, D)
+    out_p, _, _ = merged_ranges(OP_PARTS, LSE_PARTS, S, ROWS, rows, r_ok, offs_e, e_ok, VP3)
     b = rows // (N * H)
     i = (rows // H) % N
     h = rows % H
-    out_s = OS + (b * stride_ob + i * stride_on + h * D)[:, None] + offs_d[None, :]
-    tl.store(out_s, (acc_s / total[:, None]).to(OS.dtype.element_ty), mask=d_ok)
-    tl.store(OP + rows[:, None] * VP3 + offs_e[None, :], acc_p / total[:, None], mask=e_ok)
+    tl.store(OS + b * stride_ob + i * stride_on + h * D + offs_d,
+             out_s.to(OS.dtype.element_ty), mask=d_ok)
+    tl.store(OP + rows * VP3 + offs_e, out_p, mask=e_ok)
     if WRITE_LSE:
         tl.store(LSE + rows, top + tl.log2(total), mask=r_ok)
 
