@@ -16,12 +16,14 @@ here=$(pwd)
 source gpu_diagnostics/session_env.sh
 out=$(cd "$OUT" && pwd)
 grid=$(mktemp --suffix .toml)
+# (the default's quotes set apart: inside the here-document `${DTYPES:-"fp32", ...}` loses them)
+dtypes=${DTYPES:-'"fp32", "bf16"'}
 cat > "$grid" <<EOF
 [base]
 problem = "${PROBLEM:-simplified}"
 modes = ["eager", "graph"]
 graph_max_length = 1024
-dtypes = [${DTYPES:-"fp32", "bf16"}]
+dtypes = [$dtypes]
 seeds = 2
 budget_s = 0.5
 

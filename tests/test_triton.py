@@ -1,4 +1,5 @@
-"""Tests specific to the Triton variants (`triton`, `triton-fullfuse`; `variants/triton/`).
+"""Tests specific to the Triton variants (`triton`, `triton-fullfuse`, `triton-grouped`;
+`variants/triton/`).
 
 CPU: the kernels under the Triton interpreter (`TRITON_INTERPRET=1`, which `make test` sets on
 machines without a GPU) at small, ragged sizes, in fp32 and (with the interpreter's dots in
@@ -35,7 +36,7 @@ from harness.correctness import check_variant, oracle_forward, rel_l2
 from tests.test_variants import GPU_CASES, case_id, run_check
 from variants.problem import IPAConfig, IPAInputError, get_precision, make_inputs, math_mode
 from variants.reference import init_state_dict
-from variants.triton.variants import Triton, TritonFullFuse
+from variants.triton.variants import Triton, TritonFullFuse, TritonGrouped
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -47,9 +48,15 @@ if HAS_TRITON:  # the kernel modules import Triton
     from variants.triton.attention import default_split, ipa_attention
     from variants.triton.fullfuse import ipa_fullfuse_attention
     from variants.triton.pair_bias import cublas_pair_bias, launch_pair_bias, pair_bias
-    from variants.triton.pipeline import TritonIPAWeights, triton_fullfuse_ipa, triton_ipa
+    from variants.triton.pipeline import (
+        TritonIPAWeights,
+        triton_fullfuse_ipa,
+        triton_grouped_ipa,
+        triton_ipa,
+    )
 
-    PIPELINES = {"triton": triton_ipa, "triton-fullfuse": triton_fullfuse_ipa}
+    PIPELINES = {"triton": triton_ipa, "triton-fullfuse": triton_fullfuse_ipa,
+                 "triton-grouped": triton_grouped_ipa}
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 needs_interpreter = pytest.mark.skipif(
@@ -58,7 +65,7 @@ needs_interpreter = pytest.mark.skipif(
     "(`make test` sets it where there is no GPU)",
 )
 
-VARIANTS = {v.name: v for v in (Triton(), TritonFullFuse())}
+VARIANTS = {v.name: v for v in (Triton(), TritonFullFuse(), TritonGrouped())}
 
 # Non-default dims on purpose: d = 16 (node 64 / 4 heads), d = 48 (one head: padded to 64),
 # 16 heads of d = 8, pair_dim 8 (< one 16-wide dot step), single points.
@@ -307,31 +314,6 @@ def test_linear_3xtf32_matches_float64(layout, with_bias):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-def test_linear_3xtf32_with_layer_norm_matches_float64(layout):
-    # One launch for F.linear(F.layer_norm(x)): rows far from zero mean and unit scale (the
-    # two-pass variance must not cancel), K = 45 and N = 37 off every block, B = 2; x read in
-    # place through its strides ("transposed": batch and rows swapped in storage).
-    from variants.triton.linear import linear_3xtf32
-
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(2, 37, 45, generator=g) * 3 + 40 * torch.randn(2, 37, 1, generator=g)
-    if layout == "transposed":
-        x = x.transpose(0, 1).contiguous().transpose(0, 1)
-    ln_w, ln_b = torch.randn(45, generator=g), torch.randn(45, generator=g)
-    w = torch.randn(70, 45, generator=g)
-    F = torch.nn.functional
-    expected = F.linear(F.layer_norm(x.double(), (45,), ln_w.double(), ln_b.double()), w.double())
-    with CopyWatch(x) as watch:
-        out = linear_3xtf32(x, w, norm=(ln_w, ln_b))
-    assert watch.copies == []
-    assert out.shape == (2, 37, 70) and out.is_contiguous()
-    # as accurate as torch's fp32 LayerNorm then SGEMM (4.3e-7 here; this kernel 4.6e-7)
-    torch_fp32 = F.linear(F.layer_norm(x, (45,), ln_w, ln_b), w)
-    assert rel_l2(out, expected) <= 1.5 * rel_l2(torch_fp32, expected)
-
-
-@needs_interpreter
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
 def test_linear_3xtf32_op_gradients_match_float64(with_bias):
     # dx = dy W and dW = dy^T x run through the same kernel on transposed (strided) operands
@@ -454,6 +436,22 @@ def test_weights_reject_what_the_kernels_cannot_run():
     config = IPAConfig(node_dim=136, heads=17)
     with pytest.raises(IPAInputError, match="heads"):
         TritonIPAWeights.from_state_dict(init_state_dict(config), config, "cpu", torch.float32)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_grouped_heads_per_program_change_nothing(precision):
+    # triton-grouped's bias dot gives each head its own columns: every group size of the 12
+    # heads computes the same output, to the bit; a size that does not divide them is refused
+    # before any launch. Ragged N, B = 2.
+    config = IPAConfig(node_dim=96, pair_dim=20, heads=12, query_points=2, value_points=3)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    weights = TritonIPAWeights.from_state_dict(init_state_dict(config), config, "cpu", dtype)
+    inputs = make_inputs(config, 2, 21, dtype=dtype, seed=5).as_tuple()
+    outputs = [triton_grouped_ipa(weights, *inputs, heads_per_program=g) for g in (1, 2, 3, 4, 6)]
+    assert all(torch.equal(out, outputs[0]) for out in outputs[1:])
+    with pytest.raises(IPAInputError, match=r"heads_per_program: expected .* heads=12.* got 5"):
+        triton_grouped_ipa(weights, *inputs, heads_per_program=5)
 
 
 @needs_triton

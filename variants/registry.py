@@ -42,6 +42,7 @@ from variants.triton.variants import (
     Triton,
     TritonFullFuse,
     TritonFullFuseTrain,
+    TritonGrouped,
     TritonPairDot,
     TritonTrain,
 )
@@ -66,6 +67,7 @@ BUILTIN: list[type[Variant]] = [
     OpenFoldTriton,
     TritonPairDot,
     OpenFoldTritonBias,
+    TritonGrouped,
 ]
 
 

@@ -1,16 +1,18 @@
-"""The Triton variants, `triton`, `triton-fullfuse`, `triton-pairdot` and the training variants
-`triton-train` and `triton-fullfuse-train` (design and caveats: `variants.py`).
+"""The Triton variants, `triton`, `triton-fullfuse`, `triton-pairdot`, `triton-grouped` and the
+training variants `triton-train` and `triton-fullfuse-train` (design and caveats: `variants.py`).
 
-variants.py       the four `Variant` classes; imports no Triton (kernels are imported by `build`)
+variants.py       the `Variant` classes; imports no Triton (kernels are imported by `build`)
 pipeline.py       the checked public forwards `triton_ipa`, `triton_fullfuse_ipa`,
-                  `triton_pairdot_ipa` and `triton_train_ipa`, their weights and the O(N) work
-                  around the kernels
+                  `triton_grouped_ipa`, `triton_pairdot_ipa` and `triton_train_ipa`, their
+                  weights and the O(N) work around the kernels
 frames.py         that work's frame transforms as two kernels (prologue, epilogue), used where
                   no autograd is needed
 pair_bias.py      the (B, H, N, N) pair-bias GEMM: Triton kernel, cuBLAS form, `pair_bias`
 attention.py      the streamed per-head flash kernel over that bias: `ipa_attention`
 bias_backward.py  its backward: per-head key and query kernels (dS written over the saved
                   bias), d pair_repr and dW_b in one pass over pair_repr
+grouped.py        the pair bias of a group of heads on tensor cores in the key loop of
+                  `attention.py`'s per-head step (z read from DRAM once)
 fullfuse.py       the fully fused kernel (bias computed in the key loop, split-key merge):
                   `ipa_fullfuse_attention`
 backward.py       the fully fused kernel's backward (logits recomputed from pair_repr tile by

@@ -84,6 +84,181 @@ def squared_distances(q_coords, kp_base, offs_n, n_ok, N, P3: tl.constexpr):
     return dist
 
 
+@triton.jit
+def query_operands(Q, QP, TC, b, h, i0, offs_m, m_ok, N, stride_qb, stride_qn, H: tl.constexpr,
+                   D: tl.constexpr, D_PAD: tl.constexpr, P3: tl.constexpr,
+                   P3_PAD: tl.constexpr, POINTS_DOT: tl.constexpr, SPLIT_DOTS: tl.constexpr,
+                   SPLIT_BF16: tl.constexpr, CAST_F32: tl.constexpr, VP3_PAD: tl.constexpr):
+    """One head's query side, loaded once before its key loop (loaded inside a loop that
+    stores, they are reloaded every key block): (q, q_hi, q_lo, points, centre) for the rows
+    offs_m of head h of batch element b (block start i0). q_hi, q_lo: with SPLIT_DOTS q's TF32
+    parts, else q. points: with POINTS_DOT (q', |q'|^2, q' hi, q' lo, the origin per
+    coordinate) of the coordinates centred on the block's first frame origin (hi, lo:
+    `bf16_split` parts with SPLIT_BF16, else q'), else `query_coordinates`. centre: that origin
+    per value-point coordinate, (VP3_PAD,)."""
+    offs_d = tl.arange(0, D_PAD)
+    q = tl.load(
+        Q + b * stride_qb + h * D + offs_m[:, None] * stride_qn + offs_d[None, :],
+        mask=m_ok[:, None] & (offs_d < D)[None, :], other=0.0,
+    )
+    if CAST_F32:
+        q = q.to(tl.float32)
+    q_hi = q
+    q_lo = q
+    if SPLIT_DOTS:
+        q_hi = tf32_hi(q)
+        q_lo = q - q_hi
+    qp_base = QP + (b * H + h) * P3 * N
+    if POINTS_DOT:
+        # Points relative to this block's first frame origin, so that the expanded
+        # |q'|^2 + |k'|^2 - 2 q'.k' (one 3xTF32 dot) does not cancel at 100 A offsets.
+        offs_c = tl.arange(0, P3_PAD)
+        c_ok = offs_c < P3
+        centre_c = tl.load(TC + (b * N + i0) * 3 + offs_c % 3)
+        q_pts = tl.load(
+            qp_base + offs_c[None, :] * N + offs_m[:, None],
+            mask=m_ok[:, None] & c_ok[None, :], other=0.0,
+        )
+        q_pts = tl.where(c_ok[None, :], q_pts - centre_c[None, :], 0.0)
+        qp_hi = q_pts
+        qp_lo = q_pts
+        if SPLIT_BF16:
+            qp_hi, qp_lo = bf16_split(q_pts, CAST_F32)
+        points = (q_pts, tl.sum(q_pts * q_pts, 1), qp_hi, qp_lo, centre_c)
+    else:
+        points = query_coordinates(qp_base, offs_m, m_ok, N, P3)
+    centre = tl.load(TC + (b * N + i0) * 3 + tl.arange(0, VP3_PAD) % 3)
+    return q, q_hi, q_lo, points, centre
+
+
+@triton.jit
+def initial_state(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+                  VP3_PAD: tl.constexpr):
+    """One head's online-softmax state before its first key block: (running max m, the
+    softmax denominators summed per element and reduced over keys after the loop (a per-block
+    row sum made triton 3.6 carry l and m in a second layout, computing the exponentials twice:
+    sm_90 TTGIR), sum p v, sum p v_pts, sum p dist (for STORE_STATS))."""
+    return (tl.full([BLOCK_M], float("-inf"), dtype=tl.float32),
+            tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
+            tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32),
+            tl.zeros([BLOCK_M, VP3_PAD], dtype=tl.float32),
+            tl.zeros([BLOCK_M], dtype=tl.float32))
+
+
+@triton.jit
+def key_terms(j0, query, K, KP, b, h, N, q_scale, stride_kb, stride_kn, H: tl.constexpr,
+              D: tl.constexpr, D_PAD: tl.constexpr, P3: tl.constexpr, P3_PAD: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, POINTS_DOT: tl.constexpr, SPLIT_DOTS: tl.constexpr,
+              SPLIT_BF16: tl.constexpr, CAST_F32: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One head's key block [j0, j0 + BLOCK_N), `query` from `query_operands`: (q.k in log2
+    units, the squared point distances), each (BLOCK_M, BLOCK_N) fp32. The logits are
+    q.k + bias + point_weight * dist (the caller adds the bias: its loads and, in a kernel that
+    writes the logits, the store stay in the caller's order)."""
+    q, q_hi, q_lo, points, centre = query
+    offs_n = j0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    n_ok = offs_n < N
+    kp_base = KP + (b * H + h) * P3 * N
+    # scalar term: q . k / sqrt(d), in log2 units
+    kt = tl.load(
+        K + b * stride_kb + h * D + offs_n[None, :] * stride_kn + offs_d[:, None],
+        mask=(offs_d < D)[:, None] & n_ok[None, :], other=0.0,
+    )
+    if CAST_F32:
+        kt = kt.to(tl.float32)
+    if SPLIT_DOTS:
+        kt_hi = tf32_hi(kt)
+        s = dot_split_tf32(q_hi, q_lo, kt_hi, kt - kt_hi,
+                           tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32)) * q_scale
+    else:
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * q_scale
+    if POINTS_DOT:
+        q_pts, q_norm, qp_hi, qp_lo, centre_c = points
+        offs_c = tl.arange(0, P3_PAD)
+        c_ok = offs_c < P3
+        k_pts = tl.load(
+            kp_base + offs_c[:, None] * N + offs_n[None, :],
+            mask=c_ok[:, None] & n_ok[None, :], other=0.0,
+        )
+        k_pts = tl.where(c_ok[:, None], k_pts - centre_c[:, None], 0.0)
+        if SPLIT_BF16:
+            kp_hi, kp_lo = bf16_split(k_pts, CAST_F32)
+            cross = dot_split_bf16(qp_hi, qp_lo, kp_hi, kp_lo,
+                                   tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32))
+        else:
+            cross = tl.dot(q_pts, k_pts, input_precision="tf32x3")
+        dist = q_norm[:, None] + tl.sum(k_pts * k_pts, 0)[None, :] - 2.0 * cross
+        dist = tl.maximum(dist, 0.0)
+    else:
+        # squared distances computed directly (IEEE fp32 mode)
+        dist = squared_distances(points, kp_base, offs_n, n_ok, N, P3)
+    return s, dist
+
+
+@triton.jit
+def softmax_update(s, dist, j0, state, query, V, VP, b, h, N, stride_vb, stride_vn,
+                   H: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, VP3: tl.constexpr,
+                   VP3_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   PTS_PRECISION: tl.constexpr, SPLIT_DOTS: tl.constexpr,
+                   SPLIT_BF16: tl.constexpr, CAST_F32: tl.constexpr,
+                   STORE_STATS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The online softmax's update of one head's `state` (`initial_state`) with the base-2
+    logits s of its key block [j0, j0 + BLOCK_N) (-inf past N) and their distances: the new
+    state, after rescaling and adding p v and p v_pts."""
+    m_i, l_acc, acc_s, acc_p, acc_d = state
+    centre = query[4]
+    offs_n = j0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    offs_e = tl.arange(0, VP3_PAD)
+    n_ok = offs_n < N
+    # online softmax (fp32)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_acc = l_acc * alpha[:, None] + p
+    if STORE_STATS:
+        acc_d = acc_d * alpha + tl.sum(p * dist, 1)
+    v = tl.load(
+        V + b * stride_vb + h * D + offs_n[:, None] * stride_vn + offs_d[None, :],
+        mask=n_ok[:, None] & (offs_d < D)[None, :], other=0.0,
+    )
+    # Value points are summed relative to this block's first frame origin (small summands).
+    vp = tl.load(
+        VP + (b * H + h) * N * VP3 + offs_n[:, None] * VP3 + offs_e[None, :],
+        mask=n_ok[:, None] & (offs_e < VP3)[None, :], other=0.0,
+    )
+    vp = tl.where(n_ok[:, None], vp - centre[None, :], 0.0)
+    if SPLIT_DOTS:
+        p_hi = tf32_hi(p)
+        p_lo = p - p_hi
+        v_hi, vp_hi = tf32_hi(v), tf32_hi(vp)
+        acc_s = dot_split_tf32(p_hi, p_lo, v_hi, v - v_hi, acc_s * alpha[:, None])
+        acc_p = dot_split_tf32(p_hi, p_lo, vp_hi, vp - vp_hi, acc_p * alpha[:, None])
+    else:
+        if CAST_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc_s = acc_s * alpha[:, None] + pv
+        if SPLIT_BF16:
+            p_hi, p_lo = bf16_split(p, CAST_F32)
+            vp_hi, vp_lo = bf16_split(vp, CAST_F32)
+            acc_p = dot_split_bf16(p_hi, p_lo, vp_hi, vp_lo, acc_p * alpha[:, None])
+        else:
+            acc_p = acc_p * alpha[:, None] + tl.dot(p, vp, input_precision=PTS_PRECISION)
+    return m_new, l_acc, acc_s, acc_p, acc_d
+
+
+@triton.jit
+def normalised(state, query):
+    """A head's outputs after its last key block: (sum_j a_ij v_j, sum_j a_ij v_pts_j in the
+    global (centred) frame, l_i = sum_j 2^(s_ij - m_i))."""
+    m_i, l_acc, acc_s, acc_p, acc_d = state
+    centre = query[4]
+    l_i = tl.sum(l_acc, 1)
+    return acc_s / l_i[:, None], acc_p / l_i[:, None] + centre[None, :], l_i
+
+
 @triton.jit(do_not_specialize=["N", "split_len", "N_KEY"])
 def _attention_kernel(
     Q, K, V,  # (B, N, H, D) views: strides (sb, sn, D, 1), input dtype
@@ -143,135 +318,40 @@ def _attention_kernel(
     d_ok = offs_d < D
     e_ok = offs_e < VP3
 
-    q = tl.load(
-        Q + b * stride_qb + h * D + offs_m[:, None] * stride_qn + offs_d[None, :],
-        mask=m_ok[:, None] & d_ok[None, :], other=0.0,
-    )
-    if CAST_F32:
-        q = q.to(tl.float32)
-    if SPLIT_DOTS:
-        q_hi = tf32_hi(q)
-        q_lo = q - q_hi
+    query = query_operands(Q, QP, TC, b, h, i0, offs_m, m_ok, N, stride_qb, stride_qn, H, D,
+                           D_PAD, P3, P3_PAD, POINTS_DOT, SPLIT_DOTS, SPLIT_BF16, CAST_F32,
+                           VP3_PAD)
     pw = tl.load(PW + h)
-    # Value points are summed relative to this block's first frame origin (small summands).
-    centre = tl.load(TC + (b * N + i0) * 3 + offs_e % 3)
-    qp_base = QP + bh * P3 * N
-    kp_base = KP + bh * P3 * N
-    vp_base = VP + bh * N * VP3
     # Query rows past N read row N - 1 of the bias (computed, never stored), so that its loads
     # need only the key mask, whose -inf fill masks the logits of keys past N.
     bias_rows = BIAS + bh * N * N + tl.minimum(offs_m, N - 1)[:, None].to(tl.int64) * N
-    if POINTS_DOT:
-        # Points relative to this block's first frame origin, so that the expanded
-        # |q'|^2 + |k'|^2 - 2 q'.k' (one 3xTF32 dot) does not cancel at 100 A offsets.
-        offs_c = tl.arange(0, P3_PAD)
-        c_ok = offs_c < P3
-        centre_c = tl.load(TC + (b * N + i0) * 3 + offs_c % 3)
-        q_pts = tl.load(
-            qp_base + offs_c[None, :] * N + offs_m[:, None],
-            mask=m_ok[:, None] & c_ok[None, :], other=0.0,
-        )
-        q_pts = tl.where(c_ok[None, :], q_pts - centre_c[None, :], 0.0)
-        q_norm = tl.sum(q_pts * q_pts, 1)
-        if SPLIT_BF16:
-            qp_hi, qp_lo = bf16_split(q_pts, CAST_F32)
-    else:
-        q_coords = query_coordinates(qp_base, offs_m, m_ok, N, P3)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    # The softmax denominators, summed per element and reduced over keys after the loop: a
-    # per-block row sum here made triton 3.6 carry l (and m) in a second layout, computing the
-    # exponentials twice (sm_90 TTGIR).
-    l_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_s = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    acc_p = tl.zeros([BLOCK_M, VP3_PAD], dtype=tl.float32)
-    acc_d = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum_j p_ij dist_ij, for STATS
+    state = initial_state(BLOCK_M, BLOCK_N, D_PAD, VP3_PAD)
     j_start = pid_s * split_len
     for j0 in range(j_start, tl.minimum(j_start + split_len, N), BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        # scalar term: q . k / sqrt(d), in log2 units
-        kt = tl.load(
-            K + b * stride_kb + h * D + offs_n[None, :] * stride_kn + offs_d[:, None],
-            mask=d_ok[:, None] & n_ok[None, :], other=0.0,
-        )
-        if CAST_F32:
-            kt = kt.to(tl.float32)
-        if SPLIT_DOTS:
-            kt_hi = tf32_hi(kt)
-            s = dot_split_tf32(q_hi, q_lo, kt_hi, kt - kt_hi,
-                               tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * q_scale
-        else:
-            s = tl.dot(q, kt, input_precision=DOT_PRECISION) * q_scale
-        if POINTS_DOT:
-            k_pts = tl.load(
-                kp_base + offs_c[:, None] * N + offs_n[None, :],
-                mask=c_ok[:, None] & n_ok[None, :], other=0.0,
-            )
-            k_pts = tl.where(c_ok[:, None], k_pts - centre_c[:, None], 0.0)
-            if SPLIT_BF16:
-                kp_hi, kp_lo = bf16_split(k_pts, CAST_F32)
-                cross = dot_split_bf16(qp_hi, qp_lo, kp_hi, kp_lo,
-                                       tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
-            else:
-                cross = tl.dot(q_pts, k_pts, input_precision="tf32x3")
-            dist = q_norm[:, None] + tl.sum(k_pts * k_pts, 0)[None, :] - 2.0 * cross
-            dist = tl.maximum(dist, 0.0)
-        else:
-            # squared distances computed directly (IEEE fp32 mode)
-            dist = squared_distances(q_coords, kp_base, offs_n, n_ok, N, P3)
+        s, dist = key_terms(j0, query, K, KP, b, h, N, q_scale, stride_kb, stride_kn, H, D,
+                            D_PAD, P3, P3_PAD, DOT_PRECISION, POINTS_DOT, SPLIT_DOTS,
+                            SPLIT_BF16, CAST_F32, BLOCK_N)
         bias = tl.load(bias_rows + offs_n[None, :], mask=n_ok[None, :], other=float("-inf"))
         s = s + bias.to(tl.float32) * LOG2E + pw * dist  # -inf past N
         if WRITE_LOGITS:  # each (row, key) belongs to this program alone: read, then written
             tl.store(bias_rows + offs_n[None, :], s, mask=m_ok[:, None] & n_ok[None, :])
-        # online softmax (fp32)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_acc = l_acc * alpha[:, None] + p
-        if STORE_STATS:
-            acc_d = acc_d * alpha + tl.sum(p * dist, 1)
-        v = tl.load(
-            V + b * stride_vb + h * D + offs_n[:, None] * stride_vn + offs_d[None, :],
-            mask=n_ok[:, None] & d_ok[None, :], other=0.0,
-        )
-        vp = tl.load(
-            vp_base + offs_n[:, None] * VP3 + offs_e[None, :],
-            mask=n_ok[:, None] & e_ok[None, :], other=0.0,
-        )
-        vp = tl.where(n_ok[:, None], vp - centre[None, :], 0.0)
-        if SPLIT_DOTS:
-            p_hi = tf32_hi(p)
-            p_lo = p - p_hi
-            v_hi, vp_hi = tf32_hi(v), tf32_hi(vp)
-            acc_s = dot_split_tf32(p_hi, p_lo, v_hi, v - v_hi, acc_s * alpha[:, None])
-            acc_p = dot_split_tf32(p_hi, p_lo, vp_hi, vp - vp_hi, acc_p * alpha[:, None])
-        else:
-            if CAST_F32:
-                pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
-            else:
-                pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            acc_s = acc_s * alpha[:, None] + pv
-            if SPLIT_BF16:
-                p_hi, p_lo = bf16_split(p, CAST_F32)
-                vp_hi, vp_lo = bf16_split(vp, CAST_F32)
-                acc_p = dot_split_bf16(p_hi, p_lo, vp_hi, vp_lo, acc_p * alpha[:, None])
-            else:
-                acc_p = acc_p * alpha[:, None] + tl.dot(p, vp, input_precision=PTS_PRECISION)
-        m_i = m_new
+        state = softmax_update(s, dist, j0, state, query, V, VP, b, h, N, stride_vb, stride_vn,
+                               H, D, D_PAD, VP3, VP3_PAD, DOT_PRECISION, PTS_PRECISION,
+                               SPLIT_DOTS, SPLIT_BF16, CAST_F32, STORE_STATS, BLOCK_N)
 
-    l_i = tl.sum(l_acc, 1)
-    acc_s = acc_s / l_i[:, None]
-    acc_p = acc_p / l_i[:, None] + centre[None, :]
+    out_s, out_p, l_i = normalised(state, query)
+    m_i = state[0]
     rows = pid_s * tl.num_programs(1) * N  # the (b, i, h) rows of the ranges before this one
     tl.store(
         OS + pid_s * stride_os + b * stride_ob + h * D + offs_m[:, None] * stride_on
         + offs_d[None, :],
-        acc_s.to(OS.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :],
+        out_s.to(OS.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :],
     )
     tl.store(
         OP + rows * VP3 + ((b * N + offs_m[:, None]) * H + h) * VP3 + offs_e[None, :],
-        acc_p, mask=m_ok[:, None] & e_ok[None, :],
+        out_p, mask=m_ok[:, None] & e_ok[None, :],
     )
     if WRITE_LSE:  # this range's log2-sum-exp2, for the merge
         tl.store(STATS + rows + (b * N + offs_m) * H + h, m_i + tl.log2(l_i), mask=m_ok)
@@ -279,7 +359,7 @@ def _attention_kernel(
         stats = STATS + ((b * N + offs_m) * H + h) * 3
         tl.store(stats, m_i, mask=m_ok)
         tl.store(stats + 1, tl.log2(l_i), mask=m_ok)
-        tl.store(stats + 2, acc_d / l_i, mask=m_ok)
+        tl.store(stats + 2, state[4] / l_i, mask=m_ok)
 
 
 # Config lists from compiling for sm_90 and reading register/stack use (cuobjdump): only

@@ -43,16 +43,13 @@ def _linear_kernel(
     W,  # (BATCH, N_OUT, K) fp32, strides (stride_wb, stride_wn, stride_wk)
     BIAS,  # (N_OUT,) fp32 when HAS_BIAS
     OUT,  # (BATCH, M, N_OUT) fp32, contiguous
-    NORM_W, NORM_B,  # (K,) fp32 when NORM: a LayerNorm's weight and bias
     M,
     N_OUT,
     K,
     stride_xb, stride_xm, stride_xk,  # (a stride of 1 is specialised on: unit K strides)
     stride_wb, stride_wn, stride_wk,
-    eps,  # NORM's
     M_KEY,  # autotune bucket, unused in the body
     HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr,  # x's rows layer-normalised over K first (two passes for the stats)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -65,32 +62,12 @@ def _linear_kernel(
     OUT += batch * M * N_OUT
     m_ok = offs_m < M
     n_ok = offs_n < N_OUT
-    x_rows = X + offs_m[:, None] * stride_xm
-    if NORM:  # the rows' mean, then their variance about it (biased, as F.layer_norm's)
-        total = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)[None, :]
-            total += tl.sum(tl.load(x_rows + offs_k * stride_xk,
-                                    mask=m_ok[:, None] & (offs_k < K), other=0.0), 1)
-        mean = (total / K)[:, None]
-        total = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)[None, :]
-            ok = m_ok[:, None] & (offs_k < K)
-            x = tl.where(ok, tl.load(x_rows + offs_k * stride_xk, mask=ok, other=0.0) - mean,
-                         0.0)
-            total += tl.sum(x * x, 1)
-        rstd = (1.0 / tl.sqrt_rn(total / K + eps))[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
-        x_ok = m_ok[:, None] & k_ok[None, :]
-        x = tl.load(x_rows + offs_k[None, :] * stride_xk, mask=x_ok, other=0.0)
-        if NORM:
-            scale = tl.load(NORM_W + offs_k, mask=k_ok, other=0.0)[None, :]
-            shift = tl.load(NORM_B + offs_k, mask=k_ok, other=0.0)[None, :]
-            x = tl.where(x_ok, (x - mean) * rstd * scale + shift, 0.0)
+        x = tl.load(X + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(W + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # (BLOCK_K, BLOCK_N): W^T
         x_hi, w_hi = tf32_hi(x), tf32_hi(w)
@@ -111,34 +88,24 @@ _linear = autotuned(
                            (128, 64, 32, 4, 3), (128, 128, 32, 8, 3), (64, 32, 64, 4, 3),
                            (32, 32, 64, 4, 4)], names=("BLOCK_M", "BLOCK_N", "BLOCK_K")),
     # the strides: the backward's transposed operands (`linear_3xtf32_op`) tune on their own
-    key=["M_KEY", "N_OUT", "K", "HAS_BIAS", "NORM", "stride_xm", "stride_xk", "stride_wn",
-         "stride_wk"],
+    key=["M_KEY", "N_OUT", "K", "HAS_BIAS", "stride_xm", "stride_xk", "stride_wn", "stride_wk"],
     interpreted={"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32},
 )
 
 
-def linear_3xtf32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  norm: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  eps: float = 1e-5) -> torch.Tensor:
+def linear_3xtf32(x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for fp32 tensors on one device, unchecked (the forward built
     them), not differentiable (`linear_3xtf32_op` is): x (..., K) whose leading dimensions
     merge into one (a contiguous tensor, a slice along K, a transpose of a 2-D one), weight
-    (N_OUT, K) any strides, bias (N_OUT,) contiguous or None -> (..., N_OUT) contiguous.
-
-    With `norm`, a LayerNorm's (weight, bias) (K,) fp32 contiguous, the product is
-    `F.linear(F.layer_norm(x, (K,), *norm, eps), weight, bias)` in one launch: each program
-    normalises its rows as it loads them (their mean and variance first, two passes over the
-    rows, which its column blocks share through L2), and x is (B, M, K), any strides."""
-    k, n_out = x.shape[-1], weight.shape[0]
-    rows = x if norm is not None else x.reshape(1, -1, k)  # a view for the forwards' inputs
-    batch, m = rows.shape[0], rows.shape[1]
+    (N_OUT, K) any strides, bias (N_OUT,) contiguous or None -> (..., N_OUT) contiguous."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k)  # a view for the inputs the forwards pass
+    m, n_out = rows.shape[0], weight.shape[0]
     out = torch.empty(*x.shape[:-1], n_out, dtype=torch.float32, device=x.device)
-    norm_w, norm_b = norm if norm is not None else (out, out)
-    grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), batch)
-    stride_b = rows.stride(0) if batch > 1 else 0  # (one specialisation for one batch)
-    _linear[grid](rows, weight, out if bias is None else bias, out, norm_w, norm_b, m, n_out, k,
-                  stride_b, *rows.stride()[1:], 0, *weight.stride(), eps, pow2(m, 64),
-                  HAS_BIAS=bias is not None, NORM=norm is not None)
+    grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]))
+    _linear[grid](rows, weight, out if bias is None else bias, out, m, n_out, k,
+                  0, *rows.stride(), 0, *weight.stride(), pow2(m, 64), HAS_BIAS=bias is not None)
     return out
 
 
@@ -148,8 +115,8 @@ def bmm_3xtf32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Ten
     batch, m, k = a.shape
     n = b.shape[2]
     grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, meta["BLOCK_N"]), batch)
-    _linear[grid](a, b, out, out, out, out, m, n, k, *a.stride(), b.stride(0), b.stride(2),
-                  b.stride(1), 0.0, pow2(m, 64), HAS_BIAS=False, NORM=False)
+    _linear[grid](a, b, out, out, m, n, k, *a.stride(), b.stride(0), b.stride(2), b.stride(1),
+                  pow2(m, 64), HAS_BIAS=False)
     return out
 
 

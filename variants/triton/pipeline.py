@@ -44,6 +44,7 @@ from variants.triton.common import (
 )
 from variants.triton.core_op import bias_core_op, core_op
 from variants.triton.fullfuse import launch_fullfuse
+from variants.triton.grouped import check_group, launch_grouped
 from variants.triton.linear import linear_3xtf32, linear_3xtf32_op
 from variants.triton.merge import KeyRanges
 from variants.triton.pair_bias import bias_tensor
@@ -180,13 +181,10 @@ def _around_kernels(
         linear = linear_3xtf32 if fused else linear_3xtf32_op
 
     # Prologue: LayerNorm, one GEMM for all six projections (B, N, 3*H*d + 3*H*(2Qp+Vp)),
-    # frames in fp32. Without autograd the 3xTF32 GEMM normalises its rows itself (one launch
-    # fewer).
-    if fused and split_gemms:
-        proj = linear_3xtf32(node_repr, weights.w_in, norm=(weights.ln_weight, weights.ln_bias))
-    else:
-        x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
-        proj = linear(x, weights.w_in, None)
+    # frames in fp32. (The LayerNorm inside the fp32 3xTF32 GEMM, one launch fewer, lost on an
+    # H100: replayed N = 256 0.073 -> 0.077 ms, N = 1024 0.374 -> 0.386; docs/perf-notes.md.)
+    x = F.layer_norm(node_repr, (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+    proj = linear(x, weights.w_in, None)
     # Split, not sliced: under autograd one split's backward is one concatenation, where each
     # slice's is a zero fill and a copy, added up (14 launches more per training step).
     q, k, v, local_pts = proj.split([hd, hd, hd, proj.shape[-1] - 3 * hd], dim=-1)
@@ -318,6 +316,34 @@ def triton_fullfuse_ipa(
                                           weights.w_pair, modes, split)
 
     return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels)
+
+
+def triton_grouped_ipa(
+    weights: TritonIPAWeights,
+    node_repr: torch.Tensor,
+    pair_repr: torch.Tensor,
+    translations: torch.Tensor,
+    rotations: torch.Tensor,
+    *,
+    math_mode: str = "ieee",
+    heads_per_program: int | None = None,
+) -> torch.Tensor:
+    """IPA forward (SPEC.md), `triton-grouped` variant: one kernel computes the pair bias of a
+    group of heads on tensor cores inside its key loop (`grouped.py`; pair_repr read from DRAM
+    once, no N x N tensor). Arguments and result as `triton_ipa`; `heads_per_program`: the group
+    size (None: `grouped.group_size`)."""
+    _check(weights, node_repr, pair_repr, translations, rotations)
+    modes = dot_modes(node_repr.dtype, math_mode)
+    check_group(heads_per_program, weights.config.heads)
+
+    def kernels(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
+        # The launcher's own checks are skipped: every operand is built by the prologue.
+        return ops.out_s, launch_grouped(ops.q, ops.k, ops.v, ops.q_pts, ops.k_pts, ops.v_pts,
+                                         ops.centred_t, ops.point_weight, ops.out_s, pair_repr,
+                                         weights.w_pair, modes, heads_per_program)
+
+    return _around_kernels(weights, node_repr, pair_repr, translations, rotations, kernels,
+                           split_gemms=modes.split_dots)
 
 
 def pairdot_core(weights: TritonIPAWeights, math_mode: str):

@@ -177,6 +177,21 @@ class TritonFullFuse(Triton):
         return triton_fullfuse_ipa
 
 
+class TritonGrouped(Triton):
+    """The pair bias of a group of heads on tensor cores inside the attention's key loop
+    (`grouped.py`, issue #17 deliverable 2): z read from DRAM once, O(N) memory."""
+
+    name = "triton-grouped"
+    description = ("Triton IPA core with the pair bias of G heads per program on tensor cores "
+                   "in the key loop (z read once, O(N) memory)")
+
+    @staticmethod
+    def _forward_function():
+        from variants.triton.pipeline import triton_grouped_ipa
+
+        return triton_grouped_ipa
+
+
 class TritonPairDot(Triton):
     """Problem openfold's fused kernel (`variants/openfold/triton_kernel.py`) run without its
     pair values and mask: per key block the z tile times W_b^T, every head at once, on tensor
