@@ -21,8 +21,12 @@ Verdicts, and the rules behind them:
   not worth a red build). CUDA only: CPU sweeps record no memory.
 * `faster`, `less memory`: the same tests in the other direction (reported, never fail).
 * `slow host (OLD|NEW): latency not judged`: a row flagged `slow-host` (its host issued ops
-  1.3x slower while it was timed than at its run's start): no latency verdict, as for another
-  GPU; memory and status verdicts still apply.
+  1.3x slower while it was timed than the fastest its run had seen): no latency verdict, as
+  for another GPU; memory and status verdicts still apply.
+* `host speed A -> B us/op: latency not judged`: a cell timed host-bound on either side whose
+  two rows' `host_op_us` differ by 1.3x or more (the two runs' hosts ran at different speeds:
+  an H100 A/B of 2026-12-06 saw 7.0 and 10.3 us/op in one sweep, and host-bound cells 1.65x
+  apart with the kernels unchanged); as above.
 * `fixed`: the status was not `ok` and now is. `still STATUS`: not `ok` in both (e.g.
   `still unsupported`), whatever the numbers.
 * `same`: none of the above.
@@ -62,6 +66,7 @@ from harness.report import markdown_table
 from harness.results import (
     KEY_COLUMNS,
     METADATA_JSON,
+    SLOW_HOST,
     has_flag,
     latest_per_key,
     metadata_runs,
@@ -158,8 +163,12 @@ def _verdict(row, threshold: float) -> str:
     lat = row.latency_ratio
     slowed = [side for side, flags in (("OLD", row.flags_old), ("NEW", row.flags_new))
               if "slow-host" in str(flags).split(";")]
+    speeds = _host_speeds(row)
     if slowed and not math.isnan(lat):  # the host's speed moved, not only the code
         verdicts.append(f"slow host ({' and '.join(slowed)}): latency not judged")
+    elif speeds and not math.isnan(lat):
+        verdicts.append(f"host speed {speeds[0]:.3g} -> {speeds[1]:.3g} us/op: latency not "
+                        "judged")
     elif not math.isnan(lat):
         old_p20 = row.median_ms_old if pd.isna(row.p20_ms_old) else row.p20_ms_old
         old_p80 = row.median_ms_old if pd.isna(row.p80_ms_old) else row.p80_ms_old
@@ -178,6 +187,19 @@ def _verdict(row, threshold: float) -> str:
             verdicts.append("less memory")
     failing = [v for v in verdicts if v in FAILING]
     return ", ".join(failing or verdicts) or "same"
+
+
+def _host_speeds(row) -> tuple[float, float] | None:
+    """(OLD's, NEW's) `host_op_us` of a cell that either side timed host-bound, where the two
+    differ by `SLOW_HOST` or more: its latency then times the hosts, not only the code. None
+    otherwise, or where either is unknown (rows written before the column)."""
+    bound = any("host-bound" in str(flags).split(";") for flags in (row.flags_old,
+                                                                      row.flags_new))
+    old_us = pd.to_numeric(getattr(row, "host_op_us_old", math.nan), errors="coerce")
+    new_us = pd.to_numeric(getattr(row, "host_op_us_new", math.nan), errors="coerce")
+    if not bound or not (old_us > 0 and new_us > 0):
+        return None
+    return (old_us, new_us) if max(old_us, new_us) >= SLOW_HOST * min(old_us, new_us) else None
 
 
 def compare(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,

@@ -84,8 +84,8 @@ TIMED = ("ok", "mismatch")  # statuses that carry a latency (a mismatch may lack
 NOISY_REL_NOISE = 0.03  # the sampler aims at 0.01; above this the median is not to be trusted
 # A row this many times faster than the best built-in variant at its cell is flagged `review`.
 REVIEW_SPEEDUP = 10.0
-# A host-bound row whose host issued ops this many times slower than at the run's start is
-# flagged `slow-host`.
+# A host-bound row whose host issued ops this many times slower than the fastest its run had
+# seen (from the run's start) is flagged `slow-host`.
 SLOW_HOST = 1.3
 FLAGS = {
     "noisy": f"rel_noise above {NOISY_REL_NOISE:g}: the time budget ran out before the median "
@@ -101,14 +101,16 @@ FLAGS = {
                   "CUDA-graph replay row of the same cell measures the kernels), or the call "
                   "waits for the device inside",
     "slow-host": f"host-bound, and the host issued a small torch op at least {SLOW_HOST:g}x "
-                 "slower just before this row's samples than at the run's start (`host_op_us` "
-                 "against metadata.json's): the latency measures a slower host too, so compare "
+                 "slower just before this row's samples than the fastest the run had seen "
+                 "(`host_op_us`, against metadata.json's at the run's start and the rows "
+                 "before): the latency measures a slower host too, so compare "
                  "it with rows of the same host speed, or with the CUDA-graph row",
 }
 
 def slow_host(host_speed_us: float, start_speed_us: float) -> bool:
     """Whether the host issued a small op at least `SLOW_HOST` times slower before a row's
-    samples (`host_op_us`) than at the run's start; False where either is unknown (NaN)."""
+    samples (`host_op_us`) than at `start_speed_us` (the fastest its run had seen); False where
+    either is unknown (NaN)."""
     return host_speed_us > SLOW_HOST * start_speed_us
 
 

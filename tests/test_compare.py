@@ -80,6 +80,23 @@ def test_a_slowdown_on_a_slowed_host_is_not_judged_but_memory_is(tmp_path, capsy
     assert len(_table_lines_with(out, "MORE MEMORY")) == 1
 
 
+def test_host_bound_cells_on_hosts_of_different_speeds_are_not_judged(tmp_path, capsys):
+    # Two runs whose hosts issued a small op in 7.0 and 10.3 us (an H100 A/B of 2026-12-06):
+    # a host-bound cell 1.65x slower times the hosts, so no latency verdict; a replayed
+    # (not host-bound) cell on the same hosts is judged, and so is a host-bound one whose
+    # hosts ran alike.
+    def row(length, median, host_us, mode="eager", bound=True):
+        return {**_row("triton", length, median, mode=mode), "host_op_us": host_us,
+                "flags": "host-bound" if bound else ""}
+
+    old = [row(256, 0.42, 7.0), row(256, 0.20, 7.0, "graph", False), row(1024, 0.40, 7.0)]
+    new = [row(256, 0.70, 10.3), row(256, 0.30, 10.3, "graph", False), row(1024, 0.60, 7.2)]
+    assert _run(tmp_path, old, new, "--threshold", "5%") == 1
+    out = _out(capsys)
+    assert len(_table_lines_with(out, "host speed 7 -> 10.3 us/op: latency not judged")) == 1
+    assert len(_table_lines_with(out, "SLOWER")) == 2  # the replayed one and N = 1024
+
+
 def test_difference_inside_the_noise_is_ignored(tmp_path, capsys):
     # 10 % slower median, but each run's p20-p80 spread is +-15 %: the bands overlap.
     old = [_row("reference", 256, 10.0, spread=0.15)]
