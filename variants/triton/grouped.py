@@ -23,10 +23,17 @@ tf32 mode and 16-bit inputs need one dot. The dot's columns past 2G (G in 16-bit
 tensor-core work spent to keep the group's state small (at G = 4 in bf16, 0.2 TFLOP at
 N = 4096, ~0.3 ms of the H200's tensor cores, under the z stream if the overlap works).
 
-The sm_90 compile-time probe of this design (`gpu_diagnostics/headsplit_probe.py`, seventeenth
-session) measured ~2.8 warp-instructions per (pair, head) in bf16 at G = 4, 25 % fewer than
-`triton`'s two kernels. Whether the overlap and L2 reuse pay is a GPU measurement (perf-notes).
-Forward only, no key-range split.
+Measured: correct, and 3-6x slower than `triton`. The seventeenth session's sm_90 probe of the
+design (its figures are in `gpu_diagnostics/grouped_proxy.py`) counted ~2.8 warp-instructions
+per (pair, head) in bf16 at G = 4, 25 % fewer than `triton`'s two kernels, with 46 words
+spilled. This kernel, with masks, strides and the attention kernel's own key step, compiles to
+3.6 instructions with 136 words spilled at G = 4 (4.3-4.6 with 26-42 at G = 2), 8.4-10.6 with
+430-660 in fp32, at 255 registers: one program per SM. H100, CUDA-graph replay, default layer
+(`gpu_diagnostics/grouped_ab.py`, 2026-12-06; ms, `triton` then G = 2 and G = 4): bf16
+N = 4096 2.26, 7.18, 8.77; fp32 N = 4096 4.58, 27.3, 29.0; bf16 N = 1024 0.192, 0.582, 0.986;
+fp32 N = 1024 0.371, 2.13, 2.87. The overlap the design needs does not happen: the kernel is
+latency-bound on its spills and its one program per SM, as `triton-fullfuse` and
+`triton-pairdot` were (docs/perf-notes.md). Forward only, no key-range split.
 """
 
 from __future__ import annotations
