@@ -164,6 +164,15 @@ class Environment:
     # every row's since (a run that starts on a slowed host still flags its slow rows)
     host_op_us: float = math.nan
 
+    def judge_host_speed(self, speed_us: float, bound: bool) -> tuple[bool, float]:
+        """(whether a row timed with the host at `speed_us` is `slow-host`: host-bound and
+        `SLOW_HOST` times slower than the fastest host seen, that fastest); then `speed_us`
+        joins what was seen. NaN (unknown) on either side judges nothing slow."""
+        reference = self.host_op_us
+        if speed_us < reference or math.isnan(reference):
+            self.host_op_us = speed_us
+        return bound and slow_host(speed_us, reference), reference
+
 
 def describe_environment(device: torch.device, node: str | None = None,
                          gpu: str | None = None) -> tuple[Environment, dict]:
@@ -443,14 +452,12 @@ class CellRunner:
         review = (variant.name not in BUILTIN_NAMES and best_builtin is not None
                   and timing.median_ms * REVIEW_SPEEDUP < best_builtin)
         host = host_bound(timing)
-        slow = host and slow_host(host_speed, env.host_op_us)
+        slow, fastest = env.judge_host_speed(host_speed, host)
         host_notes = [f"host-bound: the host took {timing.host_ms:.4g} ms to issue the call, "
                       f"the device events {timing.median_ms:.4g} ms"] if host else []
         if slow:
             host_notes.append(f"slow host: {host_speed:.3g} us a small torch op just before "
-                              f"the samples, {env.host_op_us:.3g} us the fastest of the run")
-        if host_speed < env.host_op_us:  # (False where either is NaN)
-            env.host_op_us = host_speed
+                              f"the samples, {fastest:.3g} us the fastest of the run")
         row = self._row(
             cell, variant, mode, env, status=status, reason="; ".join(check.failures),
             build_s=build_s, median_ms=timing.median_ms, p20_ms=timing.p20_ms,

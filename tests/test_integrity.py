@@ -213,6 +213,27 @@ def test_a_row_is_on_a_slow_host_when_ops_issued_slower_than_at_the_runs_start(b
     assert slow_host(before, float("nan")) is False
 
 
+def test_the_slow_host_reference_is_the_fastest_host_the_run_has_seen():
+    # A run that starts on a slowed host (10 us a small op) and speeds up (7 us): a later
+    # host-bound row back at 10 us is slow against the 7 us seen since, not against the start;
+    # a row that is not host-bound is never slow; unknown speeds (CPU) judge nothing.
+    import math
+
+    import torch
+
+    from harness.cells import Environment
+
+    env = Environment(torch.device("cuda"), "GPU", 1.0, None, host_op_us=10.0)
+    assert env.judge_host_speed(9.8, True) == (False, 10.0)
+    assert env.judge_host_speed(7.0, True) == (False, 9.8)
+    assert env.judge_host_speed(10.3, False) == (False, 7.0)
+    assert env.judge_host_speed(10.3, True) == (True, 7.0)
+    cpu = Environment(torch.device("cpu"), "CPU", 1.0, None)
+    slow, fastest = cpu.judge_host_speed(math.nan, True)
+    assert slow is False and math.isnan(fastest)
+
+
+
 @pytest.mark.gpu
 def test_every_cuda_sample_is_issued_by_a_busy_host(monkeypatch):
     import torch
