@@ -291,6 +291,29 @@ def test_fused_classes_match_float64_kernel_math(klass, dtype, length):
 
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("length", [1, 37, 130, 1000])
+@pytest.mark.parametrize(
+    "config", [IPAConfig(), IPAConfig(node_dim=320, heads=10), IPAConfig(node_dim=64, heads=2)],
+    ids=str,
+)
+def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length):
+    """The af2 class's pair bias on tensor cores (`cuda_fused.BIAS_MMA`: mma.sync, W_b as bf16
+    hi + lo parts) against the same math in float64 from the same operands, as the FFMA bias is
+    judged; heads 12, 10 (padded to 16 columns) and 2, ragged N, B = 2. It takes bf16 z only,
+    and says so before any launch otherwise."""
+    ops, pair, wb, pw, klass, widths = _fused_operands(config, length, 2, torch.bfloat16,
+                                                        klass=AF2)
+    kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
+    out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias_mma=True, **kw)
+    ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-5, f"rel_l2 {err:.3e} against float64 from the same operands"
+    with pytest.raises(RuntimeError, match="bias_mma"):
+        fused_attention(ops.q, ops.k, ops.v, pair.float(), wb, pw, bias_mma=True, **kw)
+
+
+@pytest.mark.gpu
+@requires_gpu
 @pytest.mark.parametrize("lanes", [1, 2, 8])
 @pytest.mark.parametrize(
     "config", [IPAConfig(), IPAConfig(node_dim=120, heads=5, pair_dim=8, value_points=3)], ids=str

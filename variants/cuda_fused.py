@@ -47,6 +47,11 @@ from variants.problem import IPAConfig, Precision, get_precision
 
 SMALL, GENERIC, AF2 = 0, 1, 2  # kernel classes, as in variants/csrc/ipa_kernels.h
 MAX_PAIR_DIM = 128  # kMaxPairDim
+# The `af2` class's pair bias on tensor cores (bf16 pair_repr: mma.sync with W_b as bf16 hi + lo
+# parts; `variants/csrc/ipa_fused_af2.cu`), read at each call. Off: built and compiled for sm_90
+# (ptxas: no spills), not yet run on a GPU (2026-12-06); `profile_call.py --ab
+# variants.cuda_fused:BIAS_MMA` is its A/B, tests/test_cuda.py its oracle test.
+BIAS_MMA = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,7 @@ def fused_attention(
     out: torch.Tensor | None = None,
     splits: int = 0,
     workspace: torch.Tensor | None = None,
+    bias_mma: bool = False,
 ) -> torch.Tensor:
     """The kernel alone: softmax-weighted [v | value points] per (batch, query, head).
 
@@ -127,13 +133,15 @@ def fused_attention(
     pair_bias.weight * log2(e); point_weight: (H,) float32 -softplus(w)/2 * log2(e).
     Returns out: (B, N, H, dv) float32, every element written (pass `out` to reuse or poison a
     buffer). splits: key-range splits (0 = chosen from the GPU's size); workspace: optional
-    float32 buffer for the split partials (allocated when absent or too small).
+    float32 buffer for the split partials (allocated when absent or too small). bias_mma: the
+    `af2` class's pair bias on tensor cores (bf16 pair_repr only; `BIAS_MMA`).
     """
     b, h, n, _ = q.shape
     if out is None:
         out = torch.empty(b, n, h, dv, device=q.device, dtype=torch.float32)
     load_extension().fused_forward(
-        q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace
+        q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace,
+        bias_mma,
     )
     return out
 
@@ -180,6 +188,7 @@ class CudaFused(Variant):
             attended = fused_attention(
                 ops.q, ops.k, ops.v, pair_repr, units.pair_weight, units.point_weight,
                 klass=klass, dqp=widths.dqp, dv=widths.dv,
+                bias_mma=BIAS_MMA and klass == AF2 and pair_repr.dtype == torch.bfloat16,
             )
             return finish_on_gpu(weights, attended, ops, dtype)
 

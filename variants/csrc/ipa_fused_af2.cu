@@ -15,6 +15,14 @@
 //             and scores keys t, t+2, t+4 of the tile: whole dot products, no shuffles;
 //   softmax   one shuffle for the row maximum, three to share the probabilities;
 //   values    lane (r, t) accumulates half t of [v | value points] over all keys of the tile.
+// With kMmaBias (bf16 z only; `cuda_fused.BIAS_MMA`, off by default: not yet run on a GPU) the
+// bias is tensor-core work instead (issue #17): per tile a warp's 8 pairs are rows 0-7 of the A
+// operand of mma.sync.m16n8k16 (rows 8-15 zero), W_b^T (heads padded to 16, two n-tiles of 8)
+// the B operand as two bf16 parts, hi + lo (W_b is fp32 here: the scaled weights), both from a
+// bf16 copy in shared memory laid out [head][channel] with a pitch that spreads a fragment's
+// loads over all 32 banks; 8 k-steps x 2 n-tiles x 2 parts = 32 mma per warp and tile in place
+// of ~400 FFMA per lane, fp32 accumulation. Lane (g, u) = (lane / 4, lane % 4) ends with the
+// biases of pair g for heads 8 n + 2 u and 8 n + 2 u + 1 (the m16n8 accumulator's layout).
 #include <math.h>
 
 #include "ipa_fused_common.cuh"
@@ -32,10 +40,30 @@ template <typename ZT>
 __host__ __device__ constexpr int z_pitch() {  // staged z rows (elements): 32 bytes of padding,
   return kC + 32 / static_cast<int>(sizeof(ZT));      // rows 2 bank groups apart (see the bias)
 }
+// kMmaBias: the bf16 hi and lo copies of W_b, [kMmaHeads][kMmaPitch] each. A fragment's lane
+// (g, u) reads word 4 g + u (mod 32) of its k-step: a pitch of kC + 8 elements (68 words).
+constexpr int kMmaHeads = 16, kMmaPitch = kC + 8;
 }  // namespace af2
 
-template <typename ZT>
+// d += A (16 x 16, bf16, rows 8-15 zero) B (16 x 8, bf16), fp32: a_lo / a_hi hold row g's
+// columns 2u, 2u + 1 and 2u + 8, 2u + 9; b_lo / b_hi B's rows 2u, 2u + 1 and 2u + 8, 2u + 9 of
+// column g (PTX ISA, mma.m16n8k16 fragments for .bf16).
+__device__ __forceinline__ void mma_bf16_rows8(float (&d)[4], uint32_t a_lo, uint32_t a_hi,
+                                               uint32_t b_lo, uint32_t b_hi) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(0u), "r"(b_lo), "r"(b_hi));
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u32(const void* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+template <typename ZT, bool kMmaBias>
 __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const FusedArgs a) {
+  static_assert(!kMmaBias || sizeof(ZT) == 2, "the tensor-core bias takes bf16 z");
   using namespace af2;
   constexpr int CH = ZChunk<ZT>::kChannels;  // z channels per 16-byte chunk
   constexpr int NCH = kC / CH;               // chunks per z row
@@ -58,6 +86,8 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
   float* kvb = reinterpret_cast<float*>(reinterpret_cast<ZT*>(sb + 2 * H * kQT * BNP) +
                                         H * 2 * 8 * ZP);
   float* kvw = kvb + warp * 2 * BN * (kWq + kWv);                     // [2][BN][kWq + kWv]
+  // kMmaBias: W_b's bf16 parts after the k/v rows, [2][kMmaHeads][kMmaPitch] (hi, then lo)
+  __nv_bfloat16* wmma_s = reinterpret_cast<__nv_bfloat16*>(kvb + H * 2 * BN * (kWq + kWv));
   const ZT* zg = static_cast<const ZT*>(a.z);
   const size_t head_row0 = (static_cast<size_t>(b) * H + warp) * N;  // warp <-> head
 
@@ -108,9 +138,19 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
 
   if (ntiles > 0) issue(tile_begin, 0); else cp_async_commit();
   if (ntiles > 1) issue(tile_begin + 1, 1); else cp_async_commit();
-  for (int idx = threadIdx.x; idx < kHMax * kC; idx += blockDim.x) {
-    const int hh = idx / kC, ch = idx % kC;
-    wb_s[hh * kWPitch + ch] = hh < H ? a.wb[hh * kC + ch] : 0.f;  // heads >= H: zero weights
+  if constexpr (kMmaBias) {
+    for (int idx = threadIdx.x; idx < kMmaHeads * kC; idx += blockDim.x) {
+      const int hh = idx / kC, ch = idx % kC;
+      const float w = hh < H ? a.wb[hh * kC + ch] : 0.f;  // heads >= H: zero weights
+      const __nv_bfloat16 hi = __float2bfloat16_rn(w);
+      wmma_s[hh * kMmaPitch + ch] = hi;
+      wmma_s[(kMmaHeads + hh) * kMmaPitch + ch] = __float2bfloat16_rn(w - __bfloat162float(hi));
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kHMax * kC; idx += blockDim.x) {
+      const int hh = idx / kC, ch = idx % kC;
+      wb_s[hh * kWPitch + ch] = hh < H ? a.wb[hh * kC + ch] : 0.f;  // heads >= H: zero weights
+    }
   }
 
   // Attention state: lane (r, t) holds query row i0 + r whole, half t of its accumulator.
@@ -138,9 +178,35 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
     __syncwarp();        // ... and every lane's (each warp reads only what it copied)
     float* sbs = sb + slot * H * kQT * BNP;
 
-    // ---- 1. pair bias: lane (p, s, g) -> heads 3g .. 3g+2 of pairs p and p + 4 over the
-    //      channel chunks s, s+2, s+4, ...; one shuffle per value joins the two halves ----
-    {
+    // ---- 1. pair bias ----
+    if constexpr (kMmaBias) {  // tensor cores: lane (g, u) -> pair g, heads 8 n + 2 u + {0, 1}
+      const int g = lane >> 2, u = lane & 3;
+      const ZT* zr = zw + slot * 8 * ZP + g * ZP + 2 * u;
+      const __nv_bfloat16* wr = wmma_s + g * kMmaPitch + 2 * u;
+      float bacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int k0 = 0; k0 < kC; k0 += 16) {
+        const uint32_t a_lo = ld_shared_u32(zr + k0), a_hi = ld_shared_u32(zr + k0 + 8);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int part = 1; part >= 0; --part) {  // W's lo part first: the small products
+            const __nv_bfloat16* w = wr + (part * kMmaHeads + 8 * n) * kMmaPitch + k0;
+            mma_bf16_rows8(bacc[n], a_lo, a_hi, ld_shared_u32(w), ld_shared_u32(w + 8));
+          }
+        }
+      }
+      const int qi = (warp & 1) * 8 + g;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int hd = 8 * n + 2 * u + e;
+          if (hd < H) sbs[(hd * kQT + qi) * BNP + wkey] = bacc[n][e];
+        }
+      }
+    } else {  // FFMA: lane (p, s, g) -> heads 3g .. 3g+2 of pairs p and p + 4 over the channel
+              // chunks s, s+2, s+4, ...; one shuffle per value joins the two halves
       const int p = lane & 3, s = (lane >> 2) & 1, g = lane >> 3;  // a quarter shares g
       const ZT* zr = zw + slot * 8 * ZP + p * ZP;  // rows p and p + 4
       const float* w0 = wb_s + 3 * g * kWPitch;
@@ -299,17 +365,21 @@ FusedClassLimits af2_limits() {
   return {1, kQT, kHMax, true, kD, kPts, kWv, true, kC};
 }
 
-size_t af2_smem_bytes(int H, int zbytes) {
+size_t af2_smem_bytes(int H, int zbytes, bool mma_bias) {
   using namespace af2;
   const int bn = H / 2, bnp = bn | 1;
   const int zpitch = zbytes == 2 ? z_pitch<__nv_bfloat16>() : z_pitch<float>();
   return 4ull * (kHMax * kWPitch + 2ull * H * kQT * bnp)          // weights, bias tiles (2 slots)
          + static_cast<size_t>(H) * 2 * 8 * zpitch * zbytes       // z rows: 8 per warp, 2 slots
-         + 4ull * H * 2 * bn * (kWq + kWv);                       // k/v rows per head, 2 slots
+         + 4ull * H * 2 * bn * (kWq + kWv)                        // k/v rows per head, 2 slots
+         + (mma_bias ? 2ull * 2 * kMmaHeads * kMmaPitch : 0);     // W_b's bf16 parts
 }
 
-FusedKernelFn af2_kernel(bool z_bf16) {
-  return z_bf16 ? ipa_fused_af2_kernel<__nv_bfloat16> : ipa_fused_af2_kernel<float>;
+FusedKernelFn af2_kernel(bool z_bf16, bool mma_bias) {
+  if (z_bf16)
+    return mma_bias ? ipa_fused_af2_kernel<__nv_bfloat16, true>
+                    : ipa_fused_af2_kernel<__nv_bfloat16, false>;
+  return ipa_fused_af2_kernel<float, false>;
 }
 
 }  // namespace ipa

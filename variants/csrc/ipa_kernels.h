@@ -69,6 +69,7 @@ struct FusedArgs {
 struct FusedPlan {
   int klass;
   bool z_bf16;
+  bool mma_bias;        // the af2 class's pair bias on tensor cores (bf16 z only)
   int key_tile;         // keys per tile (8*H / queries-per-CTA)
   int queries_per_cta;
   int splits;           // key-range splits (split-K), >= 1
@@ -81,7 +82,7 @@ struct FusedPlan {
 // Choose the key tile, split-K factor (0 = automatic) and shared memory for one call.
 // Returns cudaErrorInvalidValue when the shapes do not fit the class.
 cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int wq, int wv,
-                       int forced_splits, FusedPlan* plan);
+                       int forced_splits, FusedPlan* plan, bool mma_bias = false);
 
 // Launch the fused kernel (and the split-K combine when plan.splits > 1) on `stream`.
 cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStream_t stream);
