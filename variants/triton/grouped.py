@@ -250,9 +250,10 @@ _grouped_fp32 = autotuned(
 
 
 def group_size(heads: int) -> int:
-    """Heads per program by default: the largest divisor of `heads` up to 4 (the probe's best
-    trade of state against z re-reads)."""
-    return max(g for g in range(1, 5) if heads % g == 0)
+    """Heads per program by default: 2 where the heads are even, else 1. Measured on an H100
+    (H = 12, N = 1024 and 4096, fp32 and bf16): G = 2 faster than G = 4 in every cell, by
+    1.06-1.7x (fewer spills: 26-42 words against 136 in bf16)."""
+    return 2 if heads % 2 == 0 else 1
 
 
 def check_group(heads_per_program: int | None, heads: int) -> None:
