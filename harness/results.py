@@ -107,11 +107,11 @@ FLAGS = {
                  "it with rows of the same host speed, or with the CUDA-graph row",
 }
 
-def slow_host(host_speed_us: float, start_speed_us: float) -> bool:
+def slow_host(host_speed_us: float, reference_us: float) -> bool:
     """Whether the host issued a small op at least `SLOW_HOST` times slower before a row's
-    samples (`host_op_us`) than at `start_speed_us` (the fastest its run had seen); False where
+    samples (`host_op_us`) than at `reference_us` (the fastest its run had seen); False where
     either is unknown (NaN)."""
-    return host_speed_us > SLOW_HOST * start_speed_us
+    return host_speed_us > SLOW_HOST * reference_us
 
 
 # The error figure every table shows: the variant's rel_l2 over the reference's own rel_l2

@@ -188,7 +188,9 @@ def _grouped_kernel(
         key_ok = (j0 + keys) < N
         pairs = rows + (j0 + keys).to(tl.int64) * stride_zj
         acc = tl.zeros([BLOCK_M * BLOCK_N, 16], dtype=tl.float32)
-        for c0 in range(0, C_PAD, BLOCK_C):  # not unrolled: each chunk's tile stays in flight
+        # a loop, not unrolled: unrolled, every chunk's z tile was loaded up front and all
+        # were live at once (sm_90 proxy: hundreds of words more spilled)
+        for c0 in range(0, C_PAD, BLOCK_C):
             offs_c = c0 + tl.arange(0, BLOCK_C)
             c_ok = offs_c < C
             z = tl.load(z_base + pairs[:, None] + offs_c[None, :] * stride_zc,
