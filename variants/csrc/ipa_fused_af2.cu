@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
   const int tile_begin = split * a.tiles_per_split;
   const int ntiles = max(0, min(ntiles_all, tile_begin + a.tiles_per_split) - tile_begin);
 
-  float* wb_s = reinterpret_cast<float*>(smem_raw);                  // [kHMax][kWPitch]
-  float* sb = wb_s + kHMax * kWPitch;                                 // [2][H][kQT][BNP]
+  float* wb_s = reinterpret_cast<float*>(smem_raw);  // [kHMax][kWPitch], FFMA bias only
+  float* sb = wb_s + (kMmaBias ? 0 : kHMax * kWPitch);               // [2][H][kQT][BNP]
   ZT* zw = reinterpret_cast<ZT*>(sb + 2 * H * kQT * BNP) + warp * 2 * 8 * ZP;  // [2][8][ZP]
   float* kvb = reinterpret_cast<float*>(reinterpret_cast<ZT*>(sb + 2 * H * kQT * BNP) +
                                         H * 2 * 8 * ZP);
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
   }
   const float pwh = a.pw[h];
   float m = -INFINITY, l = 0.f;
-  __syncthreads();  // wb_s complete
+  __syncthreads();  // the weights complete
 
   for (int it = 0; it < ntiles; ++it) {
     const int slot = it & 1;
@@ -369,7 +369,7 @@ size_t af2_smem_bytes(int H, int zbytes, bool mma_bias) {
   using namespace af2;
   const int bn = H / 2, bnp = bn | 1;
   const int zpitch = zbytes == 2 ? z_pitch<__nv_bfloat16>() : z_pitch<float>();
-  return 4ull * (kHMax * kWPitch + 2ull * H * kQT * bnp)          // weights, bias tiles (2 slots)
+  return 4ull * ((mma_bias ? 0 : kHMax * kWPitch) + 2ull * H * kQT * bnp)  // weights, bias tiles
          + static_cast<size_t>(H) * 2 * 8 * zpitch * zbytes       // z rows: 8 per warp, 2 slots
          + 4ull * H * 2 * bn * (kWq + kWv)                        // k/v rows per head, 2 slots
          + (mma_bias ? 2ull * 2 * kMmaHeads * kMmaPitch : 0);     // W_b's bf16 parts
