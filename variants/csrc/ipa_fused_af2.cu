@@ -40,8 +40,9 @@ template <typename ZT>
 __host__ __device__ constexpr int z_pitch() {  // staged z rows (elements): 32 bytes of padding,
   return kC + 32 / static_cast<int>(sizeof(ZT));      // rows 2 bank groups apart (see the bias)
 }
-// kMmaBias: the bf16 hi and lo copies of W_b, [kMmaHeads][kMmaPitch] each. A fragment's lane
-// (g, u) reads word 4 g + u (mod 32) of its k-step: a pitch of kC + 8 elements (68 words).
+// kMmaBias: the bf16 hi and lo copies of W_b, [kMmaHeads][kMmaPitch] each, and the staged z
+// rows at the same pitch. A fragment's lane (g, u) reads word 4 g + u (mod 32) of its k-step:
+// a pitch of kC + 8 elements (68 words).
 constexpr int kMmaHeads = 16, kMmaPitch = kC + 8;
 }  // namespace af2
 
@@ -67,7 +68,9 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
   using namespace af2;
   constexpr int CH = ZChunk<ZT>::kChannels;  // z channels per 16-byte chunk
   constexpr int NCH = kC / CH;               // chunks per z row
-  constexpr int ZP = z_pitch<ZT>();
+  // z rows' pitch: the FFMA bias's, or for the A fragments W_b's (lane (g, u) reads word
+  // 68 g + u of a k-step: 32 distinct banks; z_pitch's 72 words would pair rows g and g + 4)
+  constexpr int ZP = kMmaBias ? kMmaPitch : z_pitch<ZT>();
   constexpr int RPI = 32 / NCH;              // z rows per warp-wide copy
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
@@ -368,7 +371,9 @@ FusedClassLimits af2_limits() {
 size_t af2_smem_bytes(int H, int zbytes, bool mma_bias) {
   using namespace af2;
   const int bn = H / 2, bnp = bn | 1;
-  const int zpitch = zbytes == 2 ? z_pitch<__nv_bfloat16>() : z_pitch<float>();
+  const int zpitch = mma_bias      ? kMmaPitch
+                     : zbytes == 2 ? z_pitch<__nv_bfloat16>()
+                                   : z_pitch<float>();
   return 4ull * ((mma_bias ? 0 : kHMax * kWPitch) + 2ull * H * kQT * bnp)  // weights, bias tiles
          + static_cast<size_t>(H) * 2 * 8 * zpitch * zbytes       // z rows: 8 per warp, 2 slots
          + 4ull * H * 2 * bn * (kWq + kWv)                        // k/v rows per head, 2 slots
