@@ -44,6 +44,8 @@ from variants.cuda_fused import (
     AF2,
     GENERIC,
     LANES,
+    MMA_HEAD_ROWS,
+    MMA_PAIR_ROWS,
     SMALL,
     fused_attention,
     kernel_class,
@@ -296,20 +298,21 @@ def test_fused_classes_match_float64_kernel_math(klass, dtype, length):
     "config", [IPAConfig(), IPAConfig(node_dim=320, heads=10), IPAConfig(node_dim=64, heads=2)],
     ids=str,
 )
-def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length):
-    """The af2 class's pair bias on tensor cores (`cuda_fused.BIAS_MMA`: mma.sync, W_b as bf16
+@pytest.mark.parametrize("bias", [MMA_PAIR_ROWS, MMA_HEAD_ROWS])
+def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, bias):
+    """The af2 class's pair bias on tensor cores (`cuda_fused.BF16_BIAS`: mma.sync, W_b as bf16
     hi + lo parts) against the same math in float64 from the same operands, as the FFMA bias is
     judged; heads 12, 10 (padded to 16 columns) and 2, ragged N, B = 2. It takes bf16 z only,
     and says so before any launch otherwise."""
     ops, pair, wb, pw, klass, widths = _fused_operands(config, length, 2, torch.bfloat16,
                                                         klass=AF2)
     kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
-    out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias_mma=True, **kw)
+    out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias=bias, **kw)
     ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-5, f"rel_l2 {err:.3e} against float64 from the same operands"
-    with pytest.raises(RuntimeError, match="bias_mma"):
-        fused_attention(ops.q, ops.k, ops.v, pair.float(), wb, pw, bias_mma=True, **kw)
+    with pytest.raises(RuntimeError, match="argument 'bias'"):
+        fused_attention(ops.q, ops.k, ops.v, pair.float(), wb, pw, bias=bias, **kw)
 
 
 @pytest.mark.gpu

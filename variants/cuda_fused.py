@@ -47,11 +47,16 @@ from variants.problem import IPAConfig, Precision, get_precision
 
 SMALL, GENERIC, AF2 = 0, 1, 2  # kernel classes, as in variants/csrc/ipa_kernels.h
 MAX_PAIR_DIM = 128  # kMaxPairDim
-# The `af2` class's pair bias on tensor cores (bf16 pair_repr: mma.sync with W_b as bf16 hi + lo
-# parts; `variants/csrc/ipa_fused_af2.cu`), read at each call. Off: built and compiled for sm_90
-# (ptxas: no spills), not yet run on a GPU (2026-12-06); `profile_call.py --ab
-# variants.cuda_fused:BIAS_MMA` is its A/B, tests/test_cuda.py its oracle test.
-BIAS_MMA = False
+# The `af2` class's pair-bias forms (FusedBias of ipa_kernels.h): FFMA, or tensor cores (mma.sync,
+# W_b as bf16 hi + lo parts; bf16 pair_repr only) with a warp's pairs or W_b's heads as the rows
+# of the A operand (`variants/csrc/ipa_fused_af2.cu`).
+FFMA_BIAS, MMA_PAIR_ROWS, MMA_HEAD_ROWS = 0, 1, 2
+BIAS_NAMES = {FFMA_BIAS: "FFMA", MMA_PAIR_ROWS: "mma, pair rows", MMA_HEAD_ROWS: "mma, head rows"}
+# The form the af2 class takes for bf16 pair_repr, read at each call. FFMA: the tensor-core forms
+# are built and compiled for sm_90 (ptxas: no spills), not yet run on a GPU (2026-12-06);
+# `profile_call.py --ab variants.cuda_fused:BF16_BIAS=0 ...=1 ...=2` is their A/B,
+# tests/test_cuda.py their oracle test.
+BF16_BIAS = FFMA_BIAS
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ def fused_attention(
     out: torch.Tensor | None = None,
     splits: int = 0,
     workspace: torch.Tensor | None = None,
-    bias_mma: bool = False,
+    bias: int = FFMA_BIAS,
 ) -> torch.Tensor:
     """The kernel alone: softmax-weighted [v | value points] per (batch, query, head).
 
@@ -133,15 +138,15 @@ def fused_attention(
     pair_bias.weight * log2(e); point_weight: (H,) float32 -softplus(w)/2 * log2(e).
     Returns out: (B, N, H, dv) float32, every element written (pass `out` to reuse or poison a
     buffer). splits: key-range splits (0 = chosen from the GPU's size); workspace: optional
-    float32 buffer for the split partials (allocated when absent or too small). bias_mma: the
-    `af2` class's pair bias on tensor cores (bf16 pair_repr only; `BIAS_MMA`).
+    float32 buffer for the split partials (allocated when absent or too small). bias: the `af2`
+    class's pair-bias form (FFMA_BIAS, or MMA_PAIR_ROWS / MMA_HEAD_ROWS for bf16 pair_repr).
     """
     b, h, n, _ = q.shape
     if out is None:
         out = torch.empty(b, n, h, dv, device=q.device, dtype=torch.float32)
     load_extension().fused_forward(
         q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace,
-        bias_mma,
+        bias,
     )
     return out
 
@@ -188,9 +193,15 @@ class CudaFused(Variant):
             attended = fused_attention(
                 ops.q, ops.k, ops.v, pair_repr, units.pair_weight, units.point_weight,
                 klass=klass, dqp=widths.dqp, dv=widths.dv,
-                bias_mma=BIAS_MMA and klass == AF2 and pair_repr.dtype == torch.bfloat16,
+                bias=BF16_BIAS if klass == AF2 and pair_repr.dtype == torch.bfloat16
+                else FFMA_BIAS,
             )
             return finish_on_gpu(weights, attended, ops, dtype)
 
-        forward.kernel_info = lambda: f"kernel class {klass} (dqp={widths.dqp}, dv={widths.dv})"
+        def kernel_info() -> str:
+            bias = BF16_BIAS if klass == AF2 and dtype == torch.bfloat16 else FFMA_BIAS
+            return (f"kernel class {klass} (dqp={widths.dqp}, dv={widths.dv}), "
+                    f"pair bias {BIAS_NAMES[bias]}")
+
+        forward.kernel_info = kernel_info
         return forward

@@ -43,14 +43,14 @@ void check_cuda(const char* fn, cudaError_t err) {
 // q, k (B, H, N, wq) float32; v (B, H, N, wv) float32; z (B, N, N, C) float32 or bfloat16;
 // wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
 // workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
-// splits: key-range splits, 0 = automatic. bias_mma: the af2 class's pair bias on tensor cores
-// (bf16 z only; not yet run on a GPU). Returns the plan for the record:
+// splits: key-range splits, 0 = automatic. bias: ipa::FusedBias, the af2 class's pair bias
+// form (0 FFMA; 1 and 2 on tensor cores, bf16 z only). Returns the plan for the record:
 // [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
 std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                                    at::Tensor out, int64_t klass, int64_t dqp, int64_t dv,
                                    int64_t splits, c10::optional<at::Tensor> workspace,
-                                   bool bias_mma) {
+                                   int64_t bias) {
   const char* fn = "ipa fused_forward";
   TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
               shape_of(q));
@@ -98,9 +98,12 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
               ", wq - dqp=", wq - dqp, ", wv=", wv, ", pair_dim=", C);
   TORCH_CHECK(splits >= 0, fn, ": argument 'splits': expected >= 0 (0 = automatic), got ", splits);
   TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
-  TORCH_CHECK(!bias_mma || (klass == ipa::kFusedAF2 && z.scalar_type() == at::kBFloat16), fn,
-              ": argument 'bias_mma': expected false unless klass is 2 (af2) and z is bfloat16, "
-              "got klass=", klass, ", z ", c10::toString(z.scalar_type()));
+  TORCH_CHECK(bias == ipa::kFfmaBias ||
+                  ((bias == ipa::kMmaPairRows || bias == ipa::kMmaHeadRows) &&
+                   klass == ipa::kFusedAF2 && z.scalar_type() == at::kBFloat16),
+              fn, ": argument 'bias': expected 0 (FFMA), or 1 or 2 (tensor cores) with klass 2 ",
+              "(af2) and a bfloat16 z, got bias=", bias, ", klass=", klass, ", z ",
+              c10::toString(z.scalar_type()));
 
   const c10::cuda::CUDAGuard guard(dev);
   ipa::FusedPlan plan{};
@@ -108,7 +111,8 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   cudaError_t err = ipa::fused_plan(static_cast<int>(klass), bf16, static_cast<int>(B),
                                     static_cast<int>(N), static_cast<int>(H), static_cast<int>(C),
                                     static_cast<int>(wq), static_cast<int>(wv),
-                                    static_cast<int>(splits), &plan, bias_mma);
+                                    static_cast<int>(splits), &plan,
+                                    static_cast<int>(bias));
   check_cuda(fn, err);
   at::Tensor ws;
   if (plan.workspace_floats > 0) {
@@ -250,7 +254,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_forward", &fused_forward, "flash-style fused IPA attention (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"),
         py::arg("out"), py::arg("klass"), py::arg("dqp"), py::arg("dv"), py::arg("splits") = 0,
-        py::arg("workspace") = py::none(), py::arg("bias_mma") = false);
+        py::arg("workspace") = py::none(), py::arg("bias") = 0);
   m.def("hybrid_probs", &hybrid_probs, "IPA attention probabilities (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("bias"), py::arg("pw"), py::arg("probs"),
         py::arg("dqp"));

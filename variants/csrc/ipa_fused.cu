@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(128) ipa_fused_combine_kernel(const float* __r
   }
 }
 
-FusedKernelFn select_kernel(int klass, bool z_bf16, bool mma_bias) {
-  if (klass == kFusedAF2) return af2_kernel(z_bf16, mma_bias);
+FusedKernelFn select_kernel(int klass, bool z_bf16, int bias) {
+  if (klass == kFusedAF2) return af2_kernel(z_bf16, bias);
   return small_generic_kernel(klass, z_bf16);
 }
 
@@ -106,10 +106,12 @@ int fused_kernel_class(int H, int head_dim, int query_points, int value_points, 
 }
 
 cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int wq, int wv,
-                       int forced_splits, FusedPlan* plan, bool mma_bias) {
+                       int forced_splits, FusedPlan* plan, int bias) {
   if (klass != kFusedSmall && klass != kFusedGeneric && klass != kFusedAF2)
     return cudaErrorInvalidValue;
-  if (mma_bias && !(klass == kFusedAF2 && z_bf16)) return cudaErrorInvalidValue;
+  if (bias != kFfmaBias && !(klass == kFusedAF2 && z_bf16 &&
+                            (bias == kMmaPairRows || bias == kMmaHeadRows)))
+    return cudaErrorInvalidValue;
   const FusedClassLimits lim = fused_class_limits(klass);
   if (B < 1 || N < 1 || H < 1 || H > lim.max_heads || (lim.even_heads && H % 2) || C < 8 ||
       C > kMaxPairDim || C % 8 || wq % (4 * lim.lanes_per_row) || wv % (4 * lim.lanes_per_row) ||
@@ -119,9 +121,9 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
   const int qt = lim.queries_per_cta;
   const int bn = 8 * H / qt;
   const int zbytes = z_bf16 ? 2 : 4;
-  const size_t smem = klass == kFusedAF2 ? af2_smem_bytes(H, zbytes, mma_bias)
+  const size_t smem = klass == kFusedAF2 ? af2_smem_bytes(H, zbytes, bias)
                                           : small_generic_smem_bytes(klass, H, C, zbytes, wq, wv);
-  FusedKernelFn kern = select_kernel(klass, z_bf16, mma_bias);
+  FusedKernelFn kern = select_kernel(klass, z_bf16, bias);
   int dev = 0, max_optin = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
@@ -148,7 +150,7 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
 
   plan->klass = klass;
   plan->z_bf16 = z_bf16;
-  plan->mma_bias = mma_bias;
+  plan->bias = bias;
   plan->key_tile = bn;
   plan->queries_per_cta = qt;
   plan->splits = splits;
@@ -165,7 +167,7 @@ cudaError_t fused_launch(const FusedArgs& args_in, const FusedPlan& plan, cudaSt
   args.tiles_per_split = plan.tiles_per_split;
   const int qt = plan.queries_per_cta;
   const dim3 grid((args.N + qt - 1) / qt, plan.splits, args.B);
-  select_kernel(plan.klass, plan.z_bf16, plan.mma_bias)<<<grid, args.H * 32, plan.smem_bytes, stream>>>(args);
+  select_kernel(plan.klass, plan.z_bf16, plan.bias)<<<grid, args.H * 32, plan.smem_bytes, stream>>>(args);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || plan.splits == 1) return err;
   const size_t rows = static_cast<size_t>(args.B) * args.H * args.N;

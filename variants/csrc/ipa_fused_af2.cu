@@ -15,14 +15,18 @@
 //             and scores keys t, t+2, t+4 of the tile: whole dot products, no shuffles;
 //   softmax   one shuffle for the row maximum, three to share the probabilities;
 //   values    lane (r, t) accumulates half t of [v | value points] over all keys of the tile.
-// With kMmaBias (bf16 z only; `cuda_fused.BIAS_MMA`, off by default: not yet run on a GPU) the
-// bias is tensor-core work instead (issue #17): per tile a warp's 8 pairs are rows 0-7 of the A
-// operand of mma.sync.m16n8k16 (rows 8-15 zero), W_b^T (heads padded to 16, two n-tiles of 8)
-// the B operand as two bf16 parts, hi + lo (W_b is fp32 here: the scaled weights), both from a
-// bf16 copy in shared memory laid out [head][channel] with a pitch that spreads a fragment's
-// loads over all 32 banks; 8 k-steps x 2 n-tiles x 2 parts = 32 mma per warp and tile in place
-// of ~400 FFMA per lane, fp32 accumulation. Lane (g, u) = (lane / 4, lane % 4) ends with the
-// biases of pair g for heads 8 n + 2 u and 8 n + 2 u + 1 (the m16n8 accumulator's layout).
+// With a tensor-core bias (bf16 z only; kBias, FusedBias of ipa_kernels.h, from
+// `cuda_fused.BF16_BIAS`; FFMA by default: not yet run on a GPU) the bias is mma.sync.m16n8k16
+// work instead (issue #17), with W_b (fp32 here: the scaled weights) as two bf16 parts, hi + lo,
+// from a bf16 copy in shared memory laid out [head][channel] with a pitch that spreads a
+// fragment's loads over all 32 banks, and fp32 accumulation:
+//   kMmaPairRows  a warp's 8 pairs are rows 0-7 of A (rows 8-15 zero), W_b^T (heads padded to
+//                 16, two n-tiles of 8) is B: 8 k-steps x 2 n-tiles x 2 parts = 32 mma per warp
+//                 and tile in place of ~400 FFMA per lane; lane (g, u) = (lane / 4, lane % 4)
+//                 ends with pair g's biases for heads 8 n + 2 u and 8 n + 2 u + 1;
+//   kMmaHeadRows  W_b's 16 padded heads are A's rows and the 8 pairs B's columns (z^T): no zero
+//                 rows, 16 mma per warp and tile; lane (g, u) ends with heads g and g + 8 of
+//                 pairs 2 u and 2 u + 1.
 #include <math.h>
 
 #include "ipa_fused_common.cuh"
@@ -46,24 +50,27 @@ __host__ __device__ constexpr int z_pitch() {  // staged z rows (elements): 32 b
 constexpr int kMmaHeads = 16, kMmaPitch = kC + 8;
 }  // namespace af2
 
-// d += A (16 x 16, bf16, rows 8-15 zero) B (16 x 8, bf16), fp32: a_lo / a_hi hold row g's
-// columns 2u, 2u + 1 and 2u + 8, 2u + 9; b_lo / b_hi B's rows 2u, 2u + 1 and 2u + 8, 2u + 9 of
-// column g (PTX ISA, mma.m16n8k16 fragments for .bf16).
-__device__ __forceinline__ void mma_bf16_rows8(float (&d)[4], uint32_t a_lo, uint32_t a_hi,
-                                               uint32_t b_lo, uint32_t b_hi) {
+// d += A (16 x 16, bf16) B (16 x 8, bf16), fp32, for lane (g, u) = (lane / 4, lane % 4) (PTX
+// ISA, mma.m16n8k16 fragments for .bf16): a0 .. a3 hold A's (row, columns) (g, 2u..2u+1),
+// (g + 8, 2u..), (g, 2u+8..2u+9), (g + 8, 2u+8..); b0 / b1 B's rows 2u..2u+1 / 2u+8..2u+9 of
+// column g; d A B's (g, 2u), (g, 2u + 1), (g + 8, 2u), (g + 8, 2u + 1).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(0u), "r"(b_lo), "r"(b_hi));
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t ld_shared_u32(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-template <typename ZT, bool kMmaBias>
+// kBias: the pair bias's form, kFfmaBias or a tensor-core one (kMmaPairRows, kMmaHeadRows).
+template <typename ZT, int kBias>
 __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const FusedArgs a) {
+  constexpr bool kMmaBias = kBias != kFfmaBias;
   static_assert(!kMmaBias || sizeof(ZT) == 2, "the tensor-core bias takes bf16 z");
   using namespace af2;
   constexpr int CH = ZChunk<ZT>::kChannels;  // z channels per 16-byte chunk
@@ -182,7 +189,7 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
     float* sbs = sb + slot * H * kQT * BNP;
 
     // ---- 1. pair bias ----
-    if constexpr (kMmaBias) {  // tensor cores: lane (g, u) -> pair g, heads 8 n + 2 u + {0, 1}
+    if constexpr (kBias == kMmaPairRows) {  // lane (g, u) -> pair g, heads 8 n + 2 u + {0, 1}
       const int g = lane >> 2, u = lane & 3;
       const ZT* zr = zw + slot * 8 * ZP + g * ZP + 2 * u;
       const __nv_bfloat16* wr = wmma_s + g * kMmaPitch + 2 * u;
@@ -195,7 +202,7 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
 #pragma unroll
           for (int part = 1; part >= 0; --part) {  // W's lo part first: the small products
             const __nv_bfloat16* w = wr + (part * kMmaHeads + 8 * n) * kMmaPitch + k0;
-            mma_bf16_rows8(bacc[n], a_lo, a_hi, ld_shared_u32(w), ld_shared_u32(w + 8));
+            mma_bf16(bacc[n], a_lo, 0u, a_hi, 0u, ld_shared_u32(w), ld_shared_u32(w + 8));
           }
         }
       }
@@ -207,6 +214,27 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
           const int hd = 8 * n + 2 * u + e;
           if (hd < H) sbs[(hd * kQT + qi) * BNP + wkey] = bacc[n][e];
         }
+      }
+    } else if constexpr (kBias == kMmaHeadRows) {  // lane (g, u) -> heads g, g + 8 of pairs
+      const int g = lane >> 2, u = lane & 3;         // 2 u, 2 u + 1
+      const ZT* zr = zw + slot * 8 * ZP + g * ZP + 2 * u;        // B: z^T's column g (pair g)
+      const __nv_bfloat16* wr = wmma_s + g * kMmaPitch + 2 * u;  // A: W_b's rows g, g + 8
+      float bacc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int k0 = 0; k0 < kC; k0 += 16) {
+        const uint32_t b0 = ld_shared_u32(zr + k0), b1 = ld_shared_u32(zr + k0 + 8);
+#pragma unroll
+        for (int part = 1; part >= 0; --part) {  // W's lo part first: the small products
+          const __nv_bfloat16* w = wr + part * kMmaHeads * kMmaPitch + k0;
+          const __nv_bfloat16* w8 = w + 8 * kMmaPitch;
+          mma_bf16(bacc, ld_shared_u32(w), ld_shared_u32(w8), ld_shared_u32(w + 8),
+                   ld_shared_u32(w8 + 8), b0, b1);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hd = g + 8 * (e >> 1), qi = (warp & 1) * 8 + 2 * u + (e & 1);
+        if (hd < H) sbs[(hd * kQT + qi) * BNP + wkey] = bacc[e];
       }
     } else {  // FFMA: lane (p, s, g) -> heads 3g .. 3g+2 of pairs p and p + 4 over the channel
               // chunks s, s+2, s+4, ...; one shuffle per value joins the two halves
@@ -368,7 +396,8 @@ FusedClassLimits af2_limits() {
   return {1, kQT, kHMax, true, kD, kPts, kWv, true, kC};
 }
 
-size_t af2_smem_bytes(int H, int zbytes, bool mma_bias) {
+size_t af2_smem_bytes(int H, int zbytes, int bias) {
+  const bool mma_bias = bias != kFfmaBias;
   using namespace af2;
   const int bn = H / 2, bnp = bn | 1;
   const int zpitch = mma_bias      ? kMmaPitch
@@ -380,11 +409,13 @@ size_t af2_smem_bytes(int H, int zbytes, bool mma_bias) {
          + (mma_bias ? 2ull * 2 * kMmaHeads * kMmaPitch : 0);     // W_b's bf16 parts
 }
 
-FusedKernelFn af2_kernel(bool z_bf16, bool mma_bias) {
-  if (z_bf16)
-    return mma_bias ? ipa_fused_af2_kernel<__nv_bfloat16, true>
-                    : ipa_fused_af2_kernel<__nv_bfloat16, false>;
-  return ipa_fused_af2_kernel<float, false>;
+FusedKernelFn af2_kernel(bool z_bf16, int bias) {
+  if (!z_bf16) return ipa_fused_af2_kernel<float, kFfmaBias>;
+  switch (bias) {
+    case kMmaPairRows: return ipa_fused_af2_kernel<__nv_bfloat16, kMmaPairRows>;
+    case kMmaHeadRows: return ipa_fused_af2_kernel<__nv_bfloat16, kMmaHeadRows>;
+    default: return ipa_fused_af2_kernel<__nv_bfloat16, kFfmaBias>;
+  }
 }
 
 }  // namespace ipa

@@ -31,7 +31,7 @@ FusedKernelFn small_generic_kernel(int klass, bool z_bf16);
 
 // ipa_fused_af2.cu.
 FusedClassLimits af2_limits();
-size_t af2_smem_bytes(int H, int zbytes, bool mma_bias);
-FusedKernelFn af2_kernel(bool z_bf16, bool mma_bias);
+size_t af2_smem_bytes(int H, int zbytes, int bias);
+FusedKernelFn af2_kernel(bool z_bf16, int bias);
 
 }  // namespace ipa

@@ -28,6 +28,15 @@ enum FusedClass : int {
                       // compile-time widths, register-tiled logits, pair bias without reductions
 };
 
+// The af2 class's pair bias (its bf16-z kernels): FFMA, or on tensor cores (mma.sync m16n8k16,
+// W_b as bf16 hi + lo parts) with a warp's 8 pairs as the rows of A (rows 8-15 zero: 32 mma a
+// warp and tile) or W_b's 16 padded heads as the rows of A and the pairs as B's columns (16).
+enum FusedBias : int {
+  kFfmaBias = 0,
+  kMmaPairRows = 1,
+  kMmaHeadRows = 2,
+};
+
 // Per-class limits, checked by the binding (mirrored in variants/cuda_fused.py, compared
 // with these by tests/test_cuda.py).
 struct FusedClassLimits {
@@ -69,7 +78,7 @@ struct FusedArgs {
 struct FusedPlan {
   int klass;
   bool z_bf16;
-  bool mma_bias;        // the af2 class's pair bias on tensor cores (bf16 z only)
+  int bias;             // FusedBias: kFfmaBias, or (af2 class, bf16 z only) a tensor-core form
   int key_tile;         // keys per tile (8*H / queries-per-CTA)
   int queries_per_cta;
   int splits;           // key-range splits (split-K), >= 1
@@ -82,7 +91,7 @@ struct FusedPlan {
 // Choose the key tile, split-K factor (0 = automatic) and shared memory for one call.
 // Returns cudaErrorInvalidValue when the shapes do not fit the class.
 cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int wq, int wv,
-                       int forced_splits, FusedPlan* plan, bool mma_bias = false);
+                       int forced_splits, FusedPlan* plan, int bias = kFfmaBias);
 
 // Launch the fused kernel (and the split-K combine when plan.splits > 1) on `stream`.
 cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStream_t stream);
