@@ -298,21 +298,23 @@ def test_fused_classes_match_float64_kernel_math(klass, dtype, length):
     "config", [IPAConfig(), IPAConfig(node_dim=320, heads=10), IPAConfig(node_dim=64, heads=2)],
     ids=str,
 )
-@pytest.mark.parametrize("bias", [MMA_PAIR_ROWS, MMA_HEAD_ROWS])
-def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, bias):
-    """The af2 class's pair bias on tensor cores (`cuda_fused.BF16_BIAS`: mma.sync, W_b as bf16
-    hi + lo parts) against the same math in float64 from the same operands, as the FFMA bias is
-    judged; heads 12, 10 (padded to 16 columns) and 2, ragged N, B = 2. It takes bf16 z only,
-    and says so before any launch otherwise."""
-    ops, pair, wb, pw, klass, widths = _fused_operands(config, length, 2, torch.bfloat16,
-                                                        klass=AF2)
+@pytest.mark.parametrize("dtype, bias", [(torch.bfloat16, MMA_PAIR_ROWS),
+                                         (torch.bfloat16, MMA_HEAD_ROWS),
+                                         (torch.float32, MMA_HEAD_ROWS)], ids=str)
+def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, dtype, bias):
+    """The af2 class's pair bias on tensor cores (`cuda_fused.BF16_BIAS` / `FP32_BIAS`:
+    mma.sync, W_b as hi + lo parts; fp32 z 3xTF32) against the same math in float64 from the
+    same operands, as the FFMA bias is judged; heads 12, 10 (padded to 16 columns) and 2, ragged
+    N, B = 2. The pair-rows form takes bf16 z only, and says so before any launch otherwise."""
+    ops, pair, wb, pw, klass, widths = _fused_operands(config, length, 2, dtype, klass=AF2)
     kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
     out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias=bias, **kw)
     ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-5, f"rel_l2 {err:.3e} against float64 from the same operands"
-    with pytest.raises(RuntimeError, match="argument 'bias'"):
-        fused_attention(ops.q, ops.k, ops.v, pair.float(), wb, pw, bias=bias, **kw)
+    if bias == MMA_PAIR_ROWS:
+        with pytest.raises(RuntimeError, match="argument 'bias'"):
+            fused_attention(ops.q, ops.k, ops.v, pair.float(), wb, pw, bias=bias, **kw)
 
 
 @pytest.mark.gpu

@@ -48,15 +48,23 @@ from variants.problem import IPAConfig, Precision, get_precision
 SMALL, GENERIC, AF2 = 0, 1, 2  # kernel classes, as in variants/csrc/ipa_kernels.h
 MAX_PAIR_DIM = 128  # kMaxPairDim
 # The `af2` class's pair-bias forms (FusedBias of ipa_kernels.h): FFMA, or tensor cores (mma.sync,
-# W_b as bf16 hi + lo parts; bf16 pair_repr only) with a warp's pairs or W_b's heads as the rows
-# of the A operand (`variants/csrc/ipa_fused_af2.cu`).
+# W_b as hi + lo parts) with a warp's pairs (bf16 pair_repr only) or W_b's heads as the rows of
+# the A operand; fp32 pair_repr in the head-rows form is 3xTF32 (`variants/csrc/ipa_fused_af2.cu`).
 FFMA_BIAS, MMA_PAIR_ROWS, MMA_HEAD_ROWS = 0, 1, 2
 BIAS_NAMES = {FFMA_BIAS: "FFMA", MMA_PAIR_ROWS: "mma, pair rows", MMA_HEAD_ROWS: "mma, head rows"}
-# The form the af2 class takes for bf16 pair_repr, read at each call. FFMA: the tensor-core forms
-# are built and compiled for sm_90 (ptxas: no spills), not yet run on a GPU (2026-12-06);
-# `profile_call.py --ab variants.cuda_fused:BF16_BIAS=0 ...=1 ...=2` is their A/B,
-# tests/test_cuda.py their oracle test.
+# The forms the af2 class takes for bf16 and fp32 pair_repr, read at each call. FFMA: the
+# tensor-core forms are built and compiled for sm_90 (ptxas: no spills), not yet run on a GPU
+# (2026-12-06); `profile_call.py --ab variants.cuda_fused:BF16_BIAS=0 ...=1 ...=2` (and
+# FP32_BIAS=0 / 2) is their A/B, tests/test_cuda.py their oracle test.
 BF16_BIAS = FFMA_BIAS
+FP32_BIAS = FFMA_BIAS
+
+
+def bias_form(klass: int, z_dtype: torch.dtype) -> int:
+    """The pair-bias form a call of kernel class `klass` on pair_repr of `z_dtype` takes now."""
+    if klass != AF2:
+        return FFMA_BIAS
+    return BF16_BIAS if z_dtype == torch.bfloat16 else FP32_BIAS
 
 
 @dataclass(frozen=True)
@@ -139,7 +147,7 @@ def fused_attention(
     Returns out: (B, N, H, dv) float32, every element written (pass `out` to reuse or poison a
     buffer). splits: key-range splits (0 = chosen from the GPU's size); workspace: optional
     float32 buffer for the split partials (allocated when absent or too small). bias: the `af2`
-    class's pair-bias form (FFMA_BIAS, or MMA_PAIR_ROWS / MMA_HEAD_ROWS for bf16 pair_repr).
+    class's pair-bias form (FFMA_BIAS, MMA_HEAD_ROWS, or for bf16 pair_repr MMA_PAIR_ROWS).
     """
     b, h, n, _ = q.shape
     if out is None:
@@ -193,15 +201,13 @@ class CudaFused(Variant):
             attended = fused_attention(
                 ops.q, ops.k, ops.v, pair_repr, units.pair_weight, units.point_weight,
                 klass=klass, dqp=widths.dqp, dv=widths.dv,
-                bias=BF16_BIAS if klass == AF2 and pair_repr.dtype == torch.bfloat16
-                else FFMA_BIAS,
+                bias=bias_form(klass, pair_repr.dtype),
             )
             return finish_on_gpu(weights, attended, ops, dtype)
 
         def kernel_info() -> str:
-            bias = BF16_BIAS if klass == AF2 and dtype == torch.bfloat16 else FFMA_BIAS
             return (f"kernel class {klass} (dqp={widths.dqp}, dv={widths.dv}), "
-                    f"pair bias {BIAS_NAMES[bias]}")
+                    f"pair bias {BIAS_NAMES[bias_form(klass, dtype)]}")
 
         forward.kernel_info = kernel_info
         return forward

@@ -44,7 +44,7 @@ void check_cuda(const char* fn, cudaError_t err) {
 // wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
 // workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
 // splits: key-range splits, 0 = automatic. bias: ipa::FusedBias, the af2 class's pair bias
-// form (0 FFMA; 1 and 2 on tensor cores, bf16 z only). Returns the plan for the record:
+// form (0 FFMA; 1 and 2 on tensor cores, 1 for bf16 z only). Returns the plan for the record:
 // [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
 std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
@@ -99,11 +99,12 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   TORCH_CHECK(splits >= 0, fn, ": argument 'splits': expected >= 0 (0 = automatic), got ", splits);
   TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
   TORCH_CHECK(bias == ipa::kFfmaBias ||
-                  ((bias == ipa::kMmaPairRows || bias == ipa::kMmaHeadRows) &&
-                   klass == ipa::kFusedAF2 && z.scalar_type() == at::kBFloat16),
-              fn, ": argument 'bias': expected 0 (FFMA), or 1 or 2 (tensor cores) with klass 2 ",
-              "(af2) and a bfloat16 z, got bias=", bias, ", klass=", klass, ", z ",
-              c10::toString(z.scalar_type()));
+                  (klass == ipa::kFusedAF2 &&
+                   (bias == ipa::kMmaHeadRows ||
+                    (bias == ipa::kMmaPairRows && z.scalar_type() == at::kBFloat16))),
+              fn, ": argument 'bias': expected 0 (FFMA), or with klass 2 (af2) 2 (tensor cores, ",
+              "heads as rows) or, for a bfloat16 z, 1 (pairs as rows), got bias=", bias,
+              ", klass=", klass, ", z ", c10::toString(z.scalar_type()));
 
   const c10::cuda::CUDAGuard guard(dev);
   ipa::FusedPlan plan{};

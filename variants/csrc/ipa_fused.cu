@@ -109,8 +109,8 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
                        int forced_splits, FusedPlan* plan, int bias) {
   if (klass != kFusedSmall && klass != kFusedGeneric && klass != kFusedAF2)
     return cudaErrorInvalidValue;
-  if (bias != kFfmaBias && !(klass == kFusedAF2 && z_bf16 &&
-                            (bias == kMmaPairRows || bias == kMmaHeadRows)))
+  if (bias != kFfmaBias && !(klass == kFusedAF2 && (bias == kMmaHeadRows ||
+                                                     (bias == kMmaPairRows && z_bf16))))
     return cudaErrorInvalidValue;
   const FusedClassLimits lim = fused_class_limits(klass);
   if (B < 1 || N < 1 || H < 1 || H > lim.max_heads || (lim.even_heads && H % 2) || C < 8 ||

@@ -44,10 +44,14 @@ template <typename ZT>
 __host__ __device__ constexpr int z_pitch() {  // staged z rows (elements): 32 bytes of padding,
   return kC + 32 / static_cast<int>(sizeof(ZT));      // rows 2 bank groups apart (see the bias)
 }
-// kMmaBias: the bf16 hi and lo copies of W_b, [kMmaHeads][kMmaPitch] each, and the staged z
-// rows at the same pitch. A fragment's lane (g, u) reads word 4 g + u (mod 32) of its k-step:
-// a pitch of kC + 8 elements (68 words).
-constexpr int kMmaHeads = 16, kMmaPitch = kC + 8;
+// A tensor-core bias: the hi and lo parts of W_b (bf16, or fp32 holding TF32 values), each
+// [kMmaHeads][mma_pitch], and the staged z rows at the same pitch. A fragment's lane (g, u) reads
+// word 4 g + u (mod 32) of its k-step: rows of kC + 16 bytes (68 words bf16, 132 fp32).
+constexpr int kMmaHeads = 16;
+template <typename ZT>
+__host__ __device__ constexpr int mma_pitch() {
+  return kC + 16 / static_cast<int>(sizeof(ZT));
+}
 }  // namespace af2
 
 // d += A (16 x 16, bf16) B (16 x 8, bf16), fp32, for lane (g, u) = (lane / 4, lane % 4) (PTX
@@ -63,6 +67,25 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// d += A (16 x 8, tf32) B (8 x 8, tf32), fp32, for lane (g, u) (PTX ISA, mma.m16n8k8 fragments
+// for .tf32): a0 .. a3 hold A's (g, u), (g + 8, u), (g, u + 4), (g + 8, u + 4); b0 / b1 B's
+// (u, g), (u + 4, g); d as mma_bf16's.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// x rounded to TF32 (to nearest, ties away), as the bits of an fp32.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t ld_shared_u32(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
@@ -71,13 +94,13 @@ __device__ __forceinline__ uint32_t ld_shared_u32(const void* p) {
 template <typename ZT, int kBias>
 __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const FusedArgs a) {
   constexpr bool kMmaBias = kBias != kFfmaBias;
-  static_assert(!kMmaBias || sizeof(ZT) == 2, "the tensor-core bias takes bf16 z");
+  static_assert(kBias != kMmaPairRows || sizeof(ZT) == 2, "the pair-rows form takes bf16 z");
   using namespace af2;
   constexpr int CH = ZChunk<ZT>::kChannels;  // z channels per 16-byte chunk
   constexpr int NCH = kC / CH;               // chunks per z row
   // z rows' pitch: the FFMA bias's, or for the A fragments W_b's (lane (g, u) reads word
   // 68 g + u of a k-step: 32 distinct banks; z_pitch's 72 words would pair rows g and g + 4)
-  constexpr int ZP = kMmaBias ? kMmaPitch : z_pitch<ZT>();
+  constexpr int ZP = kMmaBias ? mma_pitch<ZT>() : z_pitch<ZT>();
   constexpr int RPI = 32 / NCH;              // z rows per warp-wide copy
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
@@ -96,8 +119,8 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
   float* kvb = reinterpret_cast<float*>(reinterpret_cast<ZT*>(sb + 2 * H * kQT * BNP) +
                                         H * 2 * 8 * ZP);
   float* kvw = kvb + warp * 2 * BN * (kWq + kWv);                     // [2][BN][kWq + kWv]
-  // kMmaBias: W_b's bf16 parts after the k/v rows, [2][kMmaHeads][kMmaPitch] (hi, then lo)
-  __nv_bfloat16* wmma_s = reinterpret_cast<__nv_bfloat16*>(kvb + H * 2 * BN * (kWq + kWv));
+  // kMmaBias: W_b's parts after the k/v rows, [2][kMmaHeads][ZP] (hi, then lo)
+  ZT* wmma_s = reinterpret_cast<ZT*>(kvb + H * 2 * BN * (kWq + kWv));
   const ZT* zg = static_cast<const ZT*>(a.z);
   const size_t head_row0 = (static_cast<size_t>(b) * H + warp) * N;  // warp <-> head
 
@@ -152,9 +175,15 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
     for (int idx = threadIdx.x; idx < kMmaHeads * kC; idx += blockDim.x) {
       const int hh = idx / kC, ch = idx % kC;
       const float w = hh < H ? a.wb[hh * kC + ch] : 0.f;  // heads >= H: zero weights
-      const __nv_bfloat16 hi = __float2bfloat16_rn(w);
-      wmma_s[hh * kMmaPitch + ch] = hi;
-      wmma_s[(kMmaHeads + hh) * kMmaPitch + ch] = __float2bfloat16_rn(w - __bfloat162float(hi));
+      if constexpr (sizeof(ZT) == 2) {
+        const __nv_bfloat16 hi = __float2bfloat16_rn(w);
+        wmma_s[hh * ZP + ch] = hi;
+        wmma_s[(kMmaHeads + hh) * ZP + ch] = __float2bfloat16_rn(w - __bfloat162float(hi));
+      } else {
+        const float hi = __uint_as_float(to_tf32(w));
+        wmma_s[hh * ZP + ch] = hi;
+        wmma_s[(kMmaHeads + hh) * ZP + ch] = __uint_as_float(to_tf32(w - hi));
+      }
     }
   } else {
     for (int idx = threadIdx.x; idx < kHMax * kC; idx += blockDim.x) {
@@ -192,7 +221,7 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
     if constexpr (kBias == kMmaPairRows) {  // lane (g, u) -> pair g, heads 8 n + 2 u + {0, 1}
       const int g = lane >> 2, u = lane & 3;
       const ZT* zr = zw + slot * 8 * ZP + g * ZP + 2 * u;
-      const __nv_bfloat16* wr = wmma_s + g * kMmaPitch + 2 * u;
+      const __nv_bfloat16* wr = wmma_s + g * ZP + 2 * u;
       float bacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
       for (int k0 = 0; k0 < kC; k0 += 16) {
@@ -201,7 +230,7 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
         for (int n = 0; n < 2; ++n) {
 #pragma unroll
           for (int part = 1; part >= 0; --part) {  // W's lo part first: the small products
-            const __nv_bfloat16* w = wr + (part * kMmaHeads + 8 * n) * kMmaPitch + k0;
+            const __nv_bfloat16* w = wr + (part * kMmaHeads + 8 * n) * ZP + k0;
             mma_bf16(bacc[n], a_lo, 0u, a_hi, 0u, ld_shared_u32(w), ld_shared_u32(w + 8));
           }
         }
@@ -217,18 +246,38 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
       }
     } else if constexpr (kBias == kMmaHeadRows) {  // lane (g, u) -> heads g, g + 8 of pairs
       const int g = lane >> 2, u = lane & 3;         // 2 u, 2 u + 1
-      const ZT* zr = zw + slot * 8 * ZP + g * ZP + 2 * u;        // B: z^T's column g (pair g)
-      const __nv_bfloat16* wr = wmma_s + g * kMmaPitch + 2 * u;  // A: W_b's rows g, g + 8
       float bacc[4] = {0.f, 0.f, 0.f, 0.f};
+      if constexpr (sizeof(ZT) == 2) {  // bf16 z exact; W_b hi and lo: 2 mma a k-step
+        const ZT* zr = zw + slot * 8 * ZP + g * ZP + 2 * u;  // B: z^T's column g (pair g)
+        const ZT* wr = wmma_s + g * ZP + 2 * u;              // A: W_b's rows g, g + 8
 #pragma unroll
-      for (int k0 = 0; k0 < kC; k0 += 16) {
-        const uint32_t b0 = ld_shared_u32(zr + k0), b1 = ld_shared_u32(zr + k0 + 8);
+        for (int k0 = 0; k0 < kC; k0 += 16) {
+          const uint32_t b0 = ld_shared_u32(zr + k0), b1 = ld_shared_u32(zr + k0 + 8);
 #pragma unroll
-        for (int part = 1; part >= 0; --part) {  // W's lo part first: the small products
-          const __nv_bfloat16* w = wr + part * kMmaHeads * kMmaPitch + k0;
-          const __nv_bfloat16* w8 = w + 8 * kMmaPitch;
-          mma_bf16(bacc, ld_shared_u32(w), ld_shared_u32(w8), ld_shared_u32(w + 8),
-                   ld_shared_u32(w8 + 8), b0, b1);
+          for (int part = 1; part >= 0; --part) {  // W's lo part first: the small products
+            const ZT* w = wr + part * kMmaHeads * ZP + k0;
+            const ZT* w8 = w + 8 * ZP;
+            mma_bf16(bacc, ld_shared_u32(w), ld_shared_u32(w8), ld_shared_u32(w + 8),
+                     ld_shared_u32(w8 + 8), b0, b1);
+          }
+        }
+      } else {  // 3xTF32: z split in registers, W_b's parts staged; lo x hi, hi x lo, hi x hi
+        const float* zr = zw + slot * 8 * ZP + g * ZP + u;
+        const float* wr = wmma_s + g * ZP + u;
+#pragma unroll 4
+        for (int k0 = 0; k0 < kC; k0 += 8) {
+          const float z0 = zr[k0], z1 = zr[k0 + 4];
+          const uint32_t zh0 = to_tf32(z0), zh1 = to_tf32(z1);
+          const uint32_t zl0 = to_tf32(z0 - __uint_as_float(zh0));
+          const uint32_t zl1 = to_tf32(z1 - __uint_as_float(zh1));
+          const float* hi = wr + k0;
+          const float* lo = hi + kMmaHeads * ZP;
+          const uint32_t h0 = __float_as_uint(hi[0]), h1 = __float_as_uint(hi[8 * ZP]);
+          const uint32_t h2 = __float_as_uint(hi[4]), h3 = __float_as_uint(hi[8 * ZP + 4]);
+          mma_tf32(bacc, __float_as_uint(lo[0]), __float_as_uint(lo[8 * ZP]),
+                   __float_as_uint(lo[4]), __float_as_uint(lo[8 * ZP + 4]), zh0, zh1);
+          mma_tf32(bacc, h0, h1, h2, h3, zl0, zl1);
+          mma_tf32(bacc, h0, h1, h2, h3, zh0, zh1);
         }
       }
 #pragma unroll
@@ -397,20 +446,22 @@ FusedClassLimits af2_limits() {
 }
 
 size_t af2_smem_bytes(int H, int zbytes, int bias) {
-  const bool mma_bias = bias != kFfmaBias;
   using namespace af2;
+  const bool mma_bias = bias != kFfmaBias;
   const int bn = H / 2, bnp = bn | 1;
-  const int zpitch = mma_bias      ? kMmaPitch
-                     : zbytes == 2 ? z_pitch<__nv_bfloat16>()
-                                   : z_pitch<float>();
+  const int zpitch = zbytes == 2 ? (mma_bias ? mma_pitch<__nv_bfloat16>()
+                                            : z_pitch<__nv_bfloat16>())
+                                 : (mma_bias ? mma_pitch<float>() : z_pitch<float>());
   return 4ull * ((mma_bias ? 0 : kHMax * kWPitch) + 2ull * H * kQT * bnp)  // weights, bias tiles
          + static_cast<size_t>(H) * 2 * 8 * zpitch * zbytes       // z rows: 8 per warp, 2 slots
          + 4ull * H * 2 * bn * (kWq + kWv)                        // k/v rows per head, 2 slots
-         + (mma_bias ? 2ull * 2 * kMmaHeads * kMmaPitch : 0);     // W_b's bf16 parts
+         + (mma_bias ? 2ull * kMmaHeads * zpitch * zbytes : 0);   // W_b's hi and lo parts
 }
 
 FusedKernelFn af2_kernel(bool z_bf16, int bias) {
-  if (!z_bf16) return ipa_fused_af2_kernel<float, kFfmaBias>;
+  if (!z_bf16)
+    return bias == kMmaHeadRows ? ipa_fused_af2_kernel<float, kMmaHeadRows>
+                                : ipa_fused_af2_kernel<float, kFfmaBias>;
   switch (bias) {
     case kMmaPairRows: return ipa_fused_af2_kernel<__nv_bfloat16, kMmaPairRows>;
     case kMmaHeadRows: return ipa_fused_af2_kernel<__nv_bfloat16, kMmaHeadRows>;

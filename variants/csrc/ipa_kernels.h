@@ -28,9 +28,10 @@ enum FusedClass : int {
                       // compile-time widths, register-tiled logits, pair bias without reductions
 };
 
-// The af2 class's pair bias (its bf16-z kernels): FFMA, or on tensor cores (mma.sync m16n8k16,
-// W_b as bf16 hi + lo parts) with a warp's 8 pairs as the rows of A (rows 8-15 zero: 32 mma a
-// warp and tile) or W_b's 16 padded heads as the rows of A and the pairs as B's columns (16).
+// The af2 class's pair bias: FFMA, or on tensor cores (mma.sync; W_b as hi + lo parts) with a
+// warp's 8 pairs as the rows of A (bf16 z only; rows 8-15 zero: 32 mma a warp and tile) or W_b's
+// 16 padded heads as the rows of A and the pairs as B's columns (bf16: 16 mma; fp32 z: 3xTF32,
+// 48 mma of m16n8k8).
 enum FusedBias : int {
   kFfmaBias = 0,
   kMmaPairRows = 1,
@@ -78,7 +79,7 @@ struct FusedArgs {
 struct FusedPlan {
   int klass;
   bool z_bf16;
-  int bias;             // FusedBias: kFfmaBias, or (af2 class, bf16 z only) a tensor-core form
+  int bias;             // FusedBias: kFfmaBias, or (af2 class) a tensor-core form
   int key_tile;         // keys per tile (8*H / queries-per-CTA)
   int queries_per_cta;
   int splits;           // key-range splits (split-K), >= 1
