@@ -305,16 +305,27 @@ def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, dtype,
     """The af2 class's pair bias on tensor cores (`cuda_fused.BF16_BIAS` / `FP32_BIAS`:
     mma.sync, W_b as hi + lo parts; fp32 z 3xTF32) against the same math in float64 from the
     same operands, as the FFMA bias is judged; heads 12, 10 (padded to 16 columns) and 2, ragged
-    N, B = 2. The pair-rows form takes bf16 z only, and says so before any launch otherwise."""
+    N, B = 2."""
     ops, pair, wb, pw, klass, widths = _fused_operands(config, length, 2, dtype, klass=AF2)
     kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
     out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias=bias, **kw)
     ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-5, f"rel_l2 {err:.3e} against float64 from the same operands"
-    if bias == MMA_PAIR_ROWS:
-        with pytest.raises(RuntimeError, match="argument 'bias'"):
-            fused_attention(ops.q, ops.k, ops.v, pair.float(), wb, pw, bias=bias, **kw)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("klass, dtype, bias", [(AF2, torch.float32, MMA_PAIR_ROWS),
+                                                (SMALL, torch.bfloat16, MMA_HEAD_ROWS),
+                                                (AF2, torch.bfloat16, 3)], ids=str)
+def test_tensor_core_bias_outside_its_kernels_is_refused(klass, dtype, bias):
+    """A tensor-core bias form the kernel class or z's dtype has no kernel for, or an unknown
+    form, is refused by name before any launch."""
+    ops, pair, wb, pw, klass, widths = _fused_operands(IPAConfig(), 37, 1, dtype, klass=klass)
+    with pytest.raises(RuntimeError, match="argument 'bias'"):
+        fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias=bias, klass=klass,
+                        dqp=widths.dqp, dv=widths.dv)
 
 
 @pytest.mark.gpu

@@ -52,11 +52,12 @@ MAX_PAIR_DIM = 128  # kMaxPairDim
 # the A operand; fp32 pair_repr in the head-rows form is 3xTF32 (`variants/csrc/ipa_fused_af2.cu`).
 FFMA_BIAS, MMA_PAIR_ROWS, MMA_HEAD_ROWS = 0, 1, 2
 BIAS_NAMES = {FFMA_BIAS: "FFMA", MMA_PAIR_ROWS: "mma, pair rows", MMA_HEAD_ROWS: "mma, head rows"}
-# The forms the af2 class takes for bf16 and fp32 pair_repr, read at each call. FFMA: the
-# tensor-core forms are built and compiled for sm_90 (ptxas: no spills), not yet run on a GPU
-# (2026-12-06); `profile_call.py --ab variants.cuda_fused:BF16_BIAS=0 ...=1 ...=2` (and
-# FP32_BIAS=0 / 2) is their A/B, tests/test_cuda.py their oracle test.
-BF16_BIAS = FFMA_BIAS
+# The forms the af2 class takes for bf16 and fp32 pair_repr, read at each call, chosen by
+# `gpu_diagnostics/bias_forms_session.sh`'s A/B (H100, CUDA-graph replay, one process, default
+# layer, 2026-12-06; ms FFMA / pair rows / head rows): bf16 N = 4096 4.357 / 4.159 / 3.984,
+# N = 1024 0.395 / 0.384 / 0.376; fp32 (3xTF32) N = 4096 5.254 -> 5.414, N = 1024 0.438 -> 0.453.
+# Every form passes `check` (bf16 rel_l2 as FFMA's, fp32 3xTF32 err/ref 1.06-1.08).
+BF16_BIAS = MMA_HEAD_ROWS
 FP32_BIAS = FFMA_BIAS
 
 

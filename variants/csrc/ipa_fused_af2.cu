@@ -15,18 +15,21 @@
 //             and scores keys t, t+2, t+4 of the tile: whole dot products, no shuffles;
 //   softmax   one shuffle for the row maximum, three to share the probabilities;
 //   values    lane (r, t) accumulates half t of [v | value points] over all keys of the tile.
-// With a tensor-core bias (bf16 z only; kBias, FusedBias of ipa_kernels.h, from
-// `cuda_fused.BF16_BIAS`; FFMA by default: not yet run on a GPU) the bias is mma.sync.m16n8k16
-// work instead (issue #17), with W_b (fp32 here: the scaled weights) as two bf16 parts, hi + lo,
-// from a bf16 copy in shared memory laid out [head][channel] with a pitch that spreads a
-// fragment's loads over all 32 banks, and fp32 accumulation:
+// With a tensor-core bias (kBias, FusedBias of ipa_kernels.h, from `cuda_fused.BF16_BIAS` and
+// `FP32_BIAS`) the bias is mma.sync work instead (issue #17), with W_b (fp32 here: the scaled
+// weights) as two parts, hi + lo (bf16, or TF32 for fp32 z), from a copy in shared memory laid
+// out [head][channel] with a pitch that spreads a fragment's loads over all 32 banks, and fp32
+// accumulation:
 //   kMmaPairRows  a warp's 8 pairs are rows 0-7 of A (rows 8-15 zero), W_b^T (heads padded to
 //                 16, two n-tiles of 8) is B: 8 k-steps x 2 n-tiles x 2 parts = 32 mma per warp
 //                 and tile in place of ~400 FFMA per lane; lane (g, u) = (lane / 4, lane % 4)
 //                 ends with pair g's biases for heads 8 n + 2 u and 8 n + 2 u + 1;
 //   kMmaHeadRows  W_b's 16 padded heads are A's rows and the 8 pairs B's columns (z^T): no zero
 //                 rows, 16 mma per warp and tile; lane (g, u) ends with heads g and g + 8 of
-//                 pairs 2 u and 2 u + 1.
+//                 pairs 2 u and 2 u + 1. For fp32 z, 3xTF32 (m16n8k8; z split in registers):
+//                 48 mma per warp and tile.
+// Measured (H100, replayed, 2026-12-06): bf16 N = 4096 FFMA 4.36 ms, pair rows 4.16, head rows
+// 3.98 (bf16's default); fp32 3xTF32 5.41 against FFMA's 5.25 (fp32 keeps FFMA).
 #include <math.h>
 
 #include "ipa_fused_common.cuh"
