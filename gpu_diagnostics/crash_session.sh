@@ -36,9 +36,11 @@ LIM=100 TAIL=40 grouped_check 2 fp32 130 4 8 12 compute-sanitizer --tool memchec
     --print-limit 5 > "$OUT/grouped-memcheck.log" 2>&1
 grep -E "Invalid|at 0x|by thread|Address|ERROR SUMMARY" "$OUT/grouped-memcheck.log" | head -12
 printf '[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n
-[[slice]]\nlength = [1024, 4096]\n' > "$OUT/grid.toml"
-timeout -s INT 150 python3 -m harness.cli sweep --grid "$OUT/grid.toml" --device cuda \
-    -o "$OUT/sweep" --no-plots --no-progress --variant cuda-fused --variant triton \
+[[slice]]\nlength = [1024, 4096]\n' > /tmp/grid.toml
+# the sweep's folder outside $OUT (the device returns at most 8 files): its CSV copied back
+timeout -s INT 150 python3 -m harness.cli sweep --grid /tmp/grid.toml --device cuda \
+    -o /tmp/sweep --no-plots --no-progress --variant cuda-fused --variant triton \
     > "$OUT/sweep.log" 2>&1
-timeout 20 python3 -m harness.cli report "$OUT/sweep/results.csv" > "$OUT/sweep-report.md" 2>&1
+cp /tmp/sweep/results.csv "$OUT/results.csv"
+timeout 20 python3 -m harness.cli report /tmp/sweep/results.csv > "$OUT/sweep-report.md" 2>&1
 grep -E "^\| (cuda-fused|triton) " "$OUT/sweep-report.md" | head -20
