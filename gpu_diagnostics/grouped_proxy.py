@@ -6,7 +6,8 @@ and the key loop's warp-instructions per (query, key, head) (`sm90_proxy.key_loo
 spill loads and stores. Needs the proxy venv (`sm90_proxy.py`).
 
     PYTHONPATH=. build/sm90-proxy-venv/bin/python gpu_diagnostics/grouped_proxy.py \
-        [N] [--dtype fp32|bf16] [--groups 2,3,4,6]
+        [N] [--dtype fp32|bf16] [--groups 2,3,4,6] [--heads H] [--query-points Qp]
+        [--value-points Vp]
 
 Before the kernel existed (2026-12-05, seventeenth session), a probe of the same design (bf16,
 no masks, N = 2048, one stage, (64, 16) blocks with 8 warps) measured these warp-instructions
@@ -39,9 +40,10 @@ from variants.reference import init_state_dict
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def launch_args(dtype: torch.dtype, n: int, group: int) -> tuple[tuple, dict, list]:
-    """The arguments `triton_grouped_ipa` passes the kernel at the default layer, B = 1, and
-    the autotune configs of the form it launches."""
+def launch_args(dtype: torch.dtype, n: int, group: int, cfg: problem.IPAConfig
+                ) -> tuple[tuple, dict, list]:
+    """The arguments `triton_grouped_ipa` passes the kernel for layer `cfg`, B = 1, and the
+    autotune configs of the form it launches."""
     name = "_grouped_fp32" if dtype == torch.float32 else "_grouped_16bit"
     rec = Recorder()
     rec.configs = getattr(grouped, name).configs
@@ -49,7 +51,6 @@ def launch_args(dtype: torch.dtype, n: int, group: int) -> tuple[tuple, dict, li
                  (frames, "_epilogue_kernel", Recorder()), (linear, "_linear", Recorder()),
                  (common, "check_runnable", lambda *a: None),
                  (pipeline, "check_runnable", lambda *a: None)]
-    cfg = problem.IPAConfig()
     weights = pipeline.TritonIPAWeights.from_state_dict(init_state_dict(cfg), cfg, "cpu", dtype)
     inputs = problem.make_inputs(cfg, 1, n, dtype=dtype, device="cpu", seed=1)
     with standing_in(stand_ins), torch.no_grad():
@@ -62,9 +63,14 @@ def main() -> None:
     parser.add_argument("n", nargs="?", type=int, default=1024)
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--groups", default="4")
+    parser.add_argument("--heads", type=int, default=12, help="(node_dim stays 384)")
+    parser.add_argument("--query-points", type=int, default=4)
+    parser.add_argument("--value-points", type=int, default=8)
     opts = parser.parse_args()
+    cfg = problem.IPAConfig(heads=opts.heads, query_points=opts.query_points,
+                            value_points=opts.value_points)
     for group in map(int, opts.groups.split(",")):
-        args, kwargs, configs = launch_args(DTYPES[opts.dtype], opts.n, group)
+        args, kwargs, configs = launch_args(DTYPES[opts.dtype], opts.n, group, cfg)
         for config in configs:
             kernel = compile_config(args, kwargs, config, fn=grouped._grouped_kernel)
             regs, stack, sass = sass_stats(kernel.asm["cubin"])
