@@ -5,9 +5,11 @@
 # default): `check` by autotune config, shape and dtype, each in its own process with
 # CUDA_LAUNCH_BLOCKING (so each crash is its own); last, a
 # sweep of cuda-fused (bf16 now with the tensor-core bias) and `triton` at N = 1024 and 4096.
+# Trims for a short call: GROUPED_CONFIGS="0 1 2" (the fp32 cell by config only), LIM_SWEEP=0,
+# LIM_TEST, LIM (one check's limit).
 source gpu_diagnostics/session_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py -rfE --tb=short \
+timeout "${LIM_TEST:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py -rfE --tb=short \
     -k "tensor_core_bias" > "$OUT/tensor-core-tests.log" 2>&1
 tail -6 "$OUT/tensor-core-tests.log"
 timeout 45 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py \
@@ -30,17 +32,17 @@ sys.exit(main(['check', '--variant', 'triton-grouped', '--device', 'cuda', '--dt
         | grep -E "^_grouped|triton-grouped|Error|error" | tail -4
 }
 {
-    grouped_check 2 fp32 130 4 8 12
-    grouped_check 2 fp32 130 4 8 12 0
-    grouped_check 2 fp32 130 4 8 12 1
-    grouped_check 2 fp32 130 4 8 12 2
-    grouped_check 2 bf16 130 4 8 12
-    grouped_check 2 fp32 1000 12 4 8
+    for config in ${GROUPED_CONFIGS:-all 0 1 2}; do grouped_check 2 fp32 130 4 8 12 "$config"; done
+    if [ -z "${GROUPED_CONFIGS:-}" ]; then
+        grouped_check 2 bf16 130 4 8 12
+        grouped_check 2 fp32 1000 12 4 8
+    fi
 } 2>&1 | tee "$OUT/grouped-checks.log"
+[ "${LIM_SWEEP:-120}" -gt 0 ] || exit 0
 printf '[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n
 [[slice]]\nlength = [1024, 4096]\n' > /tmp/grid.toml
 # the sweep's folder outside $OUT (the device returns at most 8 files): its CSV copied back
-timeout -s INT 120 python3 -m harness.cli sweep --grid /tmp/grid.toml --device cuda \
+timeout -s INT "${LIM_SWEEP:-120}" python3 -m harness.cli sweep --grid /tmp/grid.toml --device cuda \
     -o /tmp/sweep --no-plots --no-progress --variant cuda-fused --variant triton \
     > "$OUT/sweep.log" 2>&1
 cp /tmp/sweep/results.csv "$OUT/results.csv"
