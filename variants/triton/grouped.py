@@ -33,7 +33,8 @@ spilled. This kernel, with masks, strides and the attention kernel's own key ste
 N = 4096 2.26, 7.18, 8.77; fp32 N = 4096 4.58, 27.3, 29.0; bf16 N = 1024 0.192, 0.582, 0.986;
 fp32 N = 1024 0.371, 2.13, 2.87. The overlap the design needs does not happen: the kernel is
 latency-bound on its spills and its one program per SM, as `triton-fullfuse` and
-`triton-pairdot` were (docs/perf-notes.md). Forward only, no key-range split.
+`triton-pairdot` were (docs/perf-notes.md). Forward only, no key-range split. The default G is 4
+(`group_size`): G = 2 crashed on the GPU at one shape.
 """
 
 from __future__ import annotations
@@ -252,10 +253,12 @@ _grouped_fp32 = autotuned(
 
 
 def group_size(heads: int) -> int:
-    """Heads per program by default: 2 where the heads are even, else 1. Measured on an H100
-    (H = 12, N = 1024 and 4096, fp32 and bf16): G = 2 faster than G = 4 in every cell, by
-    1.06-1.7x (fewer spills: 26-42 words against 136 in bf16)."""
-    return 2 if heads % 2 == 0 else 1
+    """Heads per program by default: the largest divisor of `heads` up to 4. G = 2 measured
+    faster than G = 4 at H = 12 (H100, N = 1024 and 4096, fp32 and bf16: by 1.06-1.7x, fewer
+    spills), but as the default it hit an illegal address on the H100 at N = 130, H = 4, Qp 8,
+    Vp 12 (fp32; twenty-eighth session, cause not yet isolated: `gpu_diagnostics/crash_session.sh`
+    splits it by autotune config), where G = 4 passed every GPU oracle test (twenty-seventh)."""
+    return max(g for g in range(1, 5) if heads % g == 0)
 
 
 def check_group(heads_per_program: int | None, heads: int) -> None:
