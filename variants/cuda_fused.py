@@ -43,7 +43,7 @@ from variants.cuda_ext import (
     load_extension,
     project_on_gpu,
 )
-from variants.problem import IPAConfig, Precision, get_precision
+from variants.problem import IPAConfig, IPAInputError, Precision, get_precision
 
 SMALL, GENERIC, AF2 = 0, 1, 2  # kernel classes, as in variants/csrc/ipa_kernels.h
 MAX_PAIR_DIM = 128  # kMaxPairDim
@@ -59,6 +59,14 @@ BIAS_NAMES = {FFMA_BIAS: "FFMA", MMA_PAIR_ROWS: "mma, pair rows", MMA_HEAD_ROWS:
 # Every form passes `check` (bf16 rel_l2 as FFMA's, fp32 3xTF32 err/ref 1.06-1.08).
 BF16_BIAS = MMA_HEAD_ROWS
 FP32_BIAS = FFMA_BIAS
+
+
+def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
+    """The pair-bias forms kernel class `klass` has kernels for, for pair_repr of `z_dtype`."""
+    if klass != AF2:
+        return [FFMA_BIAS]
+    return [FFMA_BIAS, MMA_PAIR_ROWS, MMA_HEAD_ROWS] if z_dtype == torch.bfloat16 else [
+        FFMA_BIAS, MMA_HEAD_ROWS]
 
 
 def bias_form(klass: int, z_dtype: torch.dtype) -> int:
@@ -150,6 +158,13 @@ def fused_attention(
     float32 buffer for the split partials (allocated when absent or too small). bias: the `af2`
     class's pair-bias form (FFMA_BIAS, MMA_HEAD_ROWS, or for bf16 pair_repr MMA_PAIR_ROWS).
     """
+    # The binding refuses these too, but its refusal segfaulted on the GPU machine's torch 2.11
+    # (twenty-eighth session, not yet diagnosed): refused here first.
+    forms = bias_forms(klass, pair_repr.dtype)
+    if bias not in forms:
+        raise IPAInputError(
+            f"fused_attention: argument 'bias': expected one of {forms} (FusedBias) for kernel "
+            f"class {klass} and pair_repr {pair_repr.dtype}, got {bias!r}")
     b, h, n, _ = q.shape
     if out is None:
         out = torch.empty(b, n, h, dv, device=q.device, dtype=torch.float32)
