@@ -259,6 +259,43 @@ def test_compute_sanitizer_clean(tool, kernels, target, tmp_path, request):
     assert not re.search(r"RACECHECK SUMMARY: [1-9]", output), output[-6000:]
 
 
+BINDING_REFUSALS_SCRIPT = """
+import torch
+from variants.cuda_ext import load_extension
+
+ext = load_extension()
+f32 = dict(device="cuda", dtype=torch.float32)
+q = k = torch.zeros(1, 12, 5, 44, **f32)
+v = torch.zeros(1, 12, 5, 56, **f32)
+args = (torch.zeros(12, 128, **f32), torch.zeros(12, **f32), torch.zeros(1, 5, 12, 56, **f32))
+for name, pair, bias in [("bias", torch.zeros(1, 5, 5, 128, **f32), 1),
+                         ("z", torch.zeros(1, 5, 5, 128, device="cuda", dtype=torch.half), 0)]:
+    try:
+        ext.fused_forward(q, k, v, pair, *args, 2, 32, 56, 0, None, bias)
+    except RuntimeError as error:
+        print("refused:", str(error).splitlines()[0])
+    else:
+        print("not refused:", name)
+"""
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_binding_refusals_raise():
+    """The binding's own checks raise RuntimeError naming the argument (a bias form without a
+    kernel, a float16 z), in a child process: in the twenty-eighth session such a refusal
+    segfaulted on the GPU machine, and a crash here fails this test, not the session."""
+    load_extension()  # built outside the child's time limit
+    proc = subprocess.run([sys.executable, "-c", BINDING_REFUSALS_SCRIPT], capture_output=True,
+                          text=True, timeout=300, cwd=REPO, env={**os.environ,
+                                                                "PYTHONPATH": str(REPO)})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"rc {proc.returncode}:\n{output[-3000:]}"
+    assert "argument 'bias': expected 0 (FFMA)" in output, output
+    assert "argument 'z': expected dtype float32 or bfloat16, got float16" in output, output
+    assert "not refused" not in output, output
+
+
 def _attend_operands(ops, pair_repr, pair_weight, point_weight, widths, log2_units: bool):
     """What the kernels compute, in float64 PyTorch: softmax-weighted [v | value points]
     (B, N, H, dv) from the prepared operands (distance computed directly)."""
@@ -320,7 +357,7 @@ def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, dtype,
 def test_tensor_core_bias_outside_its_kernels_is_refused(klass, dtype, bias):
     """A tensor-core bias form the kernel class or z's dtype has no kernel for, or an unknown
     form, is refused by name before the extension is loaded (no GPU needed)."""
-    q = k = torch.zeros(1, 12, 5, 48)
+    q = k = torch.zeros(1, 12, 5, 44)
     v = torch.zeros(1, 12, 5, 56)
     pair = torch.zeros(1, 5, 5, 128, dtype=dtype)
     refused = rf"argument 'bias': expected one of \[.*\].* got {bias}$"
