@@ -55,6 +55,12 @@ template <typename ZT>
 __host__ __device__ constexpr int mma_pitch() {
   return kC + 16 / static_cast<int>(sizeof(ZT));
 }
+// The staged z rows' pitch: the FFMA bias's, or for the tensor-core fragments W_b's (the FFMA
+// pitch, 72 words in bf16, would pair the fragment rows g and g + 4 on the same banks).
+template <typename ZT>
+__host__ __device__ constexpr int staged_z_pitch(bool mma_bias) {
+  return mma_bias ? mma_pitch<ZT>() : z_pitch<ZT>();
+}
 }  // namespace af2
 
 // d += A (16 x 16, bf16) B (16 x 8, bf16), fp32, for lane (g, u) = (lane / 4, lane % 4) (PTX
@@ -101,9 +107,7 @@ __global__ void __launch_bounds__(af2::kHMax * 32, 1) ipa_fused_af2_kernel(const
   using namespace af2;
   constexpr int CH = ZChunk<ZT>::kChannels;  // z channels per 16-byte chunk
   constexpr int NCH = kC / CH;               // chunks per z row
-  // z rows' pitch: the FFMA bias's, or for the A fragments W_b's (lane (g, u) reads word
-  // 68 g + u of a k-step: 32 distinct banks; z_pitch's 72 words would pair rows g and g + 4)
-  constexpr int ZP = kMmaBias ? mma_pitch<ZT>() : z_pitch<ZT>();
+  constexpr int ZP = staged_z_pitch<ZT>(kMmaBias);
   constexpr int RPI = 32 / NCH;              // z rows per warp-wide copy
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
@@ -452,9 +456,8 @@ size_t af2_smem_bytes(int H, int zbytes, int bias) {
   using namespace af2;
   const bool mma_bias = bias != kFfmaBias;
   const int bn = H / 2, bnp = bn | 1;
-  const int zpitch = zbytes == 2 ? (mma_bias ? mma_pitch<__nv_bfloat16>()
-                                            : z_pitch<__nv_bfloat16>())
-                                 : (mma_bias ? mma_pitch<float>() : z_pitch<float>());
+  const int zpitch = zbytes == 2 ? staged_z_pitch<__nv_bfloat16>(mma_bias)
+                                 : staged_z_pitch<float>(mma_bias);
   return 4ull * ((mma_bias ? 0 : kHMax * kWPitch) + 2ull * H * kQT * bnp)  // weights, bias tiles
          + static_cast<size_t>(H) * 2 * 8 * zpitch * zbytes       // z rows: 8 per warp, 2 slots
          + 4ull * H * 2 * bn * (kWq + kWv)                        // k/v rows per head, 2 slots
