@@ -5,16 +5,22 @@
 # default): `check` by autotune config, shape and dtype, each in its own process with
 # CUDA_LAUNCH_BLOCKING (so each crash is its own); last, a
 # sweep of cuda-fused (bf16 now with the tensor-core bias) and `triton` at N = 1024 and 4096.
-# Trims for a short call: GROUPED_CONFIGS="0 1 2" (the fp32 cell by config only), LIM_SWEEP=0,
-# LIM_TEST, LIM (one check's limit).
+# Trims for a short call: GROUPED_CONFIGS="0 1 2" (the fp32 cell by config only; "none" skips
+# the checks), LIM_GROUPED=0 (skips triton-grouped's GPU oracle tests at its default G),
+# LIM_SWEEP=0, LIM_TEST, LIM (one check's limit).
 source gpu_diagnostics/session_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout "${LIM_TEST:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py -rfE --tb=short \
     -k "tensor_core_bias" > "$OUT/tensor-core-tests.log" 2>&1
 tail -6 "$OUT/tensor-core-tests.log"
 timeout 45 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py \
-    -rfE --tb=short -k "refused" > "$OUT/refusal-tests.log" 2>&1
+    -rfE --tb=short -k "refusals_raise" > "$OUT/refusal-tests.log" 2>&1
 head -6 "$OUT/refusal-tests.log"; tail -4 "$OUT/refusal-tests.log"
+if [ "${LIM_GROUPED:-150}" -gt 0 ]; then
+    timeout -s INT "${LIM_GROUPED:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/test_variants.py -k triton-grouped -rfE --tb=short > "$OUT/grouped-tests.log" 2>&1
+    tail -4 "$OUT/grouped-tests.log"
+fi
 grouped_check() {  # G DTYPE N HEADS QP VP [CONFIG: an index into the autotune list, alone]
     local g=$1 dtype=$2 n=$3 heads=$4 qp=$5 vp=$6 config=${7:-all}
     echo "== triton-grouped G=$g $dtype N=$n H=$heads Qp=$qp Vp=$vp config $config"
@@ -31,7 +37,7 @@ sys.exit(main(['check', '--variant', 'triton-grouped', '--device', 'cuda', '--dt
                '--value-points', '$vp', '--seeds', '1', '--no-progress']))" 2>&1 \
         | grep -E "^_grouped|triton-grouped|Error|error" | tail -4
 }
-{
+[ "${GROUPED_CONFIGS:-}" = none ] || {
     for config in ${GROUPED_CONFIGS:-all 0 1 2}; do grouped_check 2 fp32 130 4 8 12 "$config"; done
     if [ -z "${GROUPED_CONFIGS:-}" ]; then
         grouped_check 2 bf16 130 4 8 12
