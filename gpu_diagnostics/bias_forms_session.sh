@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
-# One device call for cuda-fused's af2 pair-bias forms (twenty-eighth session, issue #17): the
-# tensor-core forms' oracle tests (tests/test_cuda.py -k tensor_core_bias), `check` of the
-# variant under each form (bf16: pair rows, head rows; fp32: head rows as 3xTF32) at N = 97 and
-# 1000, then the forms' A/B at N = 4096 and 1024 (profile_call.py --ab, CUDA-graph replay, one
-# process), and triton-grouped's GPU oracle tests at its G = 2 default. Logs under $OUT.
+# One device call for cuda-fused's af2 forms (FusedBias: FFMA 0, mma pair rows 1, mma head rows 2,
+# tensor cores throughout 3; issue #17): the forms' oracle tests (tests/test_cuda.py -k TESTS),
+# `check` of the variant under each of CHECK_FORMS at N = 97 and 1000, the A/B of AB_FORMS at
+# N = 4096 and 1024 (profile_call.py --ab, CUDA-graph replay, one process), and with
+# NCU_FORM set Nsight Compute on that form's kernel at bf16 N = 4096 (ncu_session.sh's sections).
+# Logs under $OUT. Each stage has a limit: LIM_TEST, LIM_CHECK (one check), LIM_AB (one cell),
+# LIM_NCU; 0 skips a stage.
+#   twenty-eighth session: CHECK_FORMS="BF16_BIAS=1 BF16_BIAS=2 FP32_BIAS=2" and the A/B of 0/2/1
+#   twenty-ninth session (the defaults): the tensor-core kernel (3) against head rows (2)
 #
 #   OUT=DIR bash gpu_diagnostics/bias_forms_session.sh
 source gpu_diagnostics/session_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 date -u | tee -a "$OUT/gpu.txt"
-timeout "${LIM_TEST:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py \
-    -k tensor_core_bias -rfE --tb=short > "$OUT/tensor-core-tests.log" 2>&1
-tail -12 "$OUT/tensor-core-tests.log"
-for form in BF16_BIAS=1 BF16_BIAS=2 FP32_BIAS=2; do
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+    | tee -a "$OUT/gpu.txt"
+if [ "${LIM_TEST:-240}" -gt 0 ]; then
+    timeout "${LIM_TEST:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py \
+        -k "${TESTS:-tensor_core_kernel or refusals_raise}" -rfE --tb=short -s \
+        > "$OUT/tensor-core-tests.log" 2>&1
+    grep -E "rel_l2|passed|failed|Error" "$OUT/tensor-core-tests.log" | tail -16
+fi
+for form in ${CHECK_FORMS:-BF16_BIAS=3}; do
+    [ "${LIM_CHECK:-60}" -gt 0 ] || break
     dtype=$([ "${form%%_*}" = BF16 ] && echo bf16 || echo fp32)
     for length in 97 1000; do
         echo "== $form $dtype N = $length"
-        timeout 60 python3 -c "
+        timeout "${LIM_CHECK:-60}" python3 -c "
 import sys, variants.cuda_fused as c
 c.${form}
 from harness.cli import main
@@ -25,15 +35,18 @@ sys.exit(main(['check', '--variant', 'cuda-fused', '--device', 'cuda', '--dtype'
     done
 done | tee "$OUT/check.log"
 m=variants.cuda_fused
-for cell in "4096 bf16 BF16" "1024 bf16 BF16" "4096 fp32 FP32" "1024 fp32 FP32"; do
-    set -- $cell
-    forms="$m:$3_BIAS=0 $m:$3_BIAS=2"
-    [ "$3" = BF16 ] && forms="$forms $m:$3_BIAS=1"
-    echo "== A/B N = $1 $2 (replayed ms)"
+for cell in ${AB_CELLS:-4096:bf16 1024:bf16}; do
+    [ "${LIM_AB:-90}" -gt 0 ] || break
+    n=${cell%:*} dtype=${cell#*:}
+    prefix=$([ "$dtype" = bf16 ] && echo BF16 || echo FP32)
+    forms=""
+    for f in ${AB_FORMS:-2 3}; do forms="$forms $m:${prefix}_BIAS=$f"; done
+    echo "== A/B N = $n $dtype (replayed ms):$forms"
     # shellcheck disable=SC2086
-    timeout 90 python3 gpu_diagnostics/profile_call.py "$1" "$2" cuda-fused --pass forward \
-        --graph --ab $forms 2>&1 | tail -5
+    timeout "${LIM_AB:-90}" python3 gpu_diagnostics/profile_call.py "$n" "$dtype" cuda-fused \
+        --pass forward --graph --ab $forms 2>&1 | tail -5
 done | tee "$OUT/ab.log"
-timeout "${LIM_GROUPED:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_variants.py -k triton-grouped -rfE --tb=short > "$OUT/grouped-tests.log" 2>&1
-tail -6 "$OUT/grouped-tests.log"
+if [ -n "${NCU_FORM:-}" ] && [ "${LIM_NCU:-150}" -gt 0 ]; then
+    NCU_SET="variants.cuda_fused:BF16_BIAS=$NCU_FORM" NCU_VARIANT=cuda-fused NCU_KERNELS=ipa_fused \
+        NCU_CELLS="4096:bf16" LIM_TEST=0 LIM_PROF=0 bash gpu_diagnostics/ncu_session.sh
+fi

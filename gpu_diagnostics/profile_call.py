@@ -8,7 +8,9 @@ kernel's fastest configs with their times.
         [--problem simplified|openfold] [--pass forward|forward+backward] [--device cuda|cpu]
         [--nvtx | --host | --host-states]
 
-With `--ab SETTING [SETTING ...]` the call is timed instead under each SETTING in turn (seven
+With `--set SETTING` one setting (as below) applies to the whole run, before the build: how an
+Nsight Compute run (`--nvtx`) profiles a form other than the default. With `--ab SETTING
+[SETTING ...]` the call is timed instead under each SETTING in turn (seven
 rounds of five calls each, the host clock around five back-to-back calls and a synchronise,
 or with `--latency` device events around each call alone after an L2 flush, as the sweep
 times an eager row (host overhead in front of the kernels counts); with `--graph` each
@@ -82,6 +84,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--host-states", action="store_true",
                         help="the host's issue time of one call back to back, and under the "
                         "sweep's timing after a busy wait, nothing, or a sleep")
+    parser.add_argument("--set", dest="setting", metavar="SETTING",
+                        help="MODULE:NAME=VALUE[,...] applied before the variant is built (e.g. "
+                        "a form for --nvtx: variants.cuda_fused:BF16_BIAS=3)")
     parser.add_argument("--ab", nargs="+", metavar="SETTING",
                         help="time the call under each MODULE:NAME=VALUE[,...] setting in turn")
     parser.add_argument("--latency", action="store_true",
@@ -91,6 +96,9 @@ def main(argv: list[str]) -> int:
                         help="--ab: each setting's call captured in a CUDA graph and replayed "
                         "(with --latency: a graph row's time; the kernels alone)")
     args = parser.parse_args(argv)
+    for (module_name, name), value in (parse_settings([args.setting])[0]
+                                       if args.setting else {}).items():
+        setattr(importlib.import_module(module_name), name, value)
     problem = PROBLEMS[args.problem]
     config = problem.config_class()
     fn = get_variant(args.variant, args.problem).build(

@@ -47,6 +47,7 @@ from variants.cuda_fused import (
     MMA_HEAD_ROWS,
     MMA_PAIR_ROWS,
     SMALL,
+    TENSOR_CORES,
     fused_attention,
     kernel_class,
 )
@@ -351,9 +352,33 @@ def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, dtype,
     assert err < 1e-5, f"rel_l2 {err:.3e} against float64 from the same operands"
 
 
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("length", [1, 37, 130, 1000])
+@pytest.mark.parametrize(
+    "config", [IPAConfig(), IPAConfig(node_dim=320, heads=10), IPAConfig(node_dim=64, heads=2)],
+    ids=str,
+)
+@pytest.mark.parametrize("splits", [0, 3])
+def test_af2_tensor_core_kernel_matches_float64_kernel_math(config, length, splits):
+    """The af2 class's TENSOR_CORES kernel (bf16 pair_repr: bias warps, q.k and p.v on TF32
+    mma) against the same math in float64 from the same operands. Its q, k, probabilities and v
+    are rounded to TF32 (relative 2^-11 each) where the other forms keep fp32, so it is held to
+    4 x 2^-11 instead of 1e-5; the harness's oracle tolerance judges the whole layer. Heads 12,
+    10 and 2 (bias warps with zero heads), ragged N, B = 2, one split and three."""
+    ops, pair, wb, pw, klass, widths = _fused_operands(config, length, 2, torch.bfloat16, klass=AF2)
+    out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias=TENSOR_CORES, klass=klass,
+                          dqp=widths.dqp, dv=widths.dv, splits=splits)
+    ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    print(f"rel_l2 {err:.3e}")
+    assert err < 4 * 2**-11, f"rel_l2 {err:.3e} against float64 from the same operands"
+
+
 @pytest.mark.parametrize("klass, dtype, bias", [(AF2, torch.float32, MMA_PAIR_ROWS),
+                                                (AF2, torch.float32, TENSOR_CORES),
                                                 (SMALL, torch.bfloat16, MMA_HEAD_ROWS),
-                                                (AF2, torch.bfloat16, 3)], ids=str)
+                                                (AF2, torch.bfloat16, 4)], ids=str)
 def test_tensor_core_bias_outside_its_kernels_is_refused(klass, dtype, bias):
     """A tensor-core bias form the kernel class or z's dtype has no kernel for, or an unknown
     form, is refused by name before the extension is loaded (no GPU needed)."""

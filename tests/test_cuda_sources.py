@@ -47,6 +47,7 @@ from variants.cuda_fused import (
     MMA_HEAD_ROWS,
     MMA_PAIR_ROWS,
     SMALL,
+    TENSOR_CORES,
     CudaFused,
     kernel_class,
 )
@@ -297,7 +298,7 @@ def test_class_ids_and_limits_match_the_cxx(fused_classes_program):
     cxx = cxx_classes(fused_classes_program)
     assert cxx["class_ids"] == {"small": SMALL, "generic": GENERIC, "af2": AF2}
     assert cxx["bias_ids"] == {"ffma": FFMA_BIAS, "mma_pair_rows": MMA_PAIR_ROWS,
-                               "mma_head_rows": MMA_HEAD_ROWS}
+                               "mma_head_rows": MMA_HEAD_ROWS, "tensor_cores": TENSOR_CORES}
     assert cxx["max_pair_dim"] == MAX_PAIR_DIM == CudaFused.limits["pair_dim"][1]
     limits = {int(klass): fields for klass, fields in cxx["limits"].items()}
     assert limits == {klass: dataclasses.asdict(lim) for klass, lim in CLASS_LIMITS.items()}

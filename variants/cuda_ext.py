@@ -44,6 +44,7 @@ SOURCES = (
     "ipa_fused.cu",  # cuda-fused: class limits, launch plan, split-K combine
     "ipa_fused_small_generic.cu",  # cuda-fused kernel classes small and generic
     "ipa_fused_af2.cu",  # cuda-fused kernel class af2
+    "ipa_fused_af2_tc.cu",  # its tensor-core form (bias warps, TF32 attention)
     "ipa_hybrid.cu",
     "ipa_frames.cu",
 )

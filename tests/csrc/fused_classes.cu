@@ -29,8 +29,9 @@ void print_limits(int klass, const char* sep) {
 int main() {
   std::printf("{\"class_ids\": {\"small\": %d, \"generic\": %d, \"af2\": %d},\n",
               ipa::kFusedSmall, ipa::kFusedGeneric, ipa::kFusedAF2);
-  std::printf("\"bias_ids\": {\"ffma\": %d, \"mma_pair_rows\": %d, \"mma_head_rows\": %d},\n",
-              ipa::kFfmaBias, ipa::kMmaPairRows, ipa::kMmaHeadRows);
+  std::printf("\"bias_ids\": {\"ffma\": %d, \"mma_pair_rows\": %d, \"mma_head_rows\": %d, "
+              "\"tensor_cores\": %d},\n",
+              ipa::kFfmaBias, ipa::kMmaPairRows, ipa::kMmaHeadRows, ipa::kTensorCores);
   std::printf("\"max_pair_dim\": %d,\n\"limits\": {\n", ipa::kMaxPairDim);
   print_limits(ipa::kFusedSmall, ",");
   print_limits(ipa::kFusedGeneric, ",");

@@ -59,14 +59,15 @@ struct Widths {
         wv(round_up(s.d + 3 * s.Vp, 4 * lanes)), dv(s.d + 3 * s.Vp) {}
 };
 
-void run_fused(const Shape& s, int klass, bool z_bf16, int splits) {
+void run_fused(const Shape& s, int klass, bool z_bf16, int splits, int bias = ipa::kFfmaBias) {
   const ipa::FusedClassLimits lim = ipa::fused_class_limits(klass);
   const Widths w(s, lim.lanes_per_row);
   const int wq = w.dqp + w.pqp;
   const size_t rows = static_cast<size_t>(s.B) * s.H * s.N;
   const size_t zn = static_cast<size_t>(s.B) * s.N * s.N * s.C;
   ipa::FusedPlan plan;
-  check(ipa::fused_plan(klass, z_bf16, s.B, s.N, s.H, s.C, wq, w.wv, splits, &plan), "fused_plan");
+  check(ipa::fused_plan(klass, z_bf16, s.B, s.N, s.H, s.C, wq, w.wv, splits, &plan, bias),
+        "fused_plan");
   ipa::FusedArgs a{};
   a.q = upload_random<float>(rows * wq, 1.f);
   a.k = upload_random<float>(rows * wq, 1.f);
@@ -81,8 +82,8 @@ void run_fused(const Shape& s, int klass, bool z_bf16, int splits) {
   a.wq = wq, a.dqp = w.dqp, a.wv = w.wv, a.dv = w.dv;
   check(ipa::fused_launch(a, plan, nullptr), "fused_launch");
   check(cudaDeviceSynchronize(), "fused kernel");
-  std::printf("fused klass=%d z_bf16=%d B=%d N=%d H=%d splits=%d: ok\n", klass, z_bf16, s.B,
-              s.N, s.H, plan.splits);
+  std::printf("fused klass=%d bias=%d z_bf16=%d B=%d N=%d H=%d splits=%d: ok\n", klass, bias,
+              z_bf16, s.B, s.N, s.H, plan.splits);
   for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
                         static_cast<const void*>(a.v), a.z, static_cast<const void*>(a.wb),
                         static_cast<const void*>(a.pw), static_cast<const void*>(a.out),
@@ -132,6 +133,12 @@ int main(int argc, char** argv) {
         run_fused(base, klass, bf16, 3);
       }
       run_fused(Shape{2, n, 10, 128, 32, 4, 8}, ipa::kFusedAF2, bf16, 1);  // key tile of 5
+      // the af2 class's tensor-core forms (kMmaPairRows and kTensorCores: bf16 z only)
+      for (const int bias : {ipa::kMmaPairRows, ipa::kMmaHeadRows, ipa::kTensorCores}) {
+        if (!bf16 && bias != ipa::kMmaHeadRows) continue;
+        run_fused(base, ipa::kFusedAF2, bf16, 1, bias);
+        run_fused(Shape{2, n, 10, 128, 32, 4, 8}, ipa::kFusedAF2, bf16, 3, bias);
+      }
       run_fused(base, ipa::kFusedGeneric, bf16, 1);
       run_fused(Shape{2, n, 16, 128, 32, 4, 8}, ipa::kFusedGeneric, bf16, 3);
     }

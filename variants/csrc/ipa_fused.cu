@@ -8,6 +8,8 @@
 //   af2     ipa_fused_af2.cu            AlphaFold2's sizes exactly: the same CTA and tile as
 //                                       `small`, every width a compile-time constant, whole dot
 //                                       products per lane, pair bias without reductions
+//           ipa_fused_af2_tc.cu         its kTensorCores form (bf16 z): bias warps and the
+//                                       attention on tensor cores, 8-key tiles
 // A layer runs the first class of af2, small, generic whose limits take its padded widths
 // (fused_kernel_class; variants/cuda_fused.py mirrors it and tests/test_cuda.py checks that).
 //
@@ -63,6 +65,7 @@ __global__ void __launch_bounds__(128) ipa_fused_combine_kernel(const float* __r
 }
 
 FusedKernelFn select_kernel(int klass, bool z_bf16, int bias) {
+  if (klass == kFusedAF2 && bias == kTensorCores) return af2_tc_kernel();
   if (klass == kFusedAF2) return af2_kernel(z_bf16, bias);
   return small_generic_kernel(klass, z_bf16);
 }
@@ -109,8 +112,8 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
                        int forced_splits, FusedPlan* plan, int bias) {
   if (klass != kFusedSmall && klass != kFusedGeneric && klass != kFusedAF2)
     return cudaErrorInvalidValue;
-  if (bias != kFfmaBias && !(klass == kFusedAF2 && (bias == kMmaHeadRows ||
-                                                     (bias == kMmaPairRows && z_bf16))))
+  const bool bf16_only = bias == kMmaPairRows || bias == kTensorCores;
+  if (bias != kFfmaBias && !(klass == kFusedAF2 && (bias == kMmaHeadRows || (bf16_only && z_bf16))))
     return cudaErrorInvalidValue;
   const FusedClassLimits lim = fused_class_limits(klass);
   if (B < 1 || N < 1 || H < 1 || H > lim.max_heads || (lim.even_heads && H % 2) || C < 8 ||
@@ -118,11 +121,14 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
       wv > lim.max_wv || (lim.pair_dim && C != lim.pair_dim) ||
       (lim.exact && (wq != lim.max_dqp + lim.max_pqp || wv != lim.max_wv)))
     return cudaErrorInvalidValue;
+  const bool tc = bias == kTensorCores;
   const int qt = lim.queries_per_cta;
-  const int bn = 8 * H / qt;
+  const int bn = tc ? kAf2TcKeyTile : 8 * H / qt;
+  const int threads = 32 * (tc ? H + kAf2TcBiasWarps : H);
   const int zbytes = z_bf16 ? 2 : 4;
-  const size_t smem = klass == kFusedAF2 ? af2_smem_bytes(H, zbytes, bias)
-                                          : small_generic_smem_bytes(klass, H, C, zbytes, wq, wv);
+  const size_t smem = tc                   ? af2_tc_smem_bytes(H)
+                      : klass == kFusedAF2 ? af2_smem_bytes(H, zbytes, bias)
+                                           : small_generic_smem_bytes(klass, H, C, zbytes, wq, wv);
   FusedKernelFn kern = select_kernel(klass, z_bf16, bias);
   int dev = 0, max_optin = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -133,7 +139,7 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
   err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   int occ = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, H * 32, smem);
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, threads, smem);
   if (err != cudaSuccess) return err;
   if (occ < 1) return cudaErrorInvalidConfiguration;
 
@@ -152,6 +158,7 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
   plan->z_bf16 = z_bf16;
   plan->bias = bias;
   plan->key_tile = bn;
+  plan->threads = threads;
   plan->queries_per_cta = qt;
   plan->splits = splits;
   plan->tiles_per_split = tps;
@@ -167,7 +174,7 @@ cudaError_t fused_launch(const FusedArgs& args_in, const FusedPlan& plan, cudaSt
   args.tiles_per_split = plan.tiles_per_split;
   const int qt = plan.queries_per_cta;
   const dim3 grid((args.N + qt - 1) / qt, plan.splits, args.B);
-  select_kernel(plan.klass, plan.z_bf16, plan.bias)<<<grid, args.H * 32, plan.smem_bytes, stream>>>(args);
+  select_kernel(plan.klass, plan.z_bf16, plan.bias)<<<grid, plan.threads, plan.smem_bytes, stream>>>(args);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || plan.splits == 1) return err;
   const size_t rows = static_cast<size_t>(args.B) * args.H * args.N;

@@ -22,6 +22,52 @@ struct ZChunk<__nv_bfloat16> {
   static constexpr int kChannels = 8;
 };
 
+// Tensor-core helpers of the af2 kernels (mma.sync, PTX ISA fragment layouts).
+// d += A (16 x 16, bf16) B (16 x 8, bf16), fp32, for lane (g, u) = (lane / 4, lane % 4) (PTX
+// ISA, mma.m16n8k16 fragments for .bf16): a0 .. a3 hold A's (row, columns) (g, 2u..2u+1),
+// (g + 8, 2u..), (g, 2u+8..2u+9), (g + 8, 2u+8..); b0 / b1 B's rows 2u..2u+1 / 2u+8..2u+9 of
+// column g; d A B's (g, 2u), (g, 2u + 1), (g + 8, 2u), (g + 8, 2u + 1).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += A (16 x 8, tf32) B (8 x 8, tf32), fp32, for lane (g, u) (PTX ISA, mma.m16n8k8 fragments
+// for .tf32): a0 .. a3 hold A's (g, u), (g + 8, u), (g, u + 4), (g + 8, u + 4); b0 / b1 B's
+// (u, g), (u + 4, g); d as mma_bf16's.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// x rounded to TF32 (to nearest, ties away), as the bits of an fp32.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u32(const void* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Four 8 x 8 b16 matrices from shared memory (ldmatrix.x4): lane t gives the address of row t % 8
+// of matrix t / 8 (16 bytes); lane (g, u) receives row g, columns 2u..2u+1 of matrix m in r[m].
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
 using FusedKernelFn = void (*)(const FusedArgs);
 
 // ipa_fused_small_generic.cu; klass is kFusedSmall or kFusedGeneric.
@@ -33,5 +79,12 @@ FusedKernelFn small_generic_kernel(int klass, bool z_bf16);
 FusedClassLimits af2_limits();
 size_t af2_smem_bytes(int H, int zbytes, int bias);
 FusedKernelFn af2_kernel(bool z_bf16, int bias);
+
+// ipa_fused_af2_tc.cu: the af2 class's kTensorCores form (bf16 z): its key tile, its CTA's
+// extra warps (the bias warps, after the H attention warps), its shared memory and kernel.
+constexpr int kAf2TcKeyTile = 8;
+constexpr int kAf2TcBiasWarps = 4;
+size_t af2_tc_smem_bytes(int H);
+FusedKernelFn af2_tc_kernel();
 
 }  // namespace ipa

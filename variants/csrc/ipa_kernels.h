@@ -31,11 +31,14 @@ enum FusedClass : int {
 // The af2 class's pair bias: FFMA, or on tensor cores (mma.sync; W_b as hi + lo parts) with a
 // warp's 8 pairs as the rows of A (bf16 z only; rows 8-15 zero: 32 mma a warp and tile) or W_b's
 // 16 padded heads as the rows of A and the pairs as B's columns (bf16: 16 mma; fp32 z: 3xTF32,
-// 48 mma of m16n8k8).
+// 48 mma of m16n8k8). kTensorCores (bf16 z only, ipa_fused_af2_tc.cu) is a kernel of its own:
+// the head-rows bias on 4 extra warps with W_b in registers, and the attention's q.k and p.v on
+// TF32 mma, 8-key tiles.
 enum FusedBias : int {
   kFfmaBias = 0,
   kMmaPairRows = 1,
   kMmaHeadRows = 2,
+  kTensorCores = 3,
 };
 
 // Per-class limits, checked by the binding (mirrored in variants/cuda_fused.py, compared
@@ -80,7 +83,8 @@ struct FusedPlan {
   int klass;
   bool z_bf16;
   int bias;             // FusedBias: kFfmaBias, or (af2 class) a tensor-core form
-  int key_tile;         // keys per tile (8*H / queries-per-CTA)
+  int key_tile;         // keys per tile (8*H / queries-per-CTA; kTensorCores: 8)
+  int threads;          // per CTA: 32 per head (kTensorCores: and 4 bias warps)
   int queries_per_cta;
   int splits;           // key-range splits (split-K), >= 1
   int tiles_per_split;  // key tiles per split

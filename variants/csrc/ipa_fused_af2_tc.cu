@@ -1,0 +1,343 @@
+// cuda-fused, kernel class `af2`, form kTensorCores (FusedBias of ipa_kernels.h; bf16 z): every
+// product of the key loop on tensor cores (issue #17). The af2 kernel of ipa_fused_af2.cu scores
+// keys with FFMA, one query row per lane pair: per 6-key tile and warp it issues ~75 16-byte and
+// ~87 4-byte shared loads and ~300 FFMA (SASS count, sm_90), and at bf16 N = 4096 it runs a tile
+// in ~5800 cycles (H100, 3.98 ms) while its z tile needs ~1900 cycles of DRAM time.
+//
+// CTA: 16 queries of one batch element, all heads, H + 4 warps; tile: 8 keys (128 pairs).
+//   bias warps (the last 4): warp w turns the z rows of queries 4w .. 4w+3 (x 8 keys), staged by
+//             cp.async kZStages - 1 tiles ahead, into biases with mma.m16n8k16: W_b's 16 padded
+//             heads are A (hi and lo bf16 parts of the fp32 weight, in registers for the whole
+//             walk: 64 registers), one query's 8 keys are an n-tile of B (ldmatrix), 64 mma a warp
+//             and tile. They work one tile ahead of the attention warps, into the other half of
+//             a double-buffered bias tile, and one barrier a tile hands it over.
+//   attention warps (warp h <-> head h): on mma.m16n8k8 TF32, lane (g, u) = (lane / 4, lane % 4):
+//     S = Q K^T  16 queries x 8 keys, 4 k-steps. The head dimension is permuted in both operands
+//                (k-step s, column u (+4) <-> d = 8u + 2s (+1)), so a lane's K fragments are
+//                K[key g][8u .. 8u+7]: two 16-byte loads; Q's fragments stay in registers.
+//     logits     S + bias + point weight x squared distance, the distance computed directly in
+//                fp32 for the lane's four (query, key) pairs (g or g+8, 2u or 2u+1).
+//     softmax    base 2, online, fp32; row maxima over the quad (two shuffles a row); the row
+//                sums add the TF32-rounded probabilities that the values are weighted by, so
+//                the weights of a row sum to one exactly as used.
+//     O += P V   the accumulator fragment of S is P's A fragment once the key order of the
+//                k-step is (2u, 2u+1) -> (u, u + 4), which V's rows follow: no shuffles; 7
+//                n-tiles over [v | value points] (56 floats).
+//   Points and bias stay fp32 (FFMA); q.k and p.v round their operands to TF32 (relative 2^-11,
+//   ~8x finer than the bf16 the eager bf16 reference computes them in).
+// Shared memory at H = 12: bias tiles 13 KB, z 3 x 34 KB, k/v 2 x 39 KB: 193 KB, one CTA per SM.
+// The design shared with the other classes (split-K and its combine, operand layouts):
+// ipa_fused.cu and ipa_kernels.h.
+#include <math.h>
+
+#include "ipa_fused_common.cuh"
+
+namespace ipa {
+namespace {
+
+namespace af2tc {
+constexpr int kD = 32, kPts = 12, kWq = kD + kPts, kWv = 56, kC = 128;  // widths (floats)
+constexpr int kQT = 16, kBN = kAf2TcKeyTile, kHMax = 12;
+constexpr int kPairs = kQT * kBN;            // z rows of a tile
+constexpr int kZStages = 3, kKvStages = 2;   // tiles staged ahead: z from DRAM, k/v from L2
+constexpr int kZPitch = kC + 8;              // bf16: 272-byte rows, ldmatrix rows 4 banks apart
+constexpr int kVPitch = kWv + 4;             // floats: rows 2u, 2u+1 of a V fragment on 8 banks each
+constexpr int kKvHead = kBN * (kWq + kVPitch);  // floats of one head's k and v rows in a stage
+constexpr int kSbPitch = kQT * kBN + 8;      // floats per head in a bias tile (8 banks apart)
+constexpr int kThreads = (kHMax + kAf2TcBiasWarps) * 32;
+}  // namespace af2tc
+
+__global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(const FusedArgs a) {
+  using namespace af2tc;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int N = a.N, H = a.H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, u = lane & 3;
+  const int b = blockIdx.z, split = blockIdx.y;
+  const int i0 = blockIdx.x * kQT;
+  const int ntiles_all = (N + kBN - 1) / kBN;
+  const int tile_begin = split * a.tiles_per_split;
+  const int ntiles = max(0, min(ntiles_all, tile_begin + a.tiles_per_split) - tile_begin);
+
+  float* sb = reinterpret_cast<float*>(smem_raw);  // [2][H][kSbPitch]: (head, query, key)
+  __nv_bfloat16* zs = reinterpret_cast<__nv_bfloat16*>(sb + 2 * H * kSbPitch);  // [kZStages][kPairs][kZPitch]
+  float* kvs = reinterpret_cast<float*>(zs + kZStages * kPairs * kZPitch);  // [kKvStages][H][kKvHead]
+
+  if (warp >= H) {  // ================= bias warps =================
+    const int bw = warp - H;
+    const __nv_bfloat16* zg = static_cast<const __nv_bfloat16*>(a.z);
+    // W_b's A fragments, hi and lo parts, k-step s: rows (heads) g and g + 8, channels
+    // 16 s + 2u (+1) and 16 s + 2u + 8 (+1); heads >= H zero.
+    uint32_t wa[2][kC / 16][4];
+#pragma unroll
+    for (int s = 0; s < kC / 16; ++s) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int hd = g + 8 * (r & 1), ch = 16 * s + 2 * u + 8 * (r >> 1);
+        const float w0 = hd < H ? a.wb[hd * kC + ch] : 0.f;
+        const float w1 = hd < H ? a.wb[hd * kC + ch + 1] : 0.f;
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(w0 - __low2float(hi), w1 - __high2float(hi));
+        wa[0][s][r] = *reinterpret_cast<const uint32_t*>(&hi);
+        wa[1][s][r] = *reinterpret_cast<const uint32_t*>(&lo);
+      }
+    }
+    // Copies: the warp's 32 rows (query 4 bw + rr / 8, key rr % 8), lane -> chunk lane % 16 of
+    // rows lane / 16 + 2 m. Rows outside N are zero-filled (zero biases, masked or unused).
+    const int chunk = lane & 15, crow = lane >> 4;
+    auto issue_z = [&](int t) {  // tile t of this CTA's walk into stage t % kZStages; one group
+      if (t < ntiles) {
+        const int j0 = (tile_begin + t) * kBN;
+        __nv_bfloat16* dst = zs + ((t % kZStages) * kPairs + 32 * bw) * kZPitch + chunk * 8;
+#pragma unroll
+        for (int m = 0; m < 16; ++m) {
+          const int rr = crow + 2 * m;
+          const int qi = i0 + 4 * bw + (rr >> 3), kj = j0 + (rr & 7);
+          const bool ok = qi < N && kj < N;
+          const __nv_bfloat16* src = zg + ((static_cast<size_t>(b) * N + qi) * N + kj) * kC + chunk * 8;
+          cp_async16(dst + rr * kZPitch, ok ? src : zg, ok ? 16 : 0);
+        }
+      }
+      cp_async_commit();
+    };
+    // The biases of tile t (in stage t % kZStages) into bias slot t & 1: n-tile qq is query
+    // 4 bw + qq's 8 keys, the four n-tiles interleaved (four independent accumulator chains);
+    // ldmatrix lane -> pair lane % 8, channel block 8 (lane / 8) (+ 32 kq).
+    auto bias_tile = [&](int t) {
+      const __nv_bfloat16* zt = zs + ((t % kZStages) * kPairs + 32 * bw) * kZPitch +
+                                (lane & 7) * kZPitch + 8 * (lane >> 3);
+      float acc[4][4] = {};
+#pragma unroll
+      for (int kq = 0; kq < kC / 32; ++kq) {
+#pragma unroll
+        for (int qq = 0; qq < 4; ++qq) {
+          uint32_t zb[4];  // B fragments of k-steps 2 kq (zb[0], zb[1]) and 2 kq + 1 (zb[2], zb[3])
+          ldmatrix_x4(zb, zt + qq * 8 * kZPitch + 32 * kq);
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2) {
+            const int s = 2 * kq + s2;
+#pragma unroll
+            for (int part = 1; part >= 0; --part)  // W's lo part first: the small products
+              mma_bf16(acc[qq], wa[part][s][0], wa[part][s][1], wa[part][s][2], wa[part][s][3],
+                       zb[2 * s2], zb[2 * s2 + 1]);
+          }
+        }
+      }
+      float* sbo = sb + (t & 1) * H * kSbPitch + (4 * bw) * kBN + 2 * u;
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        if (g < H)
+          *reinterpret_cast<float2*>(sbo + g * kSbPitch + qq * kBN) = make_float2(acc[qq][0], acc[qq][1]);
+        if (g + 8 < H)
+          *reinterpret_cast<float2*>(sbo + (g + 8) * kSbPitch + qq * kBN) =
+              make_float2(acc[qq][2], acc[qq][3]);
+      }
+    };
+#pragma unroll 1
+    for (int t = 0; t < kZStages; ++t) issue_z(t);
+    if (ntiles > 0) {
+      cp_async_wait<kZStages - 1>();  // tile 0 landed (this thread's copies) ...
+      __syncwarp();                   // ... and the warp's: each warp reads only its own rows
+      bias_tile(0);
+      __syncwarp();
+    }
+    issue_z(kZStages);
+    __syncthreads();  // bias tile 0 published
+#pragma unroll 1
+    for (int it = 0; it < ntiles; ++it) {
+      if (it + 1 < ntiles) {
+        cp_async_wait<kZStages - 1>();
+        __syncwarp();
+        bias_tile(it + 1);
+        __syncwarp();  // the stage is read: refill it
+      }
+      issue_z(it + 1 + kZStages);
+      __syncthreads();  // bias tile it + 1 published; tile it's slot free
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ================= attention warps: warp h <-> head h =================
+  const int h = warp;
+  const size_t head_row0 = (static_cast<size_t>(b) * H + h) * N;
+  auto issue_kv = [&](int t) {  // tile t's k and v rows of head h into stage t % kKvStages
+    if (t < ntiles) {
+      const int j0 = (tile_begin + t) * kBN;
+      const int nk = min(kBN, N - j0);
+      float* kd = kvs + ((t % kKvStages) * H + h) * kKvHead;
+      float* vd = kd + kBN * kWq;
+      const float* ks = a.k + (head_row0 + j0) * kWq;
+      const float* vs = a.v + (head_row0 + j0) * kWv;
+#pragma unroll
+      for (int c = lane; c < kBN * kWq / 4; c += 32) {  // k rows: contiguous on both sides
+        const bool ok = c < nk * (kWq / 4);
+        cp_async16(kd + 4 * c, ok ? ks + 4 * c : ks, ok ? 16 : 0);
+      }
+#pragma unroll
+      for (int c = lane; c < kBN * kWv / 4; c += 32) {  // v rows: pitch kVPitch in shared memory
+        const int row = c / (kWv / 4), cc = c % (kWv / 4);
+        const bool ok = row < nk;
+        cp_async16(vd + row * kVPitch + 4 * cc, ok ? vs + row * kWv + 4 * cc : vs, ok ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll 1
+  for (int t = 0; t < kKvStages; ++t) issue_kv(t);
+
+  // Lane (g, u) owns query rows i0 + g and i0 + g + 8 (clamped into N for the loads; rows past N
+  // compute finite values that are not stored).
+  const int row0 = i0 + g, row1 = i0 + g + 8;
+  uint32_t qa[kD / 8][4];  // Q's A fragments: (row g | g + 8, d = 8u + 2s | 8u + 2s + 1)
+  float qp0[kPts], qp1[kPts];
+  {
+    const float* q0 = a.q + (head_row0 + min(row0, N - 1)) * kWq;
+    const float* q1 = a.q + (head_row0 + min(row1, N - 1)) * kWq;
+    float x0[8], x1[8];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float4 f0 = ld_global4(q0 + 8 * u + 4 * c), f1 = ld_global4(q1 + 8 * u + 4 * c);
+      x0[4 * c] = f0.x; x0[4 * c + 1] = f0.y; x0[4 * c + 2] = f0.z; x0[4 * c + 3] = f0.w;
+      x1[4 * c] = f1.x; x1[4 * c + 1] = f1.y; x1[4 * c + 2] = f1.z; x1[4 * c + 3] = f1.w;
+    }
+#pragma unroll
+    for (int s = 0; s < kD / 8; ++s) {
+      qa[s][0] = to_tf32(x0[2 * s]);
+      qa[s][1] = to_tf32(x1[2 * s]);
+      qa[s][2] = to_tf32(x0[2 * s + 1]);
+      qa[s][3] = to_tf32(x1[2 * s + 1]);
+    }
+#pragma unroll
+    for (int c = 0; c < kPts / 4; ++c) {
+      const float4 f0 = ld_global4(q0 + kD + 4 * c), f1 = ld_global4(q1 + kD + 4 * c);
+      qp0[4 * c] = f0.x; qp0[4 * c + 1] = f0.y; qp0[4 * c + 2] = f0.z; qp0[4 * c + 3] = f0.w;
+      qp1[4 * c] = f1.x; qp1[4 * c + 1] = f1.y; qp1[4 * c + 2] = f1.z; qp1[4 * c + 3] = f1.w;
+    }
+  }
+  const float pwh = a.pw[h];
+  float acc[kWv / 8][4];  // O's fragments: (row g | g + 8, column 8 n + 2u (+1))
+#pragma unroll
+  for (int n = 0; n < kWv / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // per row; l: this lane's keys
+  __syncthreads();  // bias tile 0 published
+
+#pragma unroll 1
+  for (int it = 0; it < ntiles; ++it) {
+    const int j0 = (tile_begin + it) * kBN;
+    cp_async_wait<kKvStages - 1>();
+    __syncwarp();
+    const float* kt = kvs + ((it % kKvStages) * H + h) * kKvHead;
+    const float* vt = kt + kBN * kWq;
+    // S = Q K^T: lane (g, u) holds S[g][2u], S[g][2u+1], S[g+8][2u], S[g+8][2u+1]
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      const float4 k0 = ld_shared4(kt + g * kWq + 8 * u), k1 = ld_shared4(kt + g * kWq + 8 * u + 4);
+      const float kr[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+#pragma unroll
+      for (int st = 0; st < kD / 8; ++st)
+        mma_tf32(s, qa[st][0], qa[st][1], qa[st][2], qa[st][3], to_tf32(kr[2 * st]),
+                 to_tf32(kr[2 * st + 1]));
+    }
+    // + point weight x squared distance (direct, fp32) + bias; keys past N masked
+    {
+      float dist[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float* kp = kt + (2 * u + e) * kWq + kD;
+#pragma unroll
+        for (int c = 0; c < kPts / 4; ++c) {
+          const float4 kk = ld_shared4(kp + 4 * c);
+          const float kc[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const float d0 = qp0[4 * c + x] - kc[x], d1 = qp1[4 * c + x] - kc[x];
+            dist[e] = fmaf(d0, d0, dist[e]);
+            dist[2 + e] = fmaf(d1, d1, dist[2 + e]);
+          }
+        }
+      }
+      const float* sbh = sb + ((it & 1) * H + h) * kSbPitch;
+      const float2 b0 = *reinterpret_cast<const float2*>(sbh + g * kBN + 2 * u);
+      const float2 b1 = *reinterpret_cast<const float2*>(sbh + (g + 8) * kBN + 2 * u);
+      const bool ok0 = j0 + 2 * u < N, ok1 = j0 + 2 * u + 1 < N;
+      s[0] = ok0 ? b0.x + fmaf(pwh, dist[0], s[0]) : -INFINITY;
+      s[1] = ok1 ? b0.y + fmaf(pwh, dist[1], s[1]) : -INFINITY;
+      s[2] = ok0 ? b1.x + fmaf(pwh, dist[2], s[2]) : -INFINITY;
+      s[3] = ok1 ? b1.y + fmaf(pwh, dist[3], s[3]) : -INFINITY;
+    }
+    // online softmax, base 2 (key 0 of a tile is always valid: the maxima are finite)
+    float mt0 = fmaxf(s[0], s[1]), mt1 = fmaxf(s[2], s[3]);
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+    const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+    const float alpha0 = exp2f(m0 - mn0), alpha1 = exp2f(m1 - mn1);  // 0 on the first tile
+    m0 = mn0;
+    m1 = mn1;
+    // P's A fragment, k-step columns u <-> key 2u, u + 4 <-> key 2u + 1
+    const uint32_t pa0 = to_tf32(exp2f(s[0] - mn0)), pa2 = to_tf32(exp2f(s[1] - mn0));
+    const uint32_t pa1 = to_tf32(exp2f(s[2] - mn1)), pa3 = to_tf32(exp2f(s[3] - mn1));
+    l0 = fmaf(l0, alpha0, __uint_as_float(pa0) + __uint_as_float(pa2));
+    l1 = fmaf(l1, alpha1, __uint_as_float(pa1) + __uint_as_float(pa3));
+    const float* v0 = vt + 2 * u * kVPitch + g;  // B: V[key 2u][8 n + g], V[key 2u + 1][8 n + g]
+#pragma unroll
+    for (int n = 0; n < kWv / 8; ++n) {
+      acc[n][0] *= alpha0;
+      acc[n][1] *= alpha0;
+      acc[n][2] *= alpha1;
+      acc[n][3] *= alpha1;
+      mma_tf32(acc[n], pa0, pa1, pa2, pa3, to_tf32(v0[8 * n]), to_tf32(v0[kVPitch + 8 * n]));
+    }
+    __syncwarp();  // every lane is done with this stage's k/v rows before they are refilled
+    issue_kv(it + kKvStages);
+    __syncthreads();  // this bias slot is read; the next tile's is published
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: the row sums over the quad, then (g | g + 8, 8 n + 2u (+1)) ----
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = half ? row1 : row0;
+    if (i >= N) continue;
+    const float m = half ? m1 : m0, l = half ? l1 : l0;
+    const size_t row = head_row0 + i;
+    if (a.splits == 1) {
+      const float inv = 1.f / l;
+      float* orow = a.out + ((static_cast<size_t>(b) * N + i) * H + h) * kWv + 2 * u;
+#pragma unroll
+      for (int n = 0; n < kWv / 8; ++n)
+        *reinterpret_cast<float2*>(orow + 8 * n) =
+            make_float2(acc[n][2 * half] * inv, acc[n][2 * half + 1] * inv);
+    } else {
+      const size_t rows = static_cast<size_t>(a.B) * H * N;
+      float* prow = a.part + (split * rows + row) * kWv + 2 * u;
+#pragma unroll
+      for (int n = 0; n < kWv / 8; ++n)
+        *reinterpret_cast<float2*>(prow + 8 * n) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+      if (u == 0) {
+        float* ml = a.part + a.splits * rows * kWv + (split * rows + row) * 2;
+        ml[0] = m;
+        ml[1] = l;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+size_t af2_tc_smem_bytes(int H) {
+  using namespace af2tc;
+  return 4ull * 2 * H * kSbPitch                               // bias tiles, double-buffered
+         + 2ull * kZStages * kPairs * kZPitch                  // z rows (bf16)
+         + 4ull * kKvStages * H * kKvHead;                     // k and v rows per head
+}
+
+FusedKernelFn af2_tc_kernel() { return ipa_fused_af2_tc_kernel; }
+
+}  // namespace ipa
