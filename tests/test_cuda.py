@@ -297,18 +297,30 @@ def test_binding_refusals_raise():
     assert "not refused" not in output, output
 
 
-def _attend_operands(ops, pair_repr, pair_weight, point_weight, widths, log2_units: bool):
+def _round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """x's float32 values rounded to TF32 as cvt.rna does (10-bit mantissa, ties away from
+    zero), in float64."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).double()
+
+
+def _attend_operands(ops, pair_repr, pair_weight, point_weight, widths, log2_units: bool,
+                     tf32: bool = False):
     """What the kernels compute, in float64 PyTorch: softmax-weighted [v | value points]
-    (B, N, H, dv) from the prepared operands (distance computed directly)."""
+    (B, N, H, dv) from the prepared operands (distance computed directly). With `tf32`, q, k,
+    the probabilities (scaled by the row maximum) and v are rounded to TF32 first, as the
+    TENSOR_CORES kernel's mma operands are."""
+    rnd = _round_tf32 if tf32 else torch.Tensor.double
     q, k, v = ops.q.double(), ops.k.double(), ops.v.double()
     d = widths.dqp
-    logits = q[..., :d] @ k[..., :d].transpose(-1, -2)
+    logits = rnd(q[..., :d]) @ rnd(k[..., :d]).transpose(-1, -2)
     dist = ((q[..., d:].unsqueeze(3) - k[..., d:].unsqueeze(2)) ** 2).sum(-1)
     logits = logits + point_weight.double().view(1, -1, 1, 1) * dist
     logits = logits + (pair_repr.double() @ pair_weight.double().T).permute(0, 3, 1, 2)
     if log2_units:
         logits = logits / LOG2E  # base-2 units back to natural ones
-    return (torch.softmax(logits, -1) @ v).permute(0, 2, 1, 3)[..., : widths.dv]
+    p = rnd(torch.exp(logits - logits.amax(-1, keepdim=True)))
+    return ((p @ rnd(v)) / p.sum(-1, keepdim=True)).permute(0, 2, 1, 3)[..., : widths.dv]
 
 
 @pytest.mark.gpu
@@ -363,16 +375,20 @@ def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, dtype,
 def test_af2_tensor_core_kernel_matches_float64_kernel_math(config, length, splits):
     """The af2 class's TENSOR_CORES kernel (bf16 pair_repr: bias warps, q.k and p.v on TF32
     mma) against the same math in float64 from the same operands. Its q, k, probabilities and v
-    are rounded to TF32 (relative 2^-11 each) where the other forms keep fp32, so it is held to
-    4 x 2^-11 instead of 1e-5; the harness's oracle tolerance judges the whole layer. Heads 12,
-    10 and 2 (bias warps with zero heads), ragged N, B = 2, one split and three."""
+    are rounded to TF32 (relative 2^-11 each) where the other forms keep fp32: the float64 math
+    with those four roundings emulated (~1.9e-4 on these operands, CPU) sets its bound, twice
+    that plus fp32's 1e-5. (The kernel scales the probabilities by a running maximum, so they
+    round at other points than the emulation's: the two agree in size, not bit for bit.) Heads
+    12, 10 and 2 (bias warps with zero heads), ragged N, B = 2, one split and three."""
     ops, pair, wb, pw, klass, widths = _fused_operands(config, length, 2, torch.bfloat16, klass=AF2)
     out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias=TENSOR_CORES, klass=klass,
                           dqp=widths.dqp, dv=widths.dv, splits=splits)
     ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
+    emulated = _attend_operands(ops, pair, wb, pw, widths, log2_units=True, tf32=True)
     err = ((out.double() - ref).norm() / ref.norm()).item()
-    print(f"rel_l2 {err:.3e}")
-    assert err < 4 * 2**-11, f"rel_l2 {err:.3e} against float64 from the same operands"
+    bound = 2 * ((emulated - ref).norm() / ref.norm()).item() + 1e-5
+    print(f"rel_l2 {err:.3e}, bound {bound:.3e}")
+    assert err < bound, f"rel_l2 {err:.3e} against float64 of the same operands, bound {bound:.3e}"
 
 
 @pytest.mark.parametrize("klass, dtype, bias", [(AF2, torch.float32, MMA_PAIR_ROWS),
