@@ -50,9 +50,9 @@ MAX_PAIR_DIM = 128  # kMaxPairDim
 # The `af2` class's pair-bias forms (FusedBias of ipa_kernels.h): FFMA, or tensor cores (mma.sync,
 # W_b as hi + lo parts) with a warp's pairs (bf16 pair_repr only) or W_b's heads as the rows of
 # the A operand; fp32 pair_repr in the head-rows form is 3xTF32 (`variants/csrc/ipa_fused_af2.cu`).
-# TENSOR_CORES (bf16 pair_repr) is a kernel of its own, `variants/csrc/ipa_fused_af2_tc.cu`: the
-# head-rows bias on four extra warps, and the attention's q.k and p.v on TF32 mma (operands
-# rounded to TF32, relative 2^-11; the points, distances and softmax stay fp32).
+# TENSOR_CORES is a kernel of its own, `variants/csrc/ipa_fused_af2_tc.cu`: the head-rows bias on
+# four extra warps, and the attention's q.k and p.v on TF32 mma (bf16 pair_repr: operands rounded
+# to TF32, relative 2^-11; fp32: 3xTF32; the points, distances and softmax stay fp32).
 FFMA_BIAS, MMA_PAIR_ROWS, MMA_HEAD_ROWS, TENSOR_CORES = 0, 1, 2, 3
 BIAS_NAMES = {FFMA_BIAS: "FFMA", MMA_PAIR_ROWS: "mma, pair rows", MMA_HEAD_ROWS: "mma, head rows",
               TENSOR_CORES: "mma on bias warps, q.k and p.v on TF32 mma"}
@@ -71,7 +71,7 @@ def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
         return [FFMA_BIAS]
     if z_dtype == torch.bfloat16:
         return [FFMA_BIAS, MMA_PAIR_ROWS, MMA_HEAD_ROWS, TENSOR_CORES]
-    return [FFMA_BIAS, MMA_HEAD_ROWS]
+    return [FFMA_BIAS, MMA_HEAD_ROWS, TENSOR_CORES]
 
 
 def bias_form(klass: int, z_dtype: torch.dtype) -> int:
@@ -161,8 +161,8 @@ def fused_attention(
     Returns out: (B, N, H, dv) float32, every element written (pass `out` to reuse or poison a
     buffer). splits: key-range splits (0 = chosen from the GPU's size); workspace: optional
     float32 buffer for the split partials (allocated when absent or too small). bias: the `af2`
-    class's pair-bias form (FFMA_BIAS, MMA_HEAD_ROWS, or for bf16 pair_repr MMA_PAIR_ROWS and
-    TENSOR_CORES).
+    class's pair-bias form (FFMA_BIAS, MMA_HEAD_ROWS, TENSOR_CORES, or for bf16 pair_repr
+    MMA_PAIR_ROWS).
     """
     # The binding refuses these too, but its refusal segfaulted on the GPU machine's torch 2.11
     # (twenty-eighth session, not yet diagnosed): refused here first.

@@ -60,7 +60,7 @@ void check_cuda(const char* fn, cudaError_t err) {
 // wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
 // workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
 // splits: key-range splits, 0 = automatic. bias: ipa::FusedBias, the af2 class's pair bias
-// form (0 FFMA; 1 and 2 on tensor cores, 3 the tensor-core kernel; 1 and 3 for bf16 z only). Returns the plan for the record:
+// form (0 FFMA; 1 and 2 on tensor cores, 1 for bf16 z only; 3 the tensor-core kernel). Returns the plan for the record:
 // [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
 std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
@@ -114,14 +114,13 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
               ", wq - dqp=", wq - dqp, ", wv=", wv, ", pair_dim=", C);
   TORCH_CHECK(splits >= 0, fn, ": argument 'splits': expected >= 0 (0 = automatic), got ", splits);
   TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
-  const bool bf16_form = bias == ipa::kMmaPairRows || bias == ipa::kTensorCores;
   TORCH_CHECK(bias == ipa::kFfmaBias ||
                   (klass == ipa::kFusedAF2 &&
-                   (bias == ipa::kMmaHeadRows ||
-                    (bf16_form && z.scalar_type() == at::kBFloat16))),
+                   (bias == ipa::kMmaHeadRows || bias == ipa::kTensorCores ||
+                    (bias == ipa::kMmaPairRows && z.scalar_type() == at::kBFloat16))),
               fn, ": argument 'bias': expected 0 (FFMA), or with klass 2 (af2) 2 (tensor cores, ",
-              "heads as rows) or, for a bfloat16 z, 1 (pairs as rows) or 3 (tensor cores ",
-              "throughout), got bias=", bias, ", klass=", klass, ", z ", dtype_name(z.scalar_type()));
+              "heads as rows), 3 (tensor cores throughout) or, for a bfloat16 z, 1 (pairs as ",
+              "rows), got bias=", bias, ", klass=", klass, ", z ", dtype_name(z.scalar_type()));
 
   const c10::cuda::CUDAGuard guard(dev);
   ipa::FusedPlan plan{};

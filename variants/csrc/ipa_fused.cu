@@ -8,8 +8,8 @@
 //   af2     ipa_fused_af2.cu            AlphaFold2's sizes exactly: the same CTA and tile as
 //                                       `small`, every width a compile-time constant, whole dot
 //                                       products per lane, pair bias without reductions
-//           ipa_fused_af2_tc.cu         its kTensorCores form (bf16 z): bias warps and the
-//                                       attention on tensor cores, 8-key tiles
+//           ipa_fused_af2_tc.cu         its kTensorCores form: bias warps and the attention
+//                                       on tensor cores, 8-key tiles
 // A layer runs the first class of af2, small, generic whose limits take its padded widths
 // (fused_kernel_class; variants/cuda_fused.py mirrors it and tests/test_cuda.py checks that).
 //
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(128) ipa_fused_combine_kernel(const float* __r
 }
 
 FusedKernelFn select_kernel(int klass, bool z_bf16, int bias) {
-  if (klass == kFusedAF2 && bias == kTensorCores) return af2_tc_kernel();
+  if (klass == kFusedAF2 && bias == kTensorCores) return af2_tc_kernel(z_bf16);
   if (klass == kFusedAF2) return af2_kernel(z_bf16, bias);
   return small_generic_kernel(klass, z_bf16);
 }
@@ -112,8 +112,8 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
                        int forced_splits, FusedPlan* plan, int bias) {
   if (klass != kFusedSmall && klass != kFusedGeneric && klass != kFusedAF2)
     return cudaErrorInvalidValue;
-  const bool bf16_only = bias == kMmaPairRows || bias == kTensorCores;
-  if (bias != kFfmaBias && !(klass == kFusedAF2 && (bias == kMmaHeadRows || (bf16_only && z_bf16))))
+  if (bias != kFfmaBias && !(klass == kFusedAF2 && (bias == kMmaHeadRows || bias == kTensorCores ||
+                                                     (bias == kMmaPairRows && z_bf16))))
     return cudaErrorInvalidValue;
   const FusedClassLimits lim = fused_class_limits(klass);
   if (B < 1 || N < 1 || H < 1 || H > lim.max_heads || (lim.even_heads && H % 2) || C < 8 ||
@@ -126,7 +126,7 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
   const int bn = tc ? kAf2TcKeyTile : 8 * H / qt;
   const int threads = 32 * (tc ? H + kAf2TcBiasWarps : H);
   const int zbytes = z_bf16 ? 2 : 4;
-  const size_t smem = tc                   ? af2_tc_smem_bytes(H)
+  const size_t smem = tc                   ? af2_tc_smem_bytes(H, z_bf16)
                       : klass == kFusedAF2 ? af2_smem_bytes(H, zbytes, bias)
                                            : small_generic_smem_bytes(klass, H, C, zbytes, wq, wv);
   FusedKernelFn kern = select_kernel(klass, z_bf16, bias);

@@ -1,16 +1,18 @@
-// cuda-fused, kernel class `af2`, form kTensorCores (FusedBias of ipa_kernels.h; bf16 z): every
-// product of the key loop on tensor cores (issue #17). The af2 kernel of ipa_fused_af2.cu scores
-// keys with FFMA, one query row per lane pair: per 6-key tile and warp it issues ~75 16-byte and
-// ~87 4-byte shared loads and ~300 FFMA (SASS count, sm_90), and at bf16 N = 4096 it runs a tile
-// in ~5800 cycles (H100, 3.98 ms) while its z tile needs ~1900 cycles of DRAM time.
+// cuda-fused, kernel class `af2`, form kTensorCores (FusedBias of ipa_kernels.h): every product
+// of the key loop on tensor cores (issue #17). The af2 kernel of ipa_fused_af2.cu scores keys
+// with FFMA, one query row per lane pair: per 6-key tile and warp it issues ~75 16-byte and ~87
+// 4-byte shared loads and ~300 FFMA (SASS count, sm_90), and at bf16 N = 4096 it runs a tile in
+// ~5800 cycles (H100, 3.98 ms) while its z tile needs ~1900 cycles of DRAM time.
 //
 // CTA: 16 queries of one batch element, all heads, H + 4 warps; tile: 8 keys (128 pairs).
 //   bias warps (the last 4): warp w turns the z rows of queries 4w .. 4w+3 (x 8 keys), staged by
-//             cp.async kZStages - 1 tiles ahead, into biases with mma.m16n8k16: W_b's 16 padded
-//             heads are A (hi and lo bf16 parts of the fp32 weight, in registers for the whole
-//             walk: 64 registers), one query's 8 keys are an n-tile of B (ldmatrix), 64 mma a warp
-//             and tile. They work one tile ahead of the attention warps, into the other half of
-//             a double-buffered bias tile, and one barrier a tile hands it over.
+//             cp.async kZStages - 1 tiles ahead, into biases with W_b's 16 padded heads as the A
+//             operand (hi and lo parts of the fp32 weight) and one query's 8 keys as an n-tile
+//             of B (ldmatrix). bf16 z: mma.m16n8k16, W_b's fragments in registers for the whole
+//             walk (64), 64 mma a warp and tile. fp32 z: 3xTF32 on mma.m16n8k8, z split in
+//             registers, W_b's parts in shared memory (ldmatrix), 192 mma. They work one tile
+//             ahead of the attention warps, into the other half of a double-buffered bias tile,
+//             and one barrier a tile hands it over.
 //   attention warps (warp h <-> head h): on mma.m16n8k8 TF32, lane (g, u) = (lane / 4, lane % 4):
 //     S = Q K^T  16 queries x 8 keys, 4 k-steps. The head dimension is permuted in both operands
 //                (k-step s, column u (+4) <-> d = 8u + 2s (+1)), so a lane's K fragments are
@@ -18,14 +20,16 @@
 //     logits     S + bias + point weight x squared distance, the distance computed directly in
 //                fp32 for the lane's four (query, key) pairs (g or g+8, 2u or 2u+1).
 //     softmax    base 2, online, fp32; row maxima over the quad (two shuffles a row); the row
-//                sums add the TF32-rounded probabilities that the values are weighted by, so
-//                the weights of a row sum to one exactly as used.
+//                sums add the probabilities as the values are weighted by them (TF32-rounded
+//                for bf16 z), so the weights of a row sum to one exactly as used.
 //     O += P V   the accumulator fragment of S is P's A fragment once the key order of the
 //                k-step is (2u, 2u+1) -> (u, u + 4), which V's rows follow: no shuffles; 7
 //                n-tiles over [v | value points] (56 floats).
-//   Points and bias stay fp32 (FFMA); q.k and p.v round their operands to TF32 (relative 2^-11,
-//   ~8x finer than the bf16 the eager bf16 reference computes them in).
-// Shared memory at H = 12: bias tiles 13 KB, z 3 x 34 KB, k/v 2 x 39 KB: 193 KB, one CTA per SM.
+//   Points and bias stay fp32 (FFMA). bf16 z: q.k and p.v round their operands to TF32
+//   (relative 2^-11, ~8x finer than the bf16 the eager bf16 reference computes them in). fp32 z:
+//   3xTF32 (each operand split hi + lo, three mma), fp32-level.
+// Shared memory at H = 12: bf16 z: bias tiles 13 KB, z 3 x 34 KB, k/v 2 x 39 KB: 193 KB; fp32 z:
+// z 2 x 66 KB, k/v 1 x 39 KB, W_b's parts 16.5 KB, query points 9 KB: 209 KB. One CTA per SM.
 // The design shared with the other classes (split-K and its combine, operand layouts):
 // ipa_fused.cu and ipa_kernels.h.
 #include <math.h>
@@ -37,18 +41,65 @@ namespace {
 
 namespace af2tc {
 constexpr int kD = 32, kPts = 12, kWq = kD + kPts, kWv = 56, kC = 128;  // widths (floats)
-constexpr int kQT = 16, kBN = kAf2TcKeyTile, kHMax = 12;
+constexpr int kQT = 16, kBN = kAf2TcKeyTile, kHMax = 12, kMmaHeads = 16;
 constexpr int kPairs = kQT * kBN;            // z rows of a tile
-constexpr int kZStages = 3, kKvStages = 2;   // tiles staged ahead: z from DRAM, k/v from L2
-constexpr int kZPitch = kC + 8;              // bf16: 272-byte rows, ldmatrix rows 4 banks apart
 constexpr int kVPitch = kWv + 4;             // floats: rows 2u, 2u+1 of a V fragment on 8 banks each
 constexpr int kKvHead = kBN * (kWq + kVPitch);  // floats of one head's k and v rows in a stage
 constexpr int kSbPitch = kQT * kBN + 8;      // floats per head in a bias tile (8 banks apart)
 constexpr int kThreads = (kHMax + kAf2TcBiasWarps) * 32;
+// Per z dtype: tiles staged (z from DRAM, k/v from L2; fp32's z fills the shared memory at 2),
+// and the z row pitch (elements): 16 bytes of padding, so the 8 rows of an ldmatrix hit 32 banks.
+template <typename ZT>
+struct Tc;
+template <>
+struct Tc<__nv_bfloat16> {
+  static constexpr int kZStages = 3, kKvStages = 2, kZPitch = kC + 8;
+};
+template <>
+struct Tc<float> {
+  static constexpr int kZStages = 2, kKvStages = 1, kZPitch = kC + 4;
+};
+template <typename ZT>
+__host__ __device__ constexpr size_t smem_bytes(int H) {
+  return 4ull * 2 * H * kSbPitch                                   // bias tiles, double-buffered
+         + sizeof(ZT) * Tc<ZT>::kZStages * kPairs * Tc<ZT>::kZPitch  // z rows
+         + 4ull * Tc<ZT>::kKvStages * H * kKvHead                  // k and v rows per head
+         + (sizeof(ZT) == 4 ? 4ull * (2 * kMmaHeads * Tc<ZT>::kZPitch  // fp32: W_b's parts,
+                                      + H * kQT * kPts)               // the query points
+                            : 0);
+}
+
+// 3 x TF32 of x, hi + lo.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+
+// d += A B (mma.m16n8k8 TF32 fragments) from operands given as fp32 values, rounded once to TF32
+// or, with kSplit, as 3xTF32: A's and B's hi and lo parts, the small products first.
+template <bool kSplit>
+__device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&ah)[4],
+                                        const uint32_t (&al)[4], float b0, float b1) {
+  if constexpr (kSplit) {
+    uint32_t bh0, bl0, bh1, bl1;
+    split_tf32(b0, bh0, bl0);
+    split_tf32(b1, bh1, bl1);
+    mma_tf32(d, al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+  } else {
+    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], to_tf32(b0), to_tf32(b1));
+  }
+}
 }  // namespace af2tc
 
+template <typename ZT>
 __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(const FusedArgs a) {
   using namespace af2tc;
+  constexpr bool kBf16 = sizeof(ZT) == 2;
+  constexpr int kZStages = Tc<ZT>::kZStages, kKvStages = Tc<ZT>::kKvStages;
+  constexpr int kZPitch = Tc<ZT>::kZPitch;
+  constexpr int kChunks = kC * static_cast<int>(sizeof(ZT)) / 16;  // 16-byte chunks of a z row
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int N = a.N, H = a.H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -60,66 +111,112 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
   const int ntiles = max(0, min(ntiles_all, tile_begin + a.tiles_per_split) - tile_begin);
 
   float* sb = reinterpret_cast<float*>(smem_raw);  // [2][H][kSbPitch]: (head, query, key)
-  __nv_bfloat16* zs = reinterpret_cast<__nv_bfloat16*>(sb + 2 * H * kSbPitch);  // [kZStages][kPairs][kZPitch]
+  ZT* zs = reinterpret_cast<ZT*>(sb + 2 * H * kSbPitch);  // [kZStages][kPairs][kZPitch]
   float* kvs = reinterpret_cast<float*>(zs + kZStages * kPairs * kZPitch);  // [kKvStages][H][kKvHead]
+  float* ws = kvs + kKvStages * H * kKvHead;  // fp32 z: W_b's [hi, lo][kMmaHeads][kZPitch], then
+                                              // the query points [H][kQT][kPts]
 
   if (warp >= H) {  // ================= bias warps =================
     const int bw = warp - H;
-    const __nv_bfloat16* zg = static_cast<const __nv_bfloat16*>(a.z);
-    // W_b's A fragments, hi and lo parts, k-step s: rows (heads) g and g + 8, channels
-    // 16 s + 2u (+1) and 16 s + 2u + 8 (+1); heads >= H zero.
-    uint32_t wa[2][kC / 16][4];
+    const ZT* zg = static_cast<const ZT*>(a.z);
+    // bf16: W_b's A fragments, hi and lo parts, k-step s: rows (heads) g and g + 8, channels
+    // 16 s + 2u (+1) and 16 s + 2u + 8 (+1); heads >= H zero. fp32: the parts in shared memory.
+    uint32_t wa[kBf16 ? 2 : 1][kBf16 ? kC / 16 : 1][4];
+    if constexpr (kBf16) {
 #pragma unroll
-    for (int s = 0; s < kC / 16; ++s) {
+      for (int s = 0; s < kC / 16; ++s) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int hd = g + 8 * (r & 1), ch = 16 * s + 2 * u + 8 * (r >> 1);
-        const float w0 = hd < H ? a.wb[hd * kC + ch] : 0.f;
-        const float w1 = hd < H ? a.wb[hd * kC + ch + 1] : 0.f;
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(w0 - __low2float(hi), w1 - __high2float(hi));
-        wa[0][s][r] = *reinterpret_cast<const uint32_t*>(&hi);
-        wa[1][s][r] = *reinterpret_cast<const uint32_t*>(&lo);
+        for (int r = 0; r < 4; ++r) {
+          const int hd = g + 8 * (r & 1), ch = 16 * s + 2 * u + 8 * (r >> 1);
+          const float w0 = hd < H ? a.wb[hd * kC + ch] : 0.f;
+          const float w1 = hd < H ? a.wb[hd * kC + ch + 1] : 0.f;
+          const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
+          const __nv_bfloat162 lo =
+              __floats2bfloat162_rn(w0 - __low2float(hi), w1 - __high2float(hi));
+          wa[0][s][r] = *reinterpret_cast<const uint32_t*>(&hi);
+          wa[1][s][r] = *reinterpret_cast<const uint32_t*>(&lo);
+        }
       }
+    } else {
+      for (int idx = threadIdx.x - 32 * H; idx < kMmaHeads * kC; idx += 32 * kAf2TcBiasWarps) {
+        const int hd = idx / kC, ch = idx % kC;
+        uint32_t hi, lo;
+        split_tf32(hd < H ? a.wb[hd * kC + ch] : 0.f, hi, lo);
+        ws[hd * kZPitch + ch] = __uint_as_float(hi);
+        ws[(kMmaHeads + hd) * kZPitch + ch] = __uint_as_float(lo);
+      }
+      // the bias warps alone (named barrier 1): W_b's parts complete
+      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kAf2TcBiasWarps) : "memory");
     }
-    // Copies: the warp's 32 rows (query 4 bw + rr / 8, key rr % 8), lane -> chunk lane % 16 of
-    // rows lane / 16 + 2 m. Rows outside N are zero-filled (zero biases, masked or unused).
-    const int chunk = lane & 15, crow = lane >> 4;
+    // Copies: the warp's 32 rows (query 4 bw + rr / 8, key rr % 8), lane -> chunk lane % kChunks
+    // of rows lane / kChunks + (32 / kChunks) m. Rows outside N are zero-filled (zero biases,
+    // masked or unused).
+    const int chunk = lane % kChunks, crow = lane / kChunks;
+    constexpr int kRowStep = 32 / kChunks;
     auto issue_z = [&](int t) {  // tile t of this CTA's walk into stage t % kZStages; one group
       if (t < ntiles) {
         const int j0 = (tile_begin + t) * kBN;
-        __nv_bfloat16* dst = zs + ((t % kZStages) * kPairs + 32 * bw) * kZPitch + chunk * 8;
+        ZT* dst = zs + ((t % kZStages) * kPairs + 32 * bw) * kZPitch + chunk * (16 / sizeof(ZT));
 #pragma unroll
-        for (int m = 0; m < 16; ++m) {
-          const int rr = crow + 2 * m;
+        for (int m = 0; m < 32 / kRowStep; ++m) {
+          const int rr = crow + kRowStep * m;
           const int qi = i0 + 4 * bw + (rr >> 3), kj = j0 + (rr & 7);
           const bool ok = qi < N && kj < N;
-          const __nv_bfloat16* src = zg + ((static_cast<size_t>(b) * N + qi) * N + kj) * kC + chunk * 8;
+          const ZT* src = zg + ((static_cast<size_t>(b) * N + qi) * N + kj) * kC +
+                          chunk * (16 / sizeof(ZT));
           cp_async16(dst + rr * kZPitch, ok ? src : zg, ok ? 16 : 0);
         }
       }
       cp_async_commit();
     };
     // The biases of tile t (in stage t % kZStages) into bias slot t & 1: n-tile qq is query
-    // 4 bw + qq's 8 keys, the four n-tiles interleaved (four independent accumulator chains);
-    // ldmatrix lane -> pair lane % 8, channel block 8 (lane / 8) (+ 32 kq).
+    // 4 bw + qq's 8 keys, the four n-tiles interleaved (four independent accumulator chains).
+    // ldmatrix lane -> pair lane % 8 of the n-tile and a 16-byte column block: (lane / 8) of
+    // 32 channels (bf16) or of 16 (fp32: blocks 0, 1 are b0, b1 of one k-step, 2, 3 the next).
     auto bias_tile = [&](int t) {
-      const __nv_bfloat16* zt = zs + ((t % kZStages) * kPairs + 32 * bw) * kZPitch +
-                                (lane & 7) * kZPitch + 8 * (lane >> 3);
+      const ZT* zt = zs + ((t % kZStages) * kPairs + 32 * bw + (lane & 7)) * kZPitch +
+                     (lane >> 3) * (16 / sizeof(ZT));
       float acc[4][4] = {};
+      if constexpr (kBf16) {
 #pragma unroll
-      for (int kq = 0; kq < kC / 32; ++kq) {
+        for (int kq = 0; kq < kC / 32; ++kq) {
 #pragma unroll
-        for (int qq = 0; qq < 4; ++qq) {
-          uint32_t zb[4];  // B fragments of k-steps 2 kq (zb[0], zb[1]) and 2 kq + 1 (zb[2], zb[3])
-          ldmatrix_x4(zb, zt + qq * 8 * kZPitch + 32 * kq);
+          for (int qq = 0; qq < 4; ++qq) {
+            uint32_t zb[4];  // B fragments of k-steps 2 kq (zb[0], zb[1]) and 2 kq + 1 (zb[2], zb[3])
+            ldmatrix_x4(zb, zt + qq * 8 * kZPitch + 32 * kq);
+#pragma unroll
+            for (int s2 = 0; s2 < 2; ++s2) {
+              const int s = 2 * kq + s2;
+#pragma unroll
+              for (int part = 1; part >= 0; --part)  // W's lo part first: the small products
+                mma_bf16(acc[qq], wa[part][s][0], wa[part][s][1], wa[part][s][2], wa[part][s][3],
+                         zb[2 * s2], zb[2 * s2 + 1]);
+            }
+          }
+        }
+      } else {
+        // W_b's A fragments by ldmatrix: lane -> head (lane % 8) + 8 ((lane / 8) % 2), columns
+        // 4 (lane / 16) .. + 3 of the k-step's 8
+        const float* wrow = ws + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kZPitch + 4 * (lane >> 4);
+#pragma unroll 2
+        for (int kq = 0; kq < kC / 16; ++kq) {  // two k-steps of 8 channels
+          uint32_t zb[4][4];
+#pragma unroll
+          for (int qq = 0; qq < 4; ++qq) ldmatrix_x4(zb[qq], zt + qq * 8 * kZPitch + 16 * kq);
 #pragma unroll
           for (int s2 = 0; s2 < 2; ++s2) {
-            const int s = 2 * kq + s2;
+            uint32_t whi[4], wlo[4];
+            ldmatrix_x4(whi, wrow + 16 * kq + 8 * s2);
+            ldmatrix_x4(wlo, wrow + kMmaHeads * kZPitch + 16 * kq + 8 * s2);
 #pragma unroll
-            for (int part = 1; part >= 0; --part)  // W's lo part first: the small products
-              mma_bf16(acc[qq], wa[part][s][0], wa[part][s][1], wa[part][s][2], wa[part][s][3],
-                       zb[2 * s2], zb[2 * s2 + 1]);
+            for (int qq = 0; qq < 4; ++qq) {
+              uint32_t h0, l0, h1, l1;
+              split_tf32(__uint_as_float(zb[qq][2 * s2]), h0, l0);
+              split_tf32(__uint_as_float(zb[qq][2 * s2 + 1]), h1, l1);
+              mma_tf32(acc[qq], wlo[0], wlo[1], wlo[2], wlo[3], h0, h1);  // small products first
+              mma_tf32(acc[qq], whi[0], whi[1], whi[2], whi[3], l0, l1);
+              mma_tf32(acc[qq], whi[0], whi[1], whi[2], whi[3], h0, h1);
+            }
           }
         }
       }
@@ -189,8 +286,12 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
   // Lane (g, u) owns query rows i0 + g and i0 + g + 8 (clamped into N for the loads; rows past N
   // compute finite values that are not stored).
   const int row0 = i0 + g, row1 = i0 + g + 8;
-  uint32_t qa[kD / 8][4];  // Q's A fragments: (row g | g + 8, d = 8u + 2s | 8u + 2s + 1)
-  float qp0[kPts], qp1[kPts];
+  // Q's A fragments (hi, and for fp32 z lo): (row g | g + 8, d = 8u + 2s | 8u + 2s + 1)
+  uint32_t qa[kBf16 ? 1 : 2][kD / 8][4];
+  // The query points of rows g and g + 8: registers (bf16 z), or for fp32 z, where 3xTF32's Q
+  // parts take 16 more registers, this head's 16 rows in shared memory (qps, [kQT][kPts]).
+  float qp0[kBf16 ? kPts : 1], qp1[kBf16 ? kPts : 1];
+  float* qps = ws + 2 * kMmaHeads * kZPitch + h * kQT * kPts;
   {
     const float* q0 = a.q + (head_row0 + min(row0, N - 1)) * kWq;
     const float* q1 = a.q + (head_row0 + min(row1, N - 1)) * kWq;
@@ -203,16 +304,23 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
     }
 #pragma unroll
     for (int s = 0; s < kD / 8; ++s) {
-      qa[s][0] = to_tf32(x0[2 * s]);
-      qa[s][1] = to_tf32(x1[2 * s]);
-      qa[s][2] = to_tf32(x0[2 * s + 1]);
-      qa[s][3] = to_tf32(x1[2 * s + 1]);
-    }
+      const float x[4] = {x0[2 * s], x1[2 * s], x0[2 * s + 1], x1[2 * s + 1]};
 #pragma unroll
-    for (int c = 0; c < kPts / 4; ++c) {
-      const float4 f0 = ld_global4(q0 + kD + 4 * c), f1 = ld_global4(q1 + kD + 4 * c);
-      qp0[4 * c] = f0.x; qp0[4 * c + 1] = f0.y; qp0[4 * c + 2] = f0.z; qp0[4 * c + 3] = f0.w;
-      qp1[4 * c] = f1.x; qp1[4 * c + 1] = f1.y; qp1[4 * c + 2] = f1.z; qp1[4 * c + 3] = f1.w;
+      for (int r = 0; r < 4; ++r) {
+        if constexpr (kBf16) qa[0][s][r] = to_tf32(x[r]);
+        else split_tf32(x[r], qa[0][s][r], qa[1][s][r]);
+      }
+    }
+    if constexpr (kBf16) {
+#pragma unroll
+      for (int c = 0; c < kPts / 4; ++c) {
+        const float4 f0 = ld_global4(q0 + kD + 4 * c), f1 = ld_global4(q1 + kD + 4 * c);
+        qp0[4 * c] = f0.x; qp0[4 * c + 1] = f0.y; qp0[4 * c + 2] = f0.z; qp0[4 * c + 3] = f0.w;
+        qp1[4 * c] = f1.x; qp1[4 * c + 1] = f1.y; qp1[4 * c + 2] = f1.z; qp1[4 * c + 3] = f1.w;
+      }
+    } else if (u < kPts / 4) {  // lane (g, u) copies chunk u of rows g and g + 8
+      *reinterpret_cast<float4*>(qps + g * kPts + 4 * u) = ld_global4(q0 + kD + 4 * u);
+      *reinterpret_cast<float4*>(qps + (g + 8) * kPts + 4 * u) = ld_global4(q1 + kD + 4 * u);
     }
   }
   const float pwh = a.pw[h];
@@ -236,8 +344,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
       const float kr[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
 #pragma unroll
       for (int st = 0; st < kD / 8; ++st)
-        mma_tf32(s, qa[st][0], qa[st][1], qa[st][2], qa[st][3], to_tf32(kr[2 * st]),
-                 to_tf32(kr[2 * st + 1]));
+        mma_f32<!kBf16>(s, qa[0][st], qa[kBf16 ? 0 : 1][st], kr[2 * st], kr[2 * st + 1]);
     }
     // + point weight x squared distance (direct, fp32) + bias; keys past N masked
     {
@@ -249,9 +356,19 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
         for (int c = 0; c < kPts / 4; ++c) {
           const float4 kk = ld_shared4(kp + 4 * c);
           const float kc[4] = {kk.x, kk.y, kk.z, kk.w};
+          float q0c[4], q1c[4];
+          if constexpr (kBf16) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) q0c[x] = qp0[4 * c + x], q1c[x] = qp1[4 * c + x];
+          } else {
+            const float4 f0 = ld_shared4(qps + g * kPts + 4 * c);
+            const float4 f1 = ld_shared4(qps + (g + 8) * kPts + 4 * c);
+            q0c[0] = f0.x; q0c[1] = f0.y; q0c[2] = f0.z; q0c[3] = f0.w;
+            q1c[0] = f1.x; q1c[1] = f1.y; q1c[2] = f1.z; q1c[3] = f1.w;
+          }
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
-            const float d0 = qp0[4 * c + x] - kc[x], d1 = qp1[4 * c + x] - kc[x];
+            const float d0 = q0c[x] - kc[x], d1 = q1c[x] - kc[x];
             dist[e] = fmaf(d0, d0, dist[e]);
             dist[2 + e] = fmaf(d1, d1, dist[2 + e]);
           }
@@ -276,11 +393,22 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
     const float alpha0 = exp2f(m0 - mn0), alpha1 = exp2f(m1 - mn1);  // 0 on the first tile
     m0 = mn0;
     m1 = mn1;
-    // P's A fragment, k-step columns u <-> key 2u, u + 4 <-> key 2u + 1
-    const uint32_t pa0 = to_tf32(exp2f(s[0] - mn0)), pa2 = to_tf32(exp2f(s[1] - mn0));
-    const uint32_t pa1 = to_tf32(exp2f(s[2] - mn1)), pa3 = to_tf32(exp2f(s[3] - mn1));
-    l0 = fmaf(l0, alpha0, __uint_as_float(pa0) + __uint_as_float(pa2));
-    l1 = fmaf(l1, alpha1, __uint_as_float(pa1) + __uint_as_float(pa3));
+    // P's A fragment, k-step columns u <-> key 2u, u + 4 <-> key 2u + 1 (bf16 z: rounded to TF32,
+    // and summed as rounded; fp32 z: hi + lo, exact)
+    const float p[4] = {exp2f(s[0] - mn0), exp2f(s[2] - mn1), exp2f(s[1] - mn0), exp2f(s[3] - mn1)};
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if constexpr (kBf16) pa[0][r] = pa[1][r] = to_tf32(p[r]);
+      else split_tf32(p[r], pa[0][r], pa[1][r]);
+    }
+    if constexpr (kBf16) {
+      l0 = fmaf(l0, alpha0, __uint_as_float(pa[0][0]) + __uint_as_float(pa[0][2]));
+      l1 = fmaf(l1, alpha1, __uint_as_float(pa[0][1]) + __uint_as_float(pa[0][3]));
+    } else {
+      l0 = fmaf(l0, alpha0, p[0] + p[2]);
+      l1 = fmaf(l1, alpha1, p[1] + p[3]);
+    }
     const float* v0 = vt + 2 * u * kVPitch + g;  // B: V[key 2u][8 n + g], V[key 2u + 1][8 n + g]
 #pragma unroll
     for (int n = 0; n < kWv / 8; ++n) {
@@ -288,7 +416,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
       acc[n][1] *= alpha0;
       acc[n][2] *= alpha1;
       acc[n][3] *= alpha1;
-      mma_tf32(acc[n], pa0, pa1, pa2, pa3, to_tf32(v0[8 * n]), to_tf32(v0[kVPitch + 8 * n]));
+      mma_f32<!kBf16>(acc[n], pa[0], pa[1], v0[8 * n], v0[kVPitch + 8 * n]);
     }
     __syncwarp();  // every lane is done with this stage's k/v rows before they are refilled
     issue_kv(it + kKvStages);
@@ -331,13 +459,12 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
 
 }  // namespace
 
-size_t af2_tc_smem_bytes(int H) {
-  using namespace af2tc;
-  return 4ull * 2 * H * kSbPitch                               // bias tiles, double-buffered
-         + 2ull * kZStages * kPairs * kZPitch                  // z rows (bf16)
-         + 4ull * kKvStages * H * kKvHead;                     // k and v rows per head
+size_t af2_tc_smem_bytes(int H, bool z_bf16) {
+  return z_bf16 ? af2tc::smem_bytes<__nv_bfloat16>(H) : af2tc::smem_bytes<float>(H);
 }
 
-FusedKernelFn af2_tc_kernel() { return ipa_fused_af2_tc_kernel; }
+FusedKernelFn af2_tc_kernel(bool z_bf16) {
+  return z_bf16 ? ipa_fused_af2_tc_kernel<__nv_bfloat16> : ipa_fused_af2_tc_kernel<float>;
+}
 
 }  // namespace ipa

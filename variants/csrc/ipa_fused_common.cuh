@@ -80,11 +80,11 @@ FusedClassLimits af2_limits();
 size_t af2_smem_bytes(int H, int zbytes, int bias);
 FusedKernelFn af2_kernel(bool z_bf16, int bias);
 
-// ipa_fused_af2_tc.cu: the af2 class's kTensorCores form (bf16 z): its key tile, its CTA's
-// extra warps (the bias warps, after the H attention warps), its shared memory and kernel.
+// ipa_fused_af2_tc.cu: the af2 class's kTensorCores form: its key tile, its CTA's extra warps
+// (the bias warps, after the H attention warps), its shared memory and kernel.
 constexpr int kAf2TcKeyTile = 8;
 constexpr int kAf2TcBiasWarps = 4;
-size_t af2_tc_smem_bytes(int H);
-FusedKernelFn af2_tc_kernel();
+size_t af2_tc_smem_bytes(int H, bool z_bf16);
+FusedKernelFn af2_tc_kernel(bool z_bf16);
 
 }  // namespace ipa
