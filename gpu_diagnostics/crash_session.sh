@@ -7,7 +7,7 @@
 # sweep of cuda-fused (bf16 now with the tensor-core bias) and `triton` at N = 1024 and 4096.
 # Trims for a short call: GROUPED_CONFIGS="0 1 2" (the fp32 cell by config only; "none" skips
 # the checks), LIM_GROUPED=0 (skips triton-grouped's GPU oracle tests at its default G),
-# LIM_SWEEP=0, LIM_TEST, LIM (one check's limit).
+# LIM_SWEEP=0, LIM_TEST, LIM (one check's limit); FORMS sets cuda-fused's forms for the sweep.
 source gpu_diagnostics/session_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout "${LIM_TEST:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py -rfE --tb=short \
@@ -47,9 +47,16 @@ sys.exit(main(['check', '--variant', 'triton-grouped', '--device', 'cuda', '--dt
 [ "${LIM_SWEEP:-120}" -gt 0 ] || exit 0
 printf '[base]\nmodes = ["eager", "graph"]\ngraph_max_length = 1024\nseeds = 2\nbudget_s = 0.5\n
 [[slice]]\nlength = [1024, 4096]\n' > /tmp/grid.toml
-# the sweep's folder outside $OUT (the device returns at most 8 files): its CSV copied back
-timeout -s INT "${LIM_SWEEP:-120}" python3 -m harness.cli sweep --grid /tmp/grid.toml --device cuda \
-    -o /tmp/sweep --no-plots --no-progress --variant cuda-fused --variant triton \
+# the sweep's folder outside $OUT (the device returns at most 8 files): its CSV copied back.
+# FORMS: cuda-fused's forms for the sweep (e.g. "BF16_BIAS=3 FP32_BIAS=3"; rows name theirs).
+forms=""
+for f in ${FORMS:-}; do forms="${forms}c.$f; "; done
+timeout -s INT "${LIM_SWEEP:-120}" python3 -c "
+import sys, variants.cuda_fused as c
+$forms
+from harness.cli import main
+sys.exit(main(['sweep', '--grid', '/tmp/grid.toml', '--device', 'cuda', '-o', '/tmp/sweep',
+               '--no-plots', '--no-progress', '--variant', 'cuda-fused', '--variant', 'triton']))" \
     > "$OUT/sweep.log" 2>&1
 cp /tmp/sweep/results.csv "$OUT/results.csv"
 timeout 20 python3 -m harness.cli report /tmp/sweep/results.csv > "$OUT/sweep-report.md" 2>&1
