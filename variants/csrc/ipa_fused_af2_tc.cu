@@ -69,10 +69,20 @@ __host__ __device__ constexpr size_t smem_bytes(int H) {
                             : 0);
 }
 
-// 3 x TF32 of x, hi + lo.
+// TF32 rounding (to nearest, ties away from zero, as cvt.rna.tf32.f32) of finite operands, by
+// hand: cvt.rna compiles to a finiteness test and a predicated add of 0x1000, plus a mask where
+// the value is used in arithmetic; feeding an mma, nvcc 13.0 leaves the low 13 bits unmasked
+// (the tensor cores ignore them), and so do these.
+//   tf32_operand  for an mma operand only: the add (the low bits left for the tensor core)
+//   tf32_round    the rounded value itself (low bits cleared): the add and a mask
+//   split_tf32    3xTF32's parts: hi = tf32_round(x), lo = x - hi (exact in fp32) as an operand
+__device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
+__device__ __forceinline__ uint32_t tf32_round(float x) {
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = to_tf32(x);
-  lo = to_tf32(x - __uint_as_float(hi));
+  hi = tf32_round(x);
+  lo = tf32_operand(x - __uint_as_float(hi));
 }
 
 // d += A B (mma.m16n8k8 TF32 fragments) from operands given as fp32 values, rounded once to TF32
@@ -88,7 +98,7 @@ __device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&ah)[4],
     mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
     mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
   } else {
-    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], to_tf32(b0), to_tf32(b1));
+    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], tf32_operand(b0), tf32_operand(b1));
   }
 }
 }  // namespace af2tc
@@ -307,7 +317,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
       const float x[4] = {x0[2 * s], x1[2 * s], x0[2 * s + 1], x1[2 * s + 1]};
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        if constexpr (kBf16) qa[0][s][r] = to_tf32(x[r]);
+        if constexpr (kBf16) qa[0][s][r] = tf32_operand(x[r]);
         else split_tf32(x[r], qa[0][s][r], qa[1][s][r]);
       }
     }
@@ -399,7 +409,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
     uint32_t pa[2][4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      if constexpr (kBf16) pa[0][r] = pa[1][r] = to_tf32(p[r]);
+      if constexpr (kBf16) pa[0][r] = pa[1][r] = tf32_round(p[r]);  // summed as rounded
       else split_tf32(p[r], pa[0][r], pa[1][r]);
     }
     if constexpr (kBf16) {
