@@ -341,13 +341,19 @@ def test_fused_classes_match_float64_kernel_math(klass, dtype, length):
     assert err < 1e-5, f"class {klass}: rel_l2 {err:.3e} against float64 from the same operands"
 
 
-@pytest.mark.gpu
-@requires_gpu
-@pytest.mark.parametrize("length", [1, 37, 130, 1000])
-@pytest.mark.parametrize(
+# The af2 class's tensor-core forms are tested at heads 12, 10 (padded to 16 mma rows, a key tile
+# of 5 for the FFMA-attention forms) and 2, ragged N.
+AF2_LENGTHS = pytest.mark.parametrize("length", [1, 37, 130, 1000])
+AF2_CONFIGS = pytest.mark.parametrize(
     "config", [IPAConfig(), IPAConfig(node_dim=320, heads=10), IPAConfig(node_dim=64, heads=2)],
     ids=str,
 )
+
+
+@pytest.mark.gpu
+@requires_gpu
+@AF2_LENGTHS
+@AF2_CONFIGS
 @pytest.mark.parametrize("dtype, bias", [(torch.bfloat16, MMA_PAIR_ROWS),
                                          (torch.bfloat16, MMA_HEAD_ROWS),
                                          (torch.float32, MMA_HEAD_ROWS)], ids=str)
@@ -366,11 +372,8 @@ def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, dtype,
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("length", [1, 37, 130, 1000])
-@pytest.mark.parametrize(
-    "config", [IPAConfig(), IPAConfig(node_dim=320, heads=10), IPAConfig(node_dim=64, heads=2)],
-    ids=str,
-)
+@AF2_LENGTHS
+@AF2_CONFIGS
 @pytest.mark.parametrize("splits", [0, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_af2_tensor_core_kernel_matches_float64_kernel_math(config, length, splits, dtype):
