@@ -155,7 +155,8 @@ def _benchmark_case(benchmark, timed, case: Case, variant, request, pass_name: s
         benchmark.extra_info.update(
             problem=case.problem, variant=variant.name, is_baseline=variant.is_baseline,
             device=device, device_name=device_name(torch.device(device)), dtype=precision.name,
-            math_mode=precision.math_mode, batch=case.batch, length=case.length,
+            math_mode=variant.math_mode_label(precision, config), batch=case.batch,
+            length=case.length,
             **config.columns(), **{"pass": pass_name},
             rel_l2=check.rel_l2, max_abs=check.max_abs, reference_rel_l2=check.reference_rel_l2,
             tol=check.tol, err_ratio=check.err_ratio, correctness_seeds=check.seeds,

@@ -266,7 +266,7 @@ class CellRunner:
             "problem": problem_of(c).name, "variant": variant.name,
             "is_baseline": variant.is_baseline, "batch": cell.batch, "length": cell.length,
             **c.columns(), "dtype": precision.name,
-            "math_mode": variant.math_mode_label(precision), "mode": mode,
+            "math_mode": variant.math_mode_label(precision, c), "mode": mode,
             "pass": cell.pass_name, "device": self.device.type, "device_name": env.device_name,
             "code_digest": self.spec.digests[variant.name],
             "node": env.node, "gpu": env.gpu,

@@ -236,6 +236,24 @@ def test_fused_limits():
         IPAConfig(pair_dim=100), "cuda", "fp32"))
 
 
+@pytest.mark.parametrize("forms, dtype, config, label", [
+    ({}, "fp32", IPAConfig(), "ieee"),  # the defaults: FFMA in fp32 ...
+    ({}, "bf16", IPAConfig(), "ieee"),  # ... the bias alone on mma in bf16 (exact products)
+    ({"FP32_BIAS": MMA_HEAD_ROWS}, "fp32", IPAConfig(), "fp32-3xtf32"),
+    ({"FP32_BIAS": TENSOR_CORES}, "fp32", IPAConfig(), "fp32-3xtf32"),
+    ({"BF16_BIAS": TENSOR_CORES}, "bf16", IPAConfig(), "bf16-tf32"),
+    ({"FP32_BIAS": TENSOR_CORES}, "fp32", IPAConfig(pair_dim=64), "ieee"),  # small class: FFMA
+    ({"FP32_BIAS": TENSOR_CORES}, "tf32", IPAConfig(), "tf32"),
+    ({"FP32_BIAS": TENSOR_CORES}, "fp32", None, "ieee"),
+], ids=str)
+def test_rows_name_the_tf32_forms(monkeypatch, forms, dtype, config, label):
+    """A row's math_mode names the af2 forms that run fp32 products on TF32 tensor cores, for
+    the configs that run the af2 class."""
+    for name, value in forms.items():
+        monkeypatch.setattr(f"variants.cuda_fused.{name}", value)
+    assert CudaFused().math_mode_label(dtype, config) == label
+
+
 @pytest.mark.parametrize(
     "config, expected",
     [

@@ -129,10 +129,11 @@ class Variant:
                 reasons.append(f"{key}={sizes[key]} outside the supported range [{low}, {high}]")
         return reasons
 
-    def math_mode_label(self, precision: str | Precision) -> str:
+    def math_mode_label(self, precision: str | Precision, config=None) -> str:
         """The row's `math_mode`: the precision's (ieee, tf32), or the scheme a variant runs
         instead, named (`fp32-3xtf32`: fp32 inputs whose dots run as three TF32 products of
-        split operands). The tolerance is the precision's either way."""
+        split operands), for `config` where the scheme depends on it. The tolerance is the
+        precision's either way."""
         return get_precision(precision).math_mode
 
     def backward_reasons(self, device: str) -> list[str]:

@@ -200,6 +200,20 @@ class CudaFused(Variant):
     def code_paths(self):
         return [*super().code_paths(), *CODE_PATHS]
 
+    def math_mode_label(self, precision, config=None):
+        """The af2 class's forms that run fp32 products on TF32 say so: fp32 `fp32-3xtf32`
+        (MMA_HEAD_ROWS, TENSOR_CORES), bf16 `bf16-tf32` (TENSOR_CORES: q.k and p.v on TF32)."""
+        precision = get_precision(precision)
+        af2 = isinstance(config, IPAConfig) and class_fits(AF2, config)
+        if not af2 or precision.math_mode != "ieee":
+            return precision.math_mode
+        form = bias_form(AF2, precision.dtype)
+        if precision.name == "fp32" and form in (MMA_HEAD_ROWS, TENSOR_CORES):
+            return "fp32-3xtf32"
+        if precision.name == "bf16" and form == TENSOR_CORES:
+            return "bf16-tf32"
+        return precision.math_mode
+
     def not_supported_reasons(self, config, device, precision):
         reasons = super().not_supported_reasons(config, device, precision)
         if config.pair_dim % 8:

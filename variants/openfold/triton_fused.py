@@ -458,7 +458,7 @@ class OpenFoldTriton(Variant):
         return [here, *(triton_dir / f for f in reused), here.parent / "base2.py",
                 here.parent / "custom_ops.py"]  # linear.py's op
 
-    def math_mode_label(self, precision):
+    def math_mode_label(self, precision, config=None):
         return z_math_mode_label(get_precision(precision))
 
     def not_supported_reasons(self, config: OpenFoldConfig, device, precision):

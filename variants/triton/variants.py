@@ -111,7 +111,7 @@ class Triton(Variant):
         return [variants_dir / "triton", variants_dir / "base2.py", variants_dir / "custom_ops.py",
                 variants_dir / "openfold" / "triton_kernel.py"]
 
-    def math_mode_label(self, precision):
+    def math_mode_label(self, precision, config=None):
         # fp32 IEEE: the pair bias's z dots run as 3xTF32 (`common.dot_modes`)
         from variants.openfold.triton_fused import z_math_mode_label
 
