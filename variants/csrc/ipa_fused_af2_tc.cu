@@ -219,14 +219,9 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
             ldmatrix_x4(whi, wrow + 16 * kq + 8 * s2);
             ldmatrix_x4(wlo, wrow + kMmaHeads * kZPitch + 16 * kq + 8 * s2);
 #pragma unroll
-            for (int qq = 0; qq < 4; ++qq) {
-              uint32_t h0, l0, h1, l1;
-              split_tf32(__uint_as_float(zb[qq][2 * s2]), h0, l0);
-              split_tf32(__uint_as_float(zb[qq][2 * s2 + 1]), h1, l1);
-              mma_tf32(acc[qq], wlo[0], wlo[1], wlo[2], wlo[3], h0, h1);  // small products first
-              mma_tf32(acc[qq], whi[0], whi[1], whi[2], whi[3], l0, l1);
-              mma_tf32(acc[qq], whi[0], whi[1], whi[2], whi[3], h0, h1);
-            }
+            for (int qq = 0; qq < 4; ++qq)
+              mma_f32<true>(acc[qq], whi, wlo, __uint_as_float(zb[qq][2 * s2]),
+                            __uint_as_float(zb[qq][2 * s2 + 1]));
           }
         }
       }
