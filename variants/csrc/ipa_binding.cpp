@@ -60,8 +60,8 @@ void check_cuda(const char* fn, cudaError_t err) {
 // wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
 // workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
 // splits: key-range splits, 0 = automatic. bias: ipa::FusedBias, the af2 class's pair bias
-// form (0 FFMA; 1 and 2 on tensor cores, 1 for bf16 z only; 3 the tensor-core kernel). Returns the plan for the record:
-// [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
+// form (0 FFMA; 1 and 2 on tensor cores, 1 for bf16 z only; 3 the tensor-core kernel). Returns
+// the plan for the record: [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
 std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                                    at::Tensor out, int64_t klass, int64_t dqp, int64_t dv,
@@ -114,10 +114,9 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
               ", wq - dqp=", wq - dqp, ", wv=", wv, ", pair_dim=", C);
   TORCH_CHECK(splits >= 0, fn, ": argument 'splits': expected >= 0 (0 = automatic), got ", splits);
   TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
-  TORCH_CHECK(bias == ipa::kFfmaBias ||
-                  (klass == ipa::kFusedAF2 &&
-                   (bias == ipa::kMmaHeadRows || bias == ipa::kTensorCores ||
-                    (bias == ipa::kMmaPairRows && z.scalar_type() == at::kBFloat16))),
+  TORCH_CHECK(bias == static_cast<int>(bias) &&
+                  ipa::fused_bias_fits(static_cast<int>(klass), z.scalar_type() == at::kBFloat16,
+                                       static_cast<int>(bias)),
               fn, ": argument 'bias': expected 0 (FFMA), or with klass 2 (af2) 2 (tensor cores, ",
               "heads as rows), 3 (tensor cores throughout) or, for a bfloat16 z, 1 (pairs as ",
               "rows), got bias=", bias, ", klass=", klass, ", z ", dtype_name(z.scalar_type()));

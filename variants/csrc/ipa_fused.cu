@@ -97,6 +97,12 @@ bool fused_class_fits(int klass, int H, int C, int dqp, int pqp, int wv) {
          (!lim.exact || (dqp == lim.max_dqp && pqp == lim.max_pqp && wv == lim.max_wv));
 }
 
+bool fused_bias_fits(int klass, bool z_bf16, int bias) {
+  return bias == kFfmaBias ||
+         (klass == kFusedAF2 && (bias == kMmaHeadRows || bias == kTensorCores ||
+                                 (bias == kMmaPairRows && z_bf16)));
+}
+
 int fused_kernel_class(int H, int head_dim, int query_points, int value_points, int pair_dim) {
   for (const int klass : {kFusedAF2, kFusedSmall, kFusedGeneric}) {
     const int width = 4 * fused_class_limits(klass).lanes_per_row;
@@ -112,9 +118,7 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
                        int forced_splits, FusedPlan* plan, int bias) {
   if (klass != kFusedSmall && klass != kFusedGeneric && klass != kFusedAF2)
     return cudaErrorInvalidValue;
-  if (bias != kFfmaBias && !(klass == kFusedAF2 && (bias == kMmaHeadRows || bias == kTensorCores ||
-                                                     (bias == kMmaPairRows && z_bf16))))
-    return cudaErrorInvalidValue;
+  if (!fused_bias_fits(klass, z_bf16, bias)) return cudaErrorInvalidValue;
   const FusedClassLimits lim = fused_class_limits(klass);
   if (B < 1 || N < 1 || H < 1 || H > lim.max_heads || (lim.even_heads && H % 2) || C < 8 ||
       C > kMaxPairDim || C % 8 || wq % (4 * lim.lanes_per_row) || wv % (4 * lim.lanes_per_row) ||

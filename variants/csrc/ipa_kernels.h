@@ -41,6 +41,11 @@ enum FusedBias : int {
   kTensorCores = 3,
 };
 
+// Whether kernel class `klass` has a kernel for pair-bias form `bias` with z in bf16 (z_bf16) or
+// fp32: FFMA everywhere; the tensor-core forms in the af2 class, kMmaPairRows for bf16 z only
+// (fused_plan and the binding check it; variants/cuda_fused.py bias_forms mirrors it).
+bool fused_bias_fits(int klass, bool z_bf16, int bias);
+
 // Per-class limits, checked by the binding (mirrored in variants/cuda_fused.py, compared
 // with these by tests/test_cuda.py).
 struct FusedClassLimits {
