@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.correctness import ReferenceCache, check_variant, oracle_forward
+from harness.correctness import ReferenceCache, check_variant, oracle_forward, rel_l2
 from tests.test_cuda_sources import (
     CSRC,
     KERNEL_UNITS,
@@ -337,7 +337,7 @@ def test_fused_classes_match_float64_kernel_math(klass, dtype, length):
     out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, klass=klass, dqp=widths.dqp,
                           dv=widths.dv)
     ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
-    err = ((out.double() - ref).norm() / ref.norm()).item()
+    err = rel_l2(out, ref)
     assert err < 1e-5, f"class {klass}: rel_l2 {err:.3e} against float64 from the same operands"
 
 
@@ -366,7 +366,7 @@ def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, dtype,
     kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
     out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias=bias, **kw)
     ref = _attend_operands(ops, pair, wb, pw, widths, log2_units=True)
-    err = ((out.double() - ref).norm() / ref.norm()).item()
+    err = rel_l2(out, ref)
     assert err < 1e-5, f"rel_l2 {err:.3e} against float64 from the same operands"
 
 
@@ -392,8 +392,8 @@ def test_af2_tensor_core_kernel_matches_float64_kernel_math(config, length, spli
     bound = 1e-5
     if dtype == torch.bfloat16:
         emulated = _attend_operands(ops, pair, wb, pw, widths, log2_units=True, tf32=True)
-        bound += 2 * ((emulated - ref).norm() / ref.norm()).item()
-    err = ((out.double() - ref).norm() / ref.norm()).item()
+        bound += 2 * rel_l2(emulated, ref)
+    err = rel_l2(out, ref)
     print(f"rel_l2 {err:.3e}, bound {bound:.3e}")
     assert err < bound, f"rel_l2 {err:.3e} against float64 of the same operands, bound {bound:.3e}"
 
