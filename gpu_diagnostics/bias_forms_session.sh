@@ -2,8 +2,8 @@
 # One device call for cuda-fused's af2 forms (FusedBias: FFMA 0, mma pair rows 1, mma head rows 2,
 # tensor cores throughout 3; issue #17): the forms' oracle tests (tests/test_cuda.py -k TESTS),
 # `check` of the variant under each of CHECK_FORMS at CHECK_LENGTHS (97 1000), the A/B of
-# AB_FORMS_BF16 / AB_FORMS_FP32 at AB_CELLS (profile_call.py --ab, CUDA-graph replay, one process), and with
-# NCU_FORM set Nsight Compute on that form's kernel at bf16 N = 4096 (ncu_session.sh's sections).
+# AB_FORMS_BF16 / AB_FORMS_FP32 at AB_CELLS (profile_call.py --ab, CUDA-graph replay, one
+# process), and with NCU_FORM set Nsight Compute on that form's kernel at bf16 N = 4096 (ncu_session.sh's sections).
 # Logs under $OUT. Each stage has a limit: LIM_TEST, LIM_CHECK (one check), LIM_AB (one cell),
 # LIM_NCU; 0 skips a stage.
 #   twenty-eighth session: CHECK_FORMS="BF16_BIAS=1 BF16_BIAS=2 FP32_BIAS=2" and the A/B of 0/2/1
