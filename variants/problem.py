@@ -200,11 +200,50 @@ def make_inputs(
     )
 
 
-def _expect_shape(name: str, tensor: torch.Tensor, expected: tuple, meaning: str) -> None:
+def expect_tensors(named: dict[str, object]) -> None:
+    """Raise `IPAInputError` naming the first of the named inputs that is not a tensor."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise IPAInputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def expect_shape(name: str, tensor: torch.Tensor, expected: tuple, meaning: str) -> None:
+    """Raise `IPAInputError` unless `tensor` has shape `expected` (`meaning` names its axes)."""
     if tuple(tensor.shape) != tuple(expected):
         raise IPAInputError(
             f"{name}: expected shape {tuple(expected)} ({meaning}), got {tuple(tensor.shape)}"
         )
+
+
+def expect_one_dtype_and_device(
+    named: dict[str, torch.Tensor],
+    *,
+    dtypes: tuple[torch.dtype, ...] | None,
+    device: str | torch.device | None,
+    require_contiguous: bool,
+) -> None:
+    """Raise `IPAInputError` unless the named inputs share the first one's floating dtype (one
+    of `dtypes` if given) and one device (`device` if given), and, if asked, are contiguous.
+    A problem's `validate_inputs` calls it after the shapes."""
+    anchor, first = next(iter(named.items()))
+    dtype = first.dtype
+    if not dtype.is_floating_point:
+        raise IPAInputError(f"{anchor}: expected a floating dtype, got {dtype}")
+    if dtypes is not None and dtype not in dtypes:
+        raise IPAInputError(f"{anchor}: expected dtype in {list(dtypes)}, got {dtype}")
+    want_device = torch.device(device) if device is not None else first.device
+    for name, t in named.items():
+        if t.dtype != dtype:
+            raise IPAInputError(f"{name}: expected dtype {dtype} (as {anchor}), got {t.dtype}")
+        if t.device.type != want_device.type or (
+            want_device.index is not None and t.device != want_device
+        ):
+            raise IPAInputError(f"{name}: expected device {want_device}, got {t.device}")
+        if require_contiguous and not t.is_contiguous():
+            raise IPAInputError(
+                f"{name}: expected a contiguous tensor, got strides {t.stride()} "
+                f"for shape {tuple(t.shape)} (call .contiguous())"
+            )
 
 
 def rotation_tolerance(dtype: torch.dtype) -> float:
@@ -238,36 +277,18 @@ def validate_inputs(
         "translations": translations,
         "rotations": rotations,
     }
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise IPAInputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    expect_tensors(named)
     if node_repr.dim() != 3:
         raise IPAInputError(
             f"node_repr: expected 3 dims (B, N, node_dim), got shape {tuple(node_repr.shape)}"
         )
     b, n, _ = node_repr.shape
-    _expect_shape("node_repr", node_repr, (b, n, config.node_dim), "B, N, node_dim")
-    _expect_shape("pair_repr", pair_repr, (b, n, n, config.pair_dim), "B, N, N, pair_dim")
-    _expect_shape("translations", translations, (b, n, 3), "B, N, 3")
-    _expect_shape("rotations", rotations, (b, n, 3, 3), "B, N, 3, 3")
-
-    dtype = node_repr.dtype
-    if dtypes is not None and dtype not in dtypes:
-        raise IPAInputError(f"node_repr: expected dtype in {list(dtypes)}, got {dtype}")
-    want_device = torch.device(device) if device is not None else node_repr.device
-    for name, t in named.items():
-        if t.dtype != dtype:
-            raise IPAInputError(f"{name}: expected dtype {dtype} (as node_repr), got {t.dtype}")
-        if t.device.type != want_device.type or (
-            want_device.index is not None and t.device != want_device
-        ):
-            raise IPAInputError(f"{name}: expected device {want_device}, got {t.device}")
-        if require_contiguous and not t.is_contiguous():
-            raise IPAInputError(
-                f"{name}: expected a contiguous tensor, got strides {t.stride()} "
-                f"for shape {tuple(t.shape)} (call .contiguous())"
-            )
-
+    expect_shape("node_repr", node_repr, (b, n, config.node_dim), "B, N, node_dim")
+    expect_shape("pair_repr", pair_repr, (b, n, n, config.pair_dim), "B, N, N, pair_dim")
+    expect_shape("translations", translations, (b, n, 3), "B, N, 3")
+    expect_shape("rotations", rotations, (b, n, 3, 3), "B, N, 3, 3")
+    expect_one_dtype_and_device(named, dtypes=dtypes, device=device,
+                                require_contiguous=require_contiguous)
     if check_values:
         check_input_values(node_repr, pair_repr, translations, rotations)
 

@@ -25,6 +25,9 @@ from variants.problem import (
     ForwardInputs,
     IPAConfig,
     IPAInputError,
+    expect_one_dtype_and_device,
+    expect_shape,
+    expect_tensors,
     random_rigid_motion,
 )
 
@@ -357,12 +360,6 @@ def make_inputs(
                           rotations.to(device, dtype), mask.to(device, dtype))
 
 
-def _expect_shape(name: str, tensor: torch.Tensor, expected: tuple, meaning: str) -> None:
-    if tuple(tensor.shape) != tuple(expected):
-        raise IPAInputError(
-            f"{name}: expected shape {tuple(expected)} ({meaning}), got {tuple(tensor.shape)}")
-
-
 def validate_inputs(
     config: OpenFoldConfig,
     s: torch.Tensor,
@@ -381,35 +378,17 @@ def validate_inputs(
     values (`check_input_values`). The metadata checks cost microseconds; the value checks
     read every element and stay out of timed paths, as in the simplified problem."""
     named = dict(zip(INPUT_NAMES, (s, z, translations, rotations, mask), strict=True))
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise IPAInputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    expect_tensors(named)
     if s.dim() != 3:
         raise IPAInputError(f"s: expected 3 dims (B, N, c_s), got shape {tuple(s.shape)}")
     b, n, _ = s.shape
-    _expect_shape("s", s, (b, n, config.c_s), "B, N, c_s")
-    _expect_shape("z", z, (b, n, n, config.c_z), "B, N, N, c_z")
-    _expect_shape("translations", translations, (b, n, 3), "B, N, 3")
-    _expect_shape("rotations", rotations, (b, n, 3, 3), "B, N, 3, 3")
-    _expect_shape("mask", mask, (b, n), "B, N")
-
-    dtype = s.dtype
-    if not dtype.is_floating_point:
-        raise IPAInputError(f"s: expected a floating dtype, got {dtype}")
-    if dtypes is not None and dtype not in dtypes:
-        raise IPAInputError(f"s: expected dtype in {list(dtypes)}, got {dtype}")
-    want_device = torch.device(device) if device is not None else s.device
-    for name, t in named.items():
-        if t.dtype != dtype:
-            raise IPAInputError(f"{name}: expected dtype {dtype} (as s), got {t.dtype}")
-        if t.device.type != want_device.type or (
-            want_device.index is not None and t.device != want_device
-        ):
-            raise IPAInputError(f"{name}: expected device {want_device}, got {t.device}")
-        if require_contiguous and not t.is_contiguous():
-            raise IPAInputError(
-                f"{name}: expected a contiguous tensor, got strides {t.stride()} "
-                f"for shape {tuple(t.shape)} (call .contiguous())")
+    expect_shape("s", s, (b, n, config.c_s), "B, N, c_s")
+    expect_shape("z", z, (b, n, n, config.c_z), "B, N, N, c_z")
+    expect_shape("translations", translations, (b, n, 3), "B, N, 3")
+    expect_shape("rotations", rotations, (b, n, 3, 3), "B, N, 3, 3")
+    expect_shape("mask", mask, (b, n), "B, N")
+    expect_one_dtype_and_device(named, dtypes=dtypes, device=device,
+                                require_contiguous=require_contiguous)
     if check_values:
         check_input_values(s, z, translations, rotations, mask)
 
