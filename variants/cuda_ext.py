@@ -45,6 +45,7 @@ SOURCES = (
     "ipa_fused_small_generic.cu",  # cuda-fused kernel classes small and generic
     "ipa_fused_af2.cu",  # cuda-fused kernel class af2
     "ipa_fused_af2_tc.cu",  # its tensor-core form (bias warps, TF32 attention)
+    "ipa_openfold.cu",  # problem openfold's cuda-fused core
     "ipa_hybrid.cu",
     "ipa_frames.cu",
 )

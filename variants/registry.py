@@ -31,6 +31,7 @@ from variants.compiled import Compiled
 from variants.cuda_fused import CudaFused
 from variants.cuda_hybrid import CudaHybrid
 from variants.flex_attention import FlexAttention
+from variants.openfold.cuda_fused import OpenFoldCudaFused
 from variants.openfold.reference import Compiled as OpenFoldCompiled
 from variants.openfold.reference import Reference as OpenFoldReference
 from variants.openfold.triton_bias import OpenFoldTritonBias
@@ -68,6 +69,7 @@ BUILTIN: list[type[Variant]] = [
     TritonPairDot,
     OpenFoldTritonBias,
     TritonGrouped,
+    OpenFoldCudaFused,
 ]
 
 

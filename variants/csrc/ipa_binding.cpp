@@ -1,6 +1,6 @@
 // Thin torch binding of the IPA kernels: argument checks with readable messages, output and
-// workspace allocation, the current stream. The kernels live in ipa_fused*.cu / ipa_hybrid.cu /
-// ipa_frames.cu and compile without torch headers.
+// workspace allocation, the current stream. The kernels live in ipa_fused*.cu / ipa_openfold.cu /
+// ipa_hybrid.cu / ipa_frames.cu and compile without torch headers.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
@@ -164,6 +164,68 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
           static_cast<int64_t>(plan.workspace_floats)};
 }
 
+// Problem openfold's fused core (ipa_kernels.h, "Problem openfold's cuda-fused"): q, k (B, H, N,
+// 28), v (B, H, N, 40) float32; z (B, N, N, 128) float32 or bfloat16; wb (H, 128), pw (H,), mask
+// (B, N) float32; cat (B, N, cat_pitch) float32, its o and o_pair columns written; o_pt (B, N, H,
+// 24) float32, fully overwritten.
+void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
+                      const at::Tensor& mask, at::Tensor cat, at::Tensor o_pt, double q_scale,
+                      double inf) {
+  const char* fn = "ipa openfold_forward";
+  TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, 28), got shape ",
+              shape_of(q));
+  TORCH_CHECK(z.dim() == 4, fn, ": argument 'z': expected 4 dims (B, N, N, c_z), got shape ",
+              shape_of(z));
+  TORCH_CHECK(cat.dim() == 3, fn, ": argument 'cat': expected 3 dims (B, N, features), got shape ",
+              shape_of(cat));
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), C = z.size(3);
+  const at::Device dev = q.device();
+  TORCH_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
+  TORCH_CHECK(ipa::openfold_fits(static_cast<int>(H), 16, q.size(3) == 28 ? 4 : -1,
+                                 v.dim() == 4 && v.size(3) == 40 ? 8 : -1, static_cast<int>(C)),
+              fn, ": expected OpenFold's sizes (q, k width 28 = c_hidden 16 + 3 * 4 query points, "
+              "v width 40 = 16 + 3 * 8 value points, c_z 128) and 1 <= heads <= ",
+              ipa::kOpenFoldMaxHeads, ", got q ", shape_of(q), ", v ", shape_of(v), ", z ",
+              shape_of(z));
+  check_tensor(fn, "q", q, at::kFloat, {B, H, N, 28}, dev);
+  check_tensor(fn, "k", k, at::kFloat, {B, H, N, 28}, dev);
+  check_tensor(fn, "v", v, at::kFloat, {B, H, N, 40}, dev);
+  TORCH_CHECK(z.scalar_type() == at::kFloat || z.scalar_type() == at::kBFloat16, fn,
+              ": argument 'z': expected dtype float32 or bfloat16, got ",
+              dtype_name(z.scalar_type()));
+  check_tensor(fn, "z", z, z.scalar_type(), {B, N, N, C}, dev);
+  check_tensor(fn, "wb", wb, at::kFloat, {H, C}, dev);
+  check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
+  check_tensor(fn, "mask", mask, at::kFloat, {B, N}, dev);
+  const int64_t features = cat.size(2), pair_offset = features - H * C;
+  TORCH_CHECK(pair_offset >= H * 16, fn, ": argument 'cat': expected at least ", H * (16 + C),
+              " features (o, then o_pair last), got ", features);
+  check_tensor(fn, "cat", cat, at::kFloat, {B, N, features}, dev);
+  check_tensor(fn, "o_pt", o_pt, at::kFloat, {B, N, H, 24}, dev);
+  TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
+  const c10::cuda::CUDAGuard guard(dev);
+  ipa::OpenFoldArgs args{};
+  args.q = q.data_ptr<float>();
+  args.k = k.data_ptr<float>();
+  args.v = v.data_ptr<float>();
+  args.z = z.data_ptr();
+  args.wb = wb.data_ptr<float>();
+  args.pw = pw.data_ptr<float>();
+  args.mask = mask.data_ptr<float>();
+  args.cat = cat.data_ptr<float>();
+  args.o_pt = o_pt.data_ptr<float>();
+  args.B = static_cast<int>(B);
+  args.N = static_cast<int>(N);
+  args.H = static_cast<int>(H);
+  args.cat_pitch = static_cast<int>(features);
+  args.pair_offset = static_cast<int>(pair_offset);
+  args.q_scale = static_cast<float>(q_scale);
+  args.inf2 = static_cast<float>(inf * 1.4426950408889634);
+  check_cuda(fn, ipa::openfold_launch(args, z.scalar_type() == at::kBFloat16,
+                                      c10::cuda::getCurrentCUDAStream().stream()));
+}
+
 // q, k (B, H, N, wq) float32; bias (B, H, N, N) float32 or bfloat16; pw (H,) float32;
 // probs (B, H, N, N) float32, fully overwritten.
 void hybrid_probs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias,
@@ -271,6 +333,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"),
         py::arg("out"), py::arg("klass"), py::arg("dqp"), py::arg("dv"), py::arg("splits") = 0,
         py::arg("workspace") = py::none(), py::arg("bias") = 0);
+  m.def("openfold_forward", &openfold_forward,
+        "problem openfold's fused core: o, o_pair and o_pt (see ipa_kernels.h)", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"), py::arg("mask"),
+        py::arg("cat"), py::arg("o_pt"), py::arg("q_scale"), py::arg("inf"));
   m.def("hybrid_probs", &hybrid_probs, "IPA attention probabilities (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("bias"), py::arg("pw"), py::arg("probs"),
         py::arg("dqp"));

@@ -69,38 +69,6 @@ __host__ __device__ constexpr size_t smem_bytes(int H) {
                             : 0);
 }
 
-// TF32 rounding (to nearest, ties away from zero, as cvt.rna.tf32.f32) of finite operands, by
-// hand: cvt.rna compiles to a finiteness test and a predicated add of 0x1000, plus a mask where
-// the value is used in arithmetic; feeding an mma, nvcc 13.0 leaves the low 13 bits unmasked
-// (the tensor cores ignore them), and so do these.
-//   tf32_operand  for an mma operand only: the add (the low bits left for the tensor core)
-//   tf32_round    the rounded value itself (low bits cleared): the add and a mask
-//   split_tf32    3xTF32's parts: hi = tf32_round(x), lo = x - hi (exact in fp32) as an operand
-__device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
-__device__ __forceinline__ uint32_t tf32_round(float x) {
-  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-}
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = tf32_round(x);
-  lo = tf32_operand(x - __uint_as_float(hi));
-}
-
-// d += A B (mma.m16n8k8 TF32 fragments) from operands given as fp32 values, rounded once to TF32
-// or, with kSplit, as 3xTF32: A's and B's hi and lo parts, the small products first.
-template <bool kSplit>
-__device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&ah)[4],
-                                        const uint32_t (&al)[4], float b0, float b1) {
-  if constexpr (kSplit) {
-    uint32_t bh0, bl0, bh1, bl1;
-    split_tf32(b0, bh0, bl0);
-    split_tf32(b1, bh1, bl1);
-    mma_tf32(d, al[0], al[1], al[2], al[3], bh0, bh1);
-    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
-  } else {
-    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], tf32_operand(b0), tf32_operand(b1));
-  }
-}
 }  // namespace af2tc
 
 template <typename ZT>

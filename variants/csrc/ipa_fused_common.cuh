@@ -68,6 +68,57 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "r"(s));
 }
 
+// TF32 rounding (to nearest, ties away from zero, as cvt.rna.tf32.f32) of finite operands, by
+// hand: cvt.rna compiles to a finiteness test and a predicated add of 0x1000, plus a mask where
+// the value is used in arithmetic; feeding an mma, nvcc 13.0 leaves the low 13 bits unmasked
+// (the tensor cores ignore them), and so do these.
+//   tf32_operand  for an mma operand only: the add (the low bits left for the tensor core)
+//   tf32_round    the rounded value itself (low bits cleared): the add and a mask
+//   split_tf32    3xTF32's parts: hi = tf32_round(x), lo = x - hi (exact in fp32) as an operand
+__device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
+__device__ __forceinline__ uint32_t tf32_round(float x) {
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = tf32_round(x);
+  lo = tf32_operand(x - __uint_as_float(hi));
+}
+
+// d += A B (mma.m16n8k8 TF32 fragments) from operands given as fp32 values, rounded once to TF32
+// or, with kSplit, as 3xTF32: A's and B's hi and lo parts, the small products first.
+template <bool kSplit>
+__device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&ah)[4],
+                                        const uint32_t (&al)[4], float b0, float b1) {
+  if constexpr (kSplit) {
+    uint32_t bh0, bl0, bh1, bl1;
+    split_tf32(b0, bh0, bl0);
+    split_tf32(b1, bh1, bl1);
+    mma_tf32(d, al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+  } else {
+    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], tf32_operand(b0), tf32_operand(b1));
+  }
+}
+// d += A (16 x 8, bf16) B (8 x 8, bf16), fp32 (mma.m16n8k8 for .bf16): a0 / a1 hold A's (g,
+// 2u..2u+1) / (g + 8, 2u..2u+1), b0 B's rows 2u..2u+1 of column g; d as mma_bf16's.
+__device__ __forceinline__ void mma_bf16_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// ldmatrix_x4 transposed (.trans): lane (g, u) receives rows 2u..2u+1 of column g of matrix m in
+// r[m] (the B fragment of mma.m16n8k8 .bf16 from a row-major k x n tile).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
 using FusedKernelFn = void (*)(const FusedArgs);
 
 // ipa_fused_small_generic.cu; klass is kFusedSmall or kFusedGeneric.

@@ -107,6 +107,42 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
 cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
+// Problem openfold's cuda-fused (ipa_openfold.cu): the layer's O(N^2) core, z read once, OpenFold's
+// sizes exactly (c_hidden 16, 4 query and 8 value points, c_z 128), 1 <= H <= 12. Operands (float32,
+// contiguous, prepared by variants/openfold/cuda_fused.py):
+//   q, k  (B, H, N, 28)  rows [q or k (16) | points (12)], points global, centred per batch element
+//   v     (B, H, N, 40)  rows [v (16) | value points (24)]
+//   z     (B, N, N, 128) float32 or bfloat16
+//   wb    (H, 128)       linear_b.weight * sqrt(1/3) * log2(e)
+//   pw    (H,)           the point weight in base 2: -softplus(head_weights) w_c / 2 * log2(e)
+//   mask  (B, N)         0 or 1
+//   cat   (B, N, cat_pitch) linear_out's input: o into columns [h*16, h*16 + 16), o_pair into
+//                        [pair_offset + h*128, + 128); nothing else written
+//   o_pt  (B, N, H, 24)  the attention-weighted value points, global frame
+// q_scale: sqrt(1 / (3 c_hidden)) * log2(e); inf2: the config's inf * log2(e).
+// ---------------------------------------------------------------------------------------------
+constexpr int kOpenFoldMaxHeads = 12;
+
+struct OpenFoldArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  const void* z;
+  const float* wb;
+  const float* pw;
+  const float* mask;
+  float* cat;
+  float* o_pt;
+  int B, N, H, cat_pitch, pair_offset;
+  float q_scale, inf2;
+};
+
+// Whether the kernel takes a layer of these sizes (host only, no CUDA call).
+bool openfold_fits(int H, int c_hidden, int qk_points, int v_points, int c_z);
+size_t openfold_smem_bytes(int H, bool z_bf16);
+cudaError_t openfold_launch(const OpenFoldArgs& args, bool z_bf16, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
 // cuda-hybrid: attention probabilities only.
 //   q, k  (B, H, N, wq)  as above but scaled by 1/sqrt(d) (natural-log units)
 //   bias  (B, H, N, N)   pair bias, float32 or bfloat16

@@ -1,0 +1,513 @@
+// Problem openfold's `cuda-fused` (issue #18): the O(N^2) core of OpenFold's IPA (SPEC-openfold.md
+// steps 3-8 and 11) in one kernel that reads z once and writes nothing N x N. The pair bias (before
+// the softmax) and the pair values o_pair = sum_j a_ij z_ij (after it) come from the same staged
+// z tile. Every product runs on tensor cores (mma.sync), the design of cuda-fused's af2
+// kTensorCores kernel (ipa_fused_af2_tc.cu) with the pair values added.
+//
+// Why this shape. o_pair is H x c_z fp32 per query row: 16 (padded) x 128 = 2048 floats, 64
+// registers a lane for one query in one warp. The register file (64 Ki words an SM) holds that for
+// 8 queries and leaves half for the rest, so a CTA owns 8 queries (kQT) of one batch element,
+// all heads, and walks the keys in tiles of 8 (kBN), 64 pairs a tile:
+//   pair warps (8, one a query): the pair bias of tile t + 1, D (16 heads x 8 keys) = W_b (16 x
+//     c_z) z_i^T (c_z x 8), W_b's hi and lo parts from shared memory by ldmatrix; and the pair
+//     values of tile t - 1, D (16 heads x c_z) = alpha D + P (16 heads x 8 keys) z_i (8 x c_z),
+//     16 accumulator n-tiles (64 registers) for the whole walk. bf16 z: mma.m16n8k16 (bias) and
+//     mma.m16n8k8 with P rounded to bf16 (the eager bf16 reference rounds a too) and z by
+//     ldmatrix.trans; fp32 z: 3xTF32 on mma.m16n8k8 for both.
+//   attention warps (ceil(H / 2), heads 2w and 2w + 1 stacked): the rows of an m16 fragment are
+//     (head 2w, query g) for g < 8 and (head 2w + 1, query g - 8) for g >= 8; each product is two
+//     mma, one per head with the other head's A rows zero, into one accumulator, so the fragment
+//     layouts are those of the af2 kernel with 16 queries. S = Q K^T on mma.m16n8k8 TF32 (head
+//     dimension permuted: k-step s, column u (+4) <-> d = 4u + 2s (+1), so a lane's K fragment is
+//     one 16-byte load), + bias + point weight x squared distance (direct, fp32) + the mask term,
+//     online softmax in base 2, O += P [v | v_pts] (5 n-tiles) on TF32 (3xTF32 for fp32 z); P
+//     and the rescale factors go to shared memory for the pair warps.
+// One barrier a tile: the pair warps write tile t + 1's bias and read tile t - 1's P while the
+// attention warps read tile t's bias and write tile t's P (both double-buffered). z is staged by
+// cp.async in 4 stages (t - 1 and t for the pair values, t + 1 for the bias, t + 2 in flight); k
+// and v rows in 2.
+//
+// Deviations from the reference (none changes the function): linear_b's bias is dropped (constant
+// per (h, i): the softmax cancels it); the mask adds m_i * inf * (m_j - 1) (the SPEC's
+// inf * (m_i m_j - 1) less a shift uniform over a masked query row's keys, as the Triton kernels
+// do); points are fp32, centred per batch element. Limits: OpenFold's sizes exactly (c_hidden 16,
+// 4 query and 8 value points, c_z 128), 1 <= H <= 12. No split-K: a grid of ceil(N / 8) x B CTAs,
+// one per SM, so N below ~1000 (B = 1) leaves SMs idle.
+#include <math.h>
+
+#include "ipa_fused_common.cuh"
+
+namespace ipa {
+namespace {
+
+namespace of {
+constexpr int kC = 16, kP3 = 12, kWq = kC + kP3, kVP3 = 24, kWv = kC + kVP3, kCz = 128;
+constexpr int kQT = 8, kBN = 8, kMmaHeads = 16;
+constexpr int kPairWarps = kQT;
+constexpr int kThreads = (kOpenFoldMaxHeads / 2 + kPairWarps) * 32;
+// The register cap for one CTA of kThreads on an SM (64 Ki registers, allocated per warp in units
+// of 256): __launch_bounds__(448, 1) would cap at 128 (ptxas rounds the block to 512 threads).
+constexpr int kMaxRegs = 65536 / kThreads / 8 * 8;
+constexpr int kTilePitch = kQT * kBN + 8;  // floats per head in a bias or P tile: 8 banks apart
+constexpr int kVPitch = kWv + 4;           // rows 2u, 2u + 1 of a V fragment on distinct banks
+constexpr int kKvHead = kBN * (kC + kP3 + kVPitch);  // one head's k, k points and v rows
+constexpr int kZStages = 4, kKvStages = 2;
+// z rows padded by 16 bytes (bf16: ldmatrix rows on distinct banks; fp32: the pair values'
+// scalar loads of (key u, channel g) on 32 banks); W_b's parts, padded likewise for ldmatrix.
+template <typename ZT>
+struct Pitch;
+template <>
+struct Pitch<__nv_bfloat16> {
+  static constexpr int kZ = kCz + 8, kW = kCz + 8;
+};
+template <>
+struct Pitch<float> {
+  static constexpr int kZ = kCz + 8, kW = kCz + 4;
+};
+
+template <typename ZT>
+__host__ __device__ constexpr size_t smem_bytes(int H) {
+  return 4ull * H * (4 * kTilePitch + 3 * kQT)                      // bias, P, alpha, row sums
+         + sizeof(ZT) * kZStages * kQT * kBN * Pitch<ZT>::kZ          // z rows
+         + 4ull * kKvStages * H * kKvHead                             // k and v rows
+         + sizeof(ZT) * 2 * kMmaHeads * Pitch<ZT>::kW;                // W_b's hi and lo parts
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float2 p) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(p.x, p.y);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+}  // namespace of
+
+template <typename ZT>
+__global__ void __maxnreg__(of::kMaxRegs) ipa_openfold_kernel(const OpenFoldArgs a) {
+  using namespace of;
+  constexpr bool kBf16 = sizeof(ZT) == 2;
+  constexpr int kZPitch = Pitch<ZT>::kZ, kWPitch = Pitch<ZT>::kW;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int N = a.N, H = a.H;
+  const int att_warps = (H + 1) / 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, u = lane & 3;
+  const int b = blockIdx.y, i0 = blockIdx.x * kQT;
+  const int ntiles = (N + kBN - 1) / kBN;
+
+  float* sb = reinterpret_cast<float*>(smem_raw);  // [2][H][kTilePitch] biases (head, query, key)
+  float* sp = sb + 2 * H * kTilePitch;             // [2][H][kTilePitch] probabilities
+  float* salpha = sp + 2 * H * kTilePitch;         // [2][H][kQT] the tile's rescale factors
+  float* sl = salpha + 2 * H * kQT;                // [H][kQT] the rows' final sums
+  ZT* zs = reinterpret_cast<ZT*>(sl + H * kQT);    // [kZStages][kQT * kBN][kZPitch]
+  float* kvs = reinterpret_cast<float*>(zs + kZStages * kQT * kBN * kZPitch);  // [stage][H][..]
+  ZT* wsm = reinterpret_cast<ZT*>(kvs + kKvStages * H * kKvHead);  // [hi, lo][16][kWPitch]
+
+  // W_b's parts (heads >= H zero): bf16 hi + lo for bf16 z, TF32 hi + lo for fp32 z
+  for (int idx = threadIdx.x; idx < kMmaHeads * kCz; idx += blockDim.x) {
+    const int hd = idx / kCz, ch = idx % kCz;
+    const float w = hd < H ? a.wb[hd * kCz + ch] : 0.f;
+    if constexpr (kBf16) {
+      const __nv_bfloat16 hi = __float2bfloat16_rn(w);
+      wsm[hd * kWPitch + ch] = hi;
+      wsm[(kMmaHeads + hd) * kWPitch + ch] = __float2bfloat16_rn(w - __bfloat162float(hi));
+    } else {
+      uint32_t hi, lo;
+      split_tf32(w, hi, lo);
+      wsm[hd * kWPitch + ch] = __uint_as_float(hi);
+      wsm[(kMmaHeads + hd) * kWPitch + ch] = __uint_as_float(lo);
+    }
+  }
+  __syncthreads();
+
+  if (warp >= att_warps) {  // ================= pair warps: warp <-> query i0 + qq =================
+    const int qq = warp - att_warps, qi = i0 + qq;
+    const bool q_ok = qi < N;
+    const ZT* zq = static_cast<const ZT*>(a.z) + (static_cast<size_t>(b) * N + min(qi, N - 1)) * N * kCz;
+    constexpr int kChunks = kCz * static_cast<int>(sizeof(ZT)) / 16;  // 16-byte chunks of a z row
+    constexpr int kPerChunk = 16 / static_cast<int>(sizeof(ZT));
+    auto stage_rows = [&](int t) { return zs + ((t % kZStages) * kQT * kBN + qq * kBN) * kZPitch; };
+    auto issue_z = [&](int t) {  // this query's 8 z rows of tile t; one group, empty past the end
+      if (t < ntiles) {
+        const int j0 = t * kBN;
+        ZT* dst = stage_rows(t);
+#pragma unroll
+        for (int c = lane; c < kBN * kChunks; c += 32) {
+          const int r = c / kChunks, ch = c % kChunks;
+          const bool ok = q_ok && j0 + r < N;
+          cp_async16(dst + r * kZPitch + ch * kPerChunk,
+                     ok ? zq + static_cast<size_t>(j0 + r) * kCz + ch * kPerChunk : a.z, ok ? 16 : 0);
+        }
+      }
+      cp_async_commit();
+    };
+    // ldmatrix addresses: z row (key) lane % 8, 16-byte column block lane / 8; W_b: head
+    // (lane % 8) + 8 ((lane / 8) % 2), column block lane / 16 (A fragments, rows = heads)
+    const int zoff = (lane & 7) * kZPitch + (lane >> 3) * kPerChunk;
+    const ZT* wrow = wsm + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kWPitch + (lane >> 4) * kPerChunk;
+    // The biases of tile t into slot t & 1: D (head g | g + 8, key 2u, 2u + 1).
+    auto bias_tile = [&](int t) {
+      const ZT* zt = stage_rows(t) + zoff;
+      float acc[4][4] = {};  // independent chains, summed at the end
+      if constexpr (kBf16) {
+#pragma unroll
+        for (int kq = 0; kq < kCz / 32; ++kq) {
+          uint32_t zb[4];  // B of k-steps 2 kq (zb[0], zb[1]) and 2 kq + 1 (zb[2], zb[3])
+          ldmatrix_x4(zb, zt + 32 * kq);
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2) {
+            uint32_t wh[4], wl[4];
+            ldmatrix_x4(wh, wrow + 32 * kq + 16 * s2);
+            ldmatrix_x4(wl, wrow + kMmaHeads * kWPitch + 32 * kq + 16 * s2);
+            float(&d)[4] = acc[2 * (kq & 1) + s2];
+            mma_bf16(d, wl[0], wl[1], wl[2], wl[3], zb[2 * s2], zb[2 * s2 + 1]);
+            mma_bf16(d, wh[0], wh[1], wh[2], wh[3], zb[2 * s2], zb[2 * s2 + 1]);
+          }
+        }
+      } else {
+#pragma unroll 2
+        for (int kq = 0; kq < kCz / 16; ++kq) {  // two k-steps of 8 channels
+          uint32_t zb[4];
+          ldmatrix_x4(zb, zt + 16 * kq);
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2) {
+            uint32_t wh[4], wl[4];
+            ldmatrix_x4(wh, wrow + 16 * kq + 8 * s2);
+            ldmatrix_x4(wl, wrow + kMmaHeads * kWPitch + 16 * kq + 8 * s2);
+            mma_f32<true>(acc[2 * (kq & 1) + s2], wh, wl, __uint_as_float(zb[2 * s2]),
+                          __uint_as_float(zb[2 * s2 + 1]));
+          }
+        }
+      }
+      float* sbo = sb + (t & 1) * H * kTilePitch + qq * kBN + 2 * u;
+      if (g < H)
+        *reinterpret_cast<float2*>(sbo + g * kTilePitch) =
+            make_float2(acc[0][0] + acc[1][0] + acc[2][0] + acc[3][0],
+                        acc[0][1] + acc[1][1] + acc[2][1] + acc[3][1]);
+      if (g + 8 < H)
+        *reinterpret_cast<float2*>(sbo + (g + 8) * kTilePitch) =
+            make_float2(acc[0][2] + acc[1][2] + acc[2][2] + acc[3][2],
+                        acc[0][3] + acc[1][3] + acc[2][3] + acc[3][3]);
+    };
+    float op[kCz / 8][4];  // o_pair: (head g | g + 8, channel 8 n + 2u (+1))
+#pragma unroll
+    for (int n = 0; n < kCz / 8; ++n) op[n][0] = op[n][1] = op[n][2] = op[n][3] = 0.f;
+    // The pair values of tile t: op = alpha op + P z, P from slot t & 1 (zero for heads >= H).
+    auto pair_values = [&](int t) {
+      const float* ps = sp + (t & 1) * H * kTilePitch + qq * kBN;
+      const float* al = salpha + (t & 1) * H * kQT + qq;
+      const float alpha0 = g < H ? al[g * kQT] : 0.f, alpha1 = g + 8 < H ? al[(g + 8) * kQT] : 0.f;
+#pragma unroll
+      for (int n = 0; n < kCz / 8; ++n) {
+        op[n][0] *= alpha0;
+        op[n][1] *= alpha0;
+        op[n][2] *= alpha1;
+        op[n][3] *= alpha1;
+      }
+      const ZT* zt = stage_rows(t);
+      if constexpr (kBf16) {
+        // A: P (head g | g + 8, keys 2u, 2u + 1) as bf16 pairs; B: z (keys 2u, 2u + 1, channel
+        // 8 n + g) by ldmatrix.trans, four n-tiles a load
+        const float2 zero = make_float2(0.f, 0.f);
+        const uint32_t a0 = pack_bf16(g < H ? *reinterpret_cast<const float2*>(ps + g * kTilePitch + 2 * u) : zero);
+        const uint32_t a1 =
+            pack_bf16(g + 8 < H ? *reinterpret_cast<const float2*>(ps + (g + 8) * kTilePitch + 2 * u) : zero);
+#pragma unroll
+        for (int j = 0; j < kCz / 32; ++j) {
+          uint32_t zb[4];
+          ldmatrix_x4_trans(zb, zt + zoff + 32 * j);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) mma_bf16_k8(op[4 * j + m], a0, a1, zb[m]);
+        }
+      } else {
+        // A: P (head g | g + 8, key u | u + 4), split; B: z (key u | u + 4, channel 8 n + g)
+        const float pv[4] = {g < H ? ps[g * kTilePitch + u] : 0.f,
+                             g + 8 < H ? ps[(g + 8) * kTilePitch + u] : 0.f,
+                             g < H ? ps[g * kTilePitch + u + 4] : 0.f,
+                             g + 8 < H ? ps[(g + 8) * kTilePitch + u + 4] : 0.f};
+        uint32_t ah[4], alo[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split_tf32(pv[r], ah[r], alo[r]);
+        const ZT* z0 = zt + u * kZPitch + g;
+#pragma unroll
+        for (int n = 0; n < kCz / 8; ++n) mma_f32<true>(op[n], ah, alo, z0[8 * n], z0[4 * kZPitch + 8 * n]);
+      }
+    };
+
+    issue_z(0);
+    issue_z(1);
+    issue_z(2);
+    cp_async_wait<2>();
+    __syncwarp();
+    bias_tile(0);
+    __syncthreads();  // bias tile 0 published
+#pragma unroll 1
+    for (int t = 0; t <= ntiles; ++t) {
+      if (t + 1 < ntiles) {
+        cp_async_wait<1>();  // tile t + 1 landed (this thread's copies) ...
+        __syncwarp();        // ... and the warp's: each warp reads only its own query's rows
+        bias_tile(t + 1);
+      }
+      if (t >= 1) pair_values(t - 1);
+      __syncwarp();   // tile t - 1's stage is read: refill it
+      issue_z(t + 3);  // stage (t + 3) % 4 = (t - 1) % 4
+      __syncthreads();  // bias t + 1 published and P t read; after the last, the row sums written
+    }
+    cp_async_wait<0>();
+    if (!q_ok) return;
+    const float l0 = g < H ? sl[g * kQT + qq] : 1.f, l1 = g + 8 < H ? sl[(g + 8) * kQT + qq] : 1.f;
+    const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+    float* orow = a.cat + (static_cast<size_t>(b) * N + qi) * a.cat_pitch + a.pair_offset + 2 * u;
+#pragma unroll
+    for (int n = 0; n < kCz / 8; ++n) {
+      if (g < H)
+        *reinterpret_cast<float2*>(orow + g * kCz + 8 * n) = make_float2(op[n][0] * inv0, op[n][1] * inv0);
+      if (g + 8 < H)
+        *reinterpret_cast<float2*>(orow + (g + 8) * kCz + 8 * n) =
+            make_float2(op[n][2] * inv1, op[n][3] * inv1);
+    }
+    return;
+  }
+
+  // ============ attention warps: rows g <-> (head ha, query g), g + 8 <-> (head hb, query g) ============
+  const int ha = 2 * warp, hb = 2 * warp + 1;
+  const bool hb_ok = hb < H;
+  const int hbx = hb_ok ? hb : ha;  // an odd H's last warp reads head ha's rows for hb (A rows zero)
+  auto issue_kv = [&](int t) {  // tile t's k, k-point and v rows of both heads into stage t % 2
+    if (t < ntiles) {
+      const int j0 = t * kBN, nk = min(kBN, N - j0);
+#pragma unroll 1
+      for (int e = 0; e < 2; ++e) {
+        const int h = e ? hbx : ha;
+        if (e && !hb_ok) break;
+        float* ks = kvs + ((t % kKvStages) * H + h) * kKvHead;
+        float* kps = ks + kBN * kC;
+        float* vs = kps + kBN * kP3;
+        const float* kg = a.k + ((static_cast<size_t>(b) * H + h) * N + j0) * kWq;
+        const float* vg = a.v + ((static_cast<size_t>(b) * H + h) * N + j0) * kWv;
+#pragma unroll
+        for (int c = lane; c < kBN * (kWq / 4); c += 32) {  // 7 chunks a row: 4 of k, 3 of points
+          const int r = c / (kWq / 4), cc = c % (kWq / 4);
+          const bool ok = r < nk;
+          float* dst = cc < kC / 4 ? ks + r * kC + 4 * cc : kps + r * kP3 + 4 * (cc - kC / 4);
+          cp_async16(dst, ok ? kg + r * kWq + 4 * cc : kg, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int c = lane; c < kBN * (kWv / 4); c += 32) {
+          const int r = c / (kWv / 4), cc = c % (kWv / 4);
+          const bool ok = r < nk;
+          cp_async16(vs + r * kVPitch + 4 * cc, ok ? vg + r * kWv + 4 * cc : vg, ok ? 16 : 0);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  issue_kv(0);
+  issue_kv(1);
+
+  const int iq = min(i0 + g, N - 1);  // this lane's query (clamped for the loads)
+  // Q's A fragments: head ha in a0 / a2 (a1 = a3 = 0), head hb in a1 / a3 (a0 = a2 = 0); k-step
+  // s: column u <-> d = 4u + 2s, u + 4 <-> 4u + 2s + 1. fp32 z: hi and lo parts.
+  uint32_t qa[kBf16 ? 1 : 2][2][4], qb[kBf16 ? 1 : 2][2][4];
+  float qpa[kP3], qpb[kP3];  // the query points of both rows
+  {
+    const float* ra = a.q + ((static_cast<size_t>(b) * H + ha) * N + iq) * kWq;
+    const float* rb = a.q + ((static_cast<size_t>(b) * H + hbx) * N + iq) * kWq;
+    const float4 fa = ld_global4(ra + 4 * u), fb = ld_global4(rb + 4 * u);
+    const float xa[4] = {fa.x * a.q_scale, fa.y * a.q_scale, fa.z * a.q_scale, fa.w * a.q_scale};
+    const float xb[4] = {fb.x * a.q_scale, fb.y * a.q_scale, fb.z * a.q_scale, fb.w * a.q_scale};
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int part = 0; part < (kBf16 ? 1 : 2); ++part) {
+        qa[part][s][1] = qa[part][s][3] = qb[part][s][0] = qb[part][s][2] = 0u;
+      }
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {  // c: column u (d = 4u + 2s) or u + 4 (d + 1)
+        const float va = xa[2 * s + c], vb = hb_ok ? xb[2 * s + c] : 0.f;
+        if constexpr (kBf16) {
+          qa[0][s][2 * c] = tf32_operand(va);
+          qb[0][s][2 * c + 1] = tf32_operand(vb);
+        } else {
+          split_tf32(va, qa[0][s][2 * c], qa[1][s][2 * c]);
+          split_tf32(vb, qb[0][s][2 * c + 1], qb[1][s][2 * c + 1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kP3 / 4; ++c) {
+      const float4 pa = ld_global4(ra + kC + 4 * c), pb = ld_global4(rb + kC + 4 * c);
+      qpa[4 * c] = pa.x; qpa[4 * c + 1] = pa.y; qpa[4 * c + 2] = pa.z; qpa[4 * c + 3] = pa.w;
+      qpb[4 * c] = pb.x; qpb[4 * c + 1] = pb.y; qpb[4 * c + 2] = pb.z; qpb[4 * c + 3] = pb.w;
+    }
+  }
+  const float pwa = a.pw[ha], pwb = a.pw[hbx];
+  const float* mask_b = a.mask + static_cast<size_t>(b) * N;
+  const float mi_inf = mask_b[iq] * a.inf2;  // m_i * inf (base 2): the key mask's factor
+  float acc[kWv / 8][4];  // O: (row g | g + 8, column 8 n + 2u (+1)) of [v | v_pts]
+#pragma unroll
+  for (int n = 0; n < kWv / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g, g + 8; l: this lane's keys
+  __syncthreads();  // bias tile 0 published
+
+#pragma unroll 1
+  for (int t = 0; t < ntiles; ++t) {
+    const int j0 = t * kBN;
+    cp_async_wait<kKvStages - 1>();
+    __syncwarp();
+    const float* ksa = kvs + ((t % kKvStages) * H + ha) * kKvHead;
+    const float* ksb = kvs + ((t % kKvStages) * H + hbx) * kKvHead;
+    const float* kpa = ksa + kBN * kC;
+    const float* kpb = ksb + kBN * kC;
+    const float* vsa = kpa + kBN * kP3;
+    const float* vsb = kpb + kBN * kP3;
+    // S = Q K^T: s[0], s[1] = (ha, g, keys 2u, 2u + 1); s[2], s[3] = (hb, g, keys 2u, 2u + 1)
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      const float4 ka = ld_shared4(ksa + g * kC + 4 * u), kb = ld_shared4(ksb + g * kC + 4 * u);
+      const float kra[4] = {ka.x, ka.y, ka.z, ka.w}, krb[4] = {kb.x, kb.y, kb.z, kb.w};
+#pragma unroll
+      for (int st = 0; st < 2; ++st) {
+        mma_f32<!kBf16>(s, qa[0][st], qa[kBf16 ? 0 : 1][st], kra[2 * st], kra[2 * st + 1]);
+        mma_f32<!kBf16>(s, qb[0][st], qb[kBf16 ? 0 : 1][st], krb[2 * st], krb[2 * st + 1]);
+      }
+    }
+    {
+      float dist[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int c = 0; c < kP3 / 4; ++c) {
+          const float4 ka = ld_shared4(kpa + (2 * u + e) * kP3 + 4 * c);
+          const float4 kb = ld_shared4(kpb + (2 * u + e) * kP3 + 4 * c);
+          const float ca[4] = {ka.x, ka.y, ka.z, ka.w}, cb[4] = {kb.x, kb.y, kb.z, kb.w};
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const float da = qpa[4 * c + x] - ca[x], db = qpb[4 * c + x] - cb[x];
+            dist[e] = fmaf(da, da, dist[e]);
+            dist[2 + e] = fmaf(db, db, dist[2 + e]);
+          }
+        }
+      }
+      const float* sbt = sb + (t & 1) * H * kTilePitch + g * kBN + 2 * u;
+      const float2 ba = *reinterpret_cast<const float2*>(sbt + ha * kTilePitch);
+      const float2 bb = hb_ok ? *reinterpret_cast<const float2*>(sbt + hb * kTilePitch) : make_float2(0.f, 0.f);
+      const bool ok0 = j0 + 2 * u < N, ok1 = j0 + 2 * u + 1 < N;
+      const float mt0 = ok0 ? mi_inf * (mask_b[j0 + 2 * u] - 1.f) : 0.f;
+      const float mt1 = ok1 ? mi_inf * (mask_b[j0 + 2 * u + 1] - 1.f) : 0.f;
+      s[0] = ok0 ? ba.x + mt0 + fmaf(pwa, dist[0], s[0]) : -INFINITY;
+      s[1] = ok1 ? ba.y + mt1 + fmaf(pwa, dist[1], s[1]) : -INFINITY;
+      s[2] = ok0 ? bb.x + mt0 + fmaf(pwb, dist[2], s[2]) : -INFINITY;
+      s[3] = ok1 ? bb.y + mt1 + fmaf(pwb, dist[3], s[3]) : -INFINITY;
+    }
+    // online softmax, base 2 (key 0 of a tile is always valid: the maxima are finite)
+    float mt0 = fmaxf(s[0], s[1]), mt1 = fmaxf(s[2], s[3]);
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+    const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+    const float alpha0 = exp2f(m0 - mn0), alpha1 = exp2f(m1 - mn1);  // 0 on the first tile
+    m0 = mn0;
+    m1 = mn1;
+    // P's A fragment (column u <-> key 2u, u + 4 <-> key 2u + 1): pa = (ha, 2u), (hb, 2u),
+    // (ha, 2u + 1), (hb, 2u + 1). bf16 z: rounded to TF32 and summed as rounded; fp32: hi + lo.
+    const float p[4] = {exp2f(s[0] - mn0), exp2f(s[2] - mn1), exp2f(s[1] - mn0), exp2f(s[3] - mn1)};
+    uint32_t pah[2][4], pbh[2][4];  // [part]: head ha's rows (a1 = a3 = 0), head hb's (a0 = a2 = 0)
+#pragma unroll
+    for (int part = 0; part < 2; ++part) pah[part][1] = pah[part][3] = pbh[part][0] = pbh[part][2] = 0u;
+    if constexpr (kBf16) {
+      pah[0][0] = pah[1][0] = tf32_round(p[0]);
+      pah[0][2] = pah[1][2] = tf32_round(p[2]);
+      pbh[0][1] = pbh[1][1] = tf32_round(p[1]);
+      pbh[0][3] = pbh[1][3] = tf32_round(p[3]);
+      l0 = fmaf(l0, alpha0, __uint_as_float(pah[0][0]) + __uint_as_float(pah[0][2]));
+      l1 = fmaf(l1, alpha1, __uint_as_float(pbh[0][1]) + __uint_as_float(pbh[0][3]));
+    } else {
+      split_tf32(p[0], pah[0][0], pah[1][0]);
+      split_tf32(p[2], pah[0][2], pah[1][2]);
+      split_tf32(p[1], pbh[0][1], pbh[1][1]);
+      split_tf32(p[3], pbh[0][3], pbh[1][3]);
+      l0 = fmaf(l0, alpha0, p[0] + p[2]);
+      l1 = fmaf(l1, alpha1, p[1] + p[3]);
+    }
+    // P and the rescale factors for the pair warps (slot t & 1)
+    {
+      float* pst = sp + (t & 1) * H * kTilePitch + g * kBN + 2 * u;
+      *reinterpret_cast<float2*>(pst + ha * kTilePitch) = make_float2(p[0], p[2]);
+      if (hb_ok) *reinterpret_cast<float2*>(pst + hb * kTilePitch) = make_float2(p[1], p[3]);
+      if (u == 0) {
+        float* al = salpha + (t & 1) * H * kQT + g;
+        al[ha * kQT] = alpha0;
+        if (hb_ok) al[hb * kQT] = alpha1;
+      }
+    }
+    // O += P [v | v_pts]: B = V (key 2u | 2u + 1, column 8 n + g), one mma per head
+    const float* va = vsa + 2 * u * kVPitch + g;
+    const float* vb = vsb + 2 * u * kVPitch + g;
+#pragma unroll
+    for (int n = 0; n < kWv / 8; ++n) {
+      acc[n][0] *= alpha0;
+      acc[n][1] *= alpha0;
+      acc[n][2] *= alpha1;
+      acc[n][3] *= alpha1;
+      mma_f32<!kBf16>(acc[n], pah[0], pah[1], va[8 * n], va[kVPitch + 8 * n]);
+      mma_f32<!kBf16>(acc[n], pbh[0], pbh[1], vb[8 * n], vb[kVPitch + 8 * n]);
+    }
+    __syncwarp();  // every lane is done with this stage's k/v rows before they are refilled
+    issue_kv(t + kKvStages);
+    __syncthreads();  // this bias slot read, P published; the next tile's bias published
+  }
+  cp_async_wait<0>();
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  if (u == 0) {
+    sl[ha * kQT + g] = l0;
+    if (hb_ok) sl[hb * kQT + g] = l1;
+  }
+  __syncthreads();  // the row sums published (the pair warps' last step)
+  const int i = i0 + g;
+  if (i >= N) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (half && !hb_ok) break;
+    const int h = half ? hb : ha;
+    const float inv = 1.f / (half ? l1 : l0);
+    float* orow = a.cat + (static_cast<size_t>(b) * N + i) * a.cat_pitch + h * kC + 2 * u;
+    float* prow = a.o_pt + ((static_cast<size_t>(b) * N + i) * H + h) * kVP3 + 2 * u;
+#pragma unroll
+    for (int n = 0; n < kWv / 8; ++n) {
+      const float2 o = make_float2(acc[n][2 * half] * inv, acc[n][2 * half + 1] * inv);
+      if (n < kC / 8)
+        *reinterpret_cast<float2*>(orow + 8 * n) = o;
+      else
+        *reinterpret_cast<float2*>(prow + 8 * (n - kC / 8)) = o;
+    }
+  }
+}
+
+}  // namespace
+
+bool openfold_fits(int H, int c_hidden, int qk_points, int v_points, int c_z) {
+  return H >= 1 && H <= kOpenFoldMaxHeads && c_hidden == of::kC && 3 * qk_points == of::kP3 &&
+         3 * v_points == of::kVP3 && c_z == of::kCz;
+}
+
+size_t openfold_smem_bytes(int H, bool z_bf16) {
+  return z_bf16 ? of::smem_bytes<__nv_bfloat16>(H) : of::smem_bytes<float>(H);
+}
+
+cudaError_t openfold_launch(const OpenFoldArgs& a, bool z_bf16, cudaStream_t stream) {
+  if (a.B < 1 || a.B > 65535 || a.N < 1 || a.H < 1 || a.H > kOpenFoldMaxHeads)
+    return cudaErrorInvalidValue;
+  const auto kern = z_bf16 ? ipa_openfold_kernel<__nv_bfloat16> : ipa_openfold_kernel<float>;
+  const size_t smem = openfold_smem_bytes(a.H, z_bf16);
+  cudaError_t err =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  const dim3 grid((a.N + of::kQT - 1) / of::kQT, a.B);
+  const int threads = ((a.H + 1) / 2 + of::kPairWarps) * 32;
+  kern<<<grid, threads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace ipa
