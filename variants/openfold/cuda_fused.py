@@ -58,6 +58,9 @@ class CudaFusedForward(Projections):
 
         cfg = self.config
         self.check(s, z, translations, rotations, mask)
+        if not z.is_contiguous():  # the kernel copies z's rows as 16-byte chunks
+            raise IPAInputError(f"z: expected a contiguous tensor, got strides {z.stride()} for "
+                                f"shape {tuple(z.shape)} (call .contiguous())")
         q, k, v, pts, cat = self.project(s, translations, rotations, frames.OPERANDS)
         B, N, H = s.shape[0], s.shape[1], cfg.no_heads
 

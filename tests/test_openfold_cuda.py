@@ -1,0 +1,122 @@
+"""Problem `openfold`'s `cuda-fused` (`variants/openfold/cuda_fused.py`, kernel
+`variants/csrc/ipa_openfold.cu`): one CUDA kernel, OpenFold's sizes exactly. CPU: registration,
+the sizes it refuses with reasons (CI compiles the kernel with ptxas in test_cuda_sources.py).
+GPU (marker `gpu`): the harness's protocol at ragged lengths and padded batches, odd and small
+head counts (the attention warps stack two heads; an odd H leaves the last warp one), the mask
+semantics the Triton variants are held to, z refused when strided, and O(N) extra memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.correctness import check_variant, rel_l2
+from tests.test_openfold_triton import _with_mask, assert_within_protocol, built, run
+from variants.openfold.problem import OpenFoldConfig, OpenFoldInputs, make_inputs
+from variants.problem import IPAInputError
+from variants.registry import all_variants, get_variant
+
+NAME = "cuda-fused"
+AF2 = OpenFoldConfig()
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_registered_for_openfold_with_its_sizes():
+    variant = get_variant(NAME, "openfold")
+    assert variant.problems == ("openfold",) and NAME in all_variants("openfold")
+    assert variant.precisions == ("fp32", "bf16")
+    assert variant.math_mode_label("fp32") == "fp32-3xtf32"
+    assert variant.math_mode_label("bf16") == "bf16-tf32"
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"c_hidden": 8}, "c_hidden=8 outside the supported range [16, 16]"),
+    ({"no_heads": 13}, "no_heads=13 outside the supported range [1, 12]"),
+    ({"no_qk_points": 3}, "no_qk_points=3 outside the supported range [4, 4]"),
+    ({"no_v_points": 6}, "no_v_points=6 outside the supported range [8, 8]"),
+    ({"c_z": 64}, "c_z=64 outside the supported range [128, 128]"),
+])
+def test_other_sizes_are_refused_with_a_reason(change, reason):
+    config = OpenFoldConfig(**change)
+    reasons = get_variant(NAME, "openfold").not_supported_reasons(config, "cuda", "fp32")
+    assert reason in reasons
+    with pytest.raises(IPAInputError, match="cannot run here"):
+        get_variant(NAME, "openfold").build({}, config, "cuda", "fp32")
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("config, batch, length", [
+    (AF2, 1, 1), (AF2, 3, 8), (AF2, 2, 97), (AF2, 1, 1000),
+    (OpenFoldConfig(no_heads=5), 2, 33), (OpenFoldConfig(no_heads=2), 2, 17),
+    (OpenFoldConfig(no_heads=1), 1, 9)],
+    ids=["n1", "n8-b3", "n97-b2", "n1000", "h5", "h2", "h1"])
+def test_protocol_on_the_gpu(precision, config, batch, length):
+    """The harness's protocol (seeds, padded batches with different true lengths, SE(3)
+    invariance) against the float64 oracle."""
+    result = check_variant(get_variant(NAME, "openfold"), config, batch=batch, length=length,
+                           device="cuda", precision=precision, seeds=3)
+    assert result.passed, (result.failures, result.rel_l2, result.tol)
+
+
+def _cuda(x: OpenFoldInputs) -> OpenFoldInputs:
+    return x.to(device="cuda", dtype=torch.float64)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_mask_semantics_on_the_gpu():
+    """As the Triton variants' CPU tests: a fully masked batch element is computed as if
+    unmasked and leaves the other unchanged; masked query rows attend to every key."""
+    x = _cuda(make_inputs(AF2, 2, 19, dtype=torch.float64, seed=5, lengths=[19, 12]))
+    mask = x.mask.clone()
+    mask[1] = 0
+    out, ref, oracle, xm = run(AF2, _with_mask(x, mask), device="cuda", name=NAME)
+    assert_within_protocol(out, ref, oracle, xm.mask, "fp32")
+    unmasked, _, _, _ = run(AF2, _with_mask(x, torch.ones_like(mask)), device="cuda", name=NAME)
+    assert rel_l2(out[1], unmasked[1]) < 1e-5
+    y = _cuda(make_inputs(AF2, 2, 21, dtype=torch.float64, seed=6, lengths=[21, 13]))
+    out, _, _, _ = run(AF2, y, device="cuda", name=NAME)
+    masked = y.mask == 0
+    as_if, _, _, _ = run(AF2, _with_mask(y, torch.ones_like(y.mask)), device="cuda", name=NAME)
+    assert rel_l2(out[masked], as_if[masked]) < 1e-5
+    assert rel_l2(out[~masked], as_if[~masked]) > 1e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_inf_comes_from_the_config_on_the_gpu():
+    """inf = 2: masked keys keep a weight of about e^-2; the oracle uses the config's inf too."""
+    config = OpenFoldConfig(inf=2.0)
+    x = _cuda(make_inputs(config, 2, 17, dtype=torch.float64, seed=8, lengths=[17, 8]))
+    out, ref, oracle, xm = run(config, x, device="cuda", name=NAME)
+    assert_within_protocol(out, ref, oracle, xm.mask, "fp32")
+    big, _, _, _ = run(AF2, x, device="cuda", name=NAME)
+    assert rel_l2(out[xm.mask != 0], big[xm.mask != 0]) > 1e-3
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_strided_z_is_refused_before_any_launch():
+    _, fn, _ = built(AF2, "fp32", "cuda", NAME)
+    x = make_inputs(AF2, 1, 9, device="cuda", seed=10)
+    with pytest.raises(IPAInputError, match="z: expected a contiguous tensor"):
+        fn(x.s, x.z.transpose(1, 2), x.translations, x.rotations, x.mask)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_extra_memory_is_linear_in_n():
+    """No N x N tensor: at N = 1536 the (B, H, N, N) fp32 logits alone would be 108 MiB."""
+    _, fn, _ = built(AF2, "fp32", "cuda", NAME)
+    x = make_inputs(AF2, 1, 1536, device="cuda", seed=12)
+    fn(*x.as_tuple())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn(*x.as_tuple())
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before < 40 * 2**20
