@@ -270,6 +270,20 @@ __global__ void __maxnreg__(of::kMaxRegs) ipa_openfold_kernel(const OpenFoldArgs
   const int ha = 2 * warp, hb = 2 * warp + 1;
   const bool hb_ok = hb < H;
   const int hbx = hb_ok ? hb : ha;  // an odd H's last warp reads head ha's rows for hb (A rows zero)
+  // The k/v copies: a tile's 8 k rows (28 floats each) and 8 v rows (40) are contiguous in global
+  // memory, 56 and 80 16-byte chunks; chunk c of k lands at k (pitch 16) or the points (pitch 12),
+  // chunk c of v at row c / 10 of pitch 44. Per lane, chunks lane + 32 m, their rows and shared
+  // offsets computed once (the divisions by 7 and 10 out of the key loop).
+  constexpr int kKChunks = kBN * kWq / 4, kVChunks = kBN * kWv / 4;
+  int krow[2], kdst[2], vrow[3];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const int c = lane + 32 * m, r = c / (kWq / 4), cc = c - r * (kWq / 4);
+    krow[m] = r;
+    kdst[m] = cc < kC / 4 ? r * kC + 4 * cc : kBN * kC + r * kP3 + 4 * (cc - kC / 4);
+  }
+#pragma unroll
+  for (int m = 0; m < 3; ++m) vrow[m] = (lane + 32 * m) / (kWv / 4);
   auto issue_kv = [&](int t) {  // tile t's k, k-point and v rows of both heads into stage t % 2
     if (t < ntiles) {
       const int j0 = t * kBN, nk = min(kBN, N - j0);
@@ -278,22 +292,24 @@ __global__ void __maxnreg__(of::kMaxRegs) ipa_openfold_kernel(const OpenFoldArgs
         const int h = e ? hbx : ha;
         if (e && !hb_ok) break;
         float* ks = kvs + ((t % kKvStages) * H + h) * kKvHead;
-        float* kps = ks + kBN * kC;
-        float* vs = kps + kBN * kP3;
+        float* vs = ks + kBN * (kC + kP3);
         const float* kg = a.k + ((static_cast<size_t>(b) * H + h) * N + j0) * kWq;
         const float* vg = a.v + ((static_cast<size_t>(b) * H + h) * N + j0) * kWv;
 #pragma unroll
-        for (int c = lane; c < kBN * (kWq / 4); c += 32) {  // 7 chunks a row: 4 of k, 3 of points
-          const int r = c / (kWq / 4), cc = c % (kWq / 4);
-          const bool ok = r < nk;
-          float* dst = cc < kC / 4 ? ks + r * kC + 4 * cc : kps + r * kP3 + 4 * (cc - kC / 4);
-          cp_async16(dst, ok ? kg + r * kWq + 4 * cc : kg, ok ? 16 : 0);
+        for (int m = 0; m < 2; ++m) {
+          const int c = lane + 32 * m;
+          if (c < kKChunks) {
+            const bool ok = krow[m] < nk;
+            cp_async16(ks + kdst[m], ok ? kg + 4 * c : kg, ok ? 16 : 0);
+          }
         }
 #pragma unroll
-        for (int c = lane; c < kBN * (kWv / 4); c += 32) {
-          const int r = c / (kWv / 4), cc = c % (kWv / 4);
-          const bool ok = r < nk;
-          cp_async16(vs + r * kVPitch + 4 * cc, ok ? vg + r * kWv + 4 * cc : vg, ok ? 16 : 0);
+        for (int m = 0; m < 3; ++m) {
+          const int c = lane + 32 * m;
+          if (c < kVChunks) {
+            const bool ok = vrow[m] < nk;
+            cp_async16(vs + 4 * c + 4 * vrow[m], ok ? vg + 4 * c : vg, ok ? 16 : 0);
+          }
         }
       }
     }
