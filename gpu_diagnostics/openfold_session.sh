@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One device call for problem `openfold`'s Triton forwards (issue #18): the GPU tests of
-# `triton` (fused) and `triton-bias` (three kernels), torch.profiler on one `triton-bias`
-# forward at N = 2048 in fp32 and bf16 (time per kernel, each autotuned kernel's configs),
-# then the `openfold-default` sweep for triton, triton-bias and torch-compile and its report.
+# One device call for problem `openfold`'s fused forwards (issue #18): the GPU tests of OF_TESTS
+# (default tests/test_openfold_triton.py: `triton` (fused) and `triton-bias` (three kernels)),
+# torch.profiler on one OF_PROFILE (default triton-bias) forward at N = 2048 in fp32 and bf16
+# (time per kernel, each autotuned kernel's configs), then the `openfold-default` sweep for
+# OF_VARIANTS (default triton, triton-bias, torch-compile) and its report. The CUDA kernel's first
+# call (thirtieth session): OF_TESTS=tests/test_openfold_cuda.py OF_PROFILE=cuda-fused
+# OF_VARIANTS="cuda-fused triton-bias".
 # With OF_BENCH=1 also the fused kernel timed at N = 1024 / 2048 / 4096 with every autotune
 # config's time and the compiled kernels' registers and spills (kernel_bench.py). Each stage
 # runs under its own limit (LIM_TEST, LIM_PROF per profile, LIM_BENCH, LIM_SWEEP seconds;
@@ -22,11 +25,12 @@ if [ -n "${OF_DRY:-}" ]; then
 fi
 
 if [ -z "${OF_DRY:-}" ]; then
-    timeout -s INT "${LIM_TEST:-150}" python3 -m pytest -q -m gpu tests/test_openfold_triton.py \
+    # shellcheck disable=SC2086  # OF_TESTS may name several files
+    timeout -s INT "${LIM_TEST:-150}" python3 -m pytest -q -m gpu ${OF_TESTS:-tests/test_openfold_triton.py} \
         -p no:cacheprovider -rfE --tb=short 2>&1 | tail -40 > "$OUT/gpu-tests.log"
     for precision in fp32 bf16; do
         timeout -s INT "${LIM_PROF:-55}" python3 gpu_diagnostics/profile_call.py 2048 \
-            "$precision" triton-bias --problem openfold --pass forward
+            "$precision" "${OF_PROFILE:-triton-bias}" --problem openfold --pass forward
     done > "$OUT/profile.log" 2>&1
 fi
 if [ -n "${OF_DRY:-}${OF_BENCH:-}" ]; then
@@ -37,7 +41,8 @@ fi
 if [ -z "${OF_DRY:-}" ]; then
     timeout -s INT "${LIM_SWEEP:-300}" python3 -m harness.cli sweep --preset openfold-default \
         --problem openfold --device cuda -o "$OUT/openfold" --no-plots --no-progress \
-        --variant triton --variant triton-bias --variant torch-compile > "$OUT/sweep.log" 2>&1
+        $(for v in ${OF_VARIANTS:-triton triton-bias torch-compile}; do echo --variant "$v"; done) \
+        > "$OUT/sweep.log" 2>&1
     timeout -s INT 20 python3 -m harness.cli report "$OUT/openfold/results.csv" \
         > "$OUT/report.md" 2>&1
     rm -f "$OUT/openfold/.ipa-bench.lock"
