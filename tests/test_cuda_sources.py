@@ -237,8 +237,10 @@ def test_fused_limits():
 
 
 @pytest.mark.parametrize("forms, dtype, config, label", [
-    ({}, "fp32", IPAConfig(), "ieee"),  # the defaults: FFMA in fp32 ...
-    ({}, "bf16", IPAConfig(), "ieee"),  # ... the bias alone on mma in bf16 (exact products)
+    ({}, "fp32", IPAConfig(), "fp32-3xtf32"),  # the defaults: the tensor-core kernel
+    ({}, "bf16", IPAConfig(), "bf16-tf32"),
+    ({"FP32_BIAS": FFMA_BIAS}, "fp32", IPAConfig(), "ieee"),
+    ({"BF16_BIAS": MMA_HEAD_ROWS}, "bf16", IPAConfig(), "ieee"),  # the bias alone on mma: exact
     ({"FP32_BIAS": MMA_HEAD_ROWS}, "fp32", IPAConfig(), "fp32-3xtf32"),
     ({"FP32_BIAS": TENSOR_CORES}, "fp32", IPAConfig(), "fp32-3xtf32"),
     ({"BF16_BIAS": TENSOR_CORES}, "bf16", IPAConfig(), "bf16-tf32"),

@@ -45,9 +45,9 @@ constexpr int kC = 16, kP3 = 12, kWq = kC + kP3, kVP3 = 24, kWv = kC + kVP3, kCz
 constexpr int kQT = 8, kBN = 8, kMmaHeads = 16;
 constexpr int kPairWarps = kQT;
 constexpr int kThreads = (kOpenFoldMaxHeads / 2 + kPairWarps) * 32;
-// The register cap for one CTA of kThreads on an SM (64 Ki registers, allocated per warp in units
-// of 256): __launch_bounds__(448, 1) would cap at 128 (ptxas rounds the block to 512 threads).
-constexpr int kMaxRegs = 65536 / kThreads / 8 * 8;
+// Registers: 128 a thread (__launch_bounds__(448, 1)). Not 65536 / 448 = 146: an SM's four
+// sub-partitions hold 16 Ki registers each and take the warps in turn, so 14 warps place 4 on
+// one of them (__maxnreg__(144) compiled, and the H100 refused the launch: too many resources).
 constexpr int kTilePitch = kQT * kBN + 8;  // floats per head in a bias or P tile: 8 banks apart
 constexpr int kVPitch = kWv + 4;           // rows 2u, 2u + 1 of a V fragment on distinct banks
 constexpr int kKvHead = kBN * (kC + kP3 + kVPitch);  // one head's k, k points and v rows
@@ -80,7 +80,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float2 p) {
 }  // namespace of
 
 template <typename ZT>
-__global__ void __maxnreg__(of::kMaxRegs) ipa_openfold_kernel(const OpenFoldArgs a) {
+__global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const OpenFoldArgs a) {
   using namespace of;
   constexpr bool kBf16 = sizeof(ZT) == 2;
   constexpr int kZPitch = Pitch<ZT>::kZ, kWPitch = Pitch<ZT>::kW;
