@@ -384,12 +384,13 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
     }
     const float* v0 = vt + 2 * u * kVPitch + g;  // B: V[key 2u][8 n + g], V[key 2u + 1][8 n + g]
 #pragma unroll
-    for (int n = 0; n < kWv / 8; ++n) {
-      acc[n][0] *= alpha0;
-      acc[n][1] *= alpha0;
-      acc[n][2] *= alpha1;
-      acc[n][3] *= alpha1;
-      mma_f32<!kBf16>(acc[n], pa[0], pa[1], v0[8 * n], v0[kVPitch + 8 * n]);
+    for (int n = 0; n < kWv / 8; ++n) {  // the tile's P V fresh, then acc alpha + P V (round to nearest)
+      float pv[4];
+      mma_f32<!kBf16, true>(pv, pa[0], pa[1], v0[8 * n], v0[kVPitch + 8 * n]);
+      acc[n][0] = fmaf(acc[n][0], alpha0, pv[0]);
+      acc[n][1] = fmaf(acc[n][1], alpha0, pv[1]);
+      acc[n][2] = fmaf(acc[n][2], alpha1, pv[2]);
+      acc[n][3] = fmaf(acc[n][3], alpha1, pv[3]);
     }
     __syncwarp();  // every lane is done with this stage's k/v rows before they are refilled
     issue_kv(it + kKvStages);

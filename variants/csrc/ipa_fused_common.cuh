@@ -48,6 +48,19 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// d = A B (C = 0), fragments as mma_tf32's: a fresh partial product. The tensor cores round the
+// additions of an accumulating mma toward zero (Fasi et al. 2021), so a sum carried through many
+// mma in C drifts one way; a partial per key tile, added to the running sum by an FFMA (round to
+// nearest), does not.
+__device__ __forceinline__ void mma_tf32_fresh(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+}
+
 // x rounded to TF32 (to nearest, ties away), as the bits of an fp32.
 __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;
@@ -86,16 +99,20 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
 
 // d += A B (mma.m16n8k8 TF32 fragments) from operands given as fp32 values, rounded once to TF32
 // or, with kSplit, as 3xTF32: A's and B's hi and lo parts, the small products first.
-template <bool kSplit>
+// kFresh: d = A B (the first product into a zeroed d, `mma_tf32_fresh`), else d += A B.
+template <bool kSplit, bool kFresh = false>
 __device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&ah)[4],
                                         const uint32_t (&al)[4], float b0, float b1) {
   if constexpr (kSplit) {
     uint32_t bh0, bl0, bh1, bl1;
     split_tf32(b0, bh0, bl0);
     split_tf32(b1, bh1, bl1);
-    mma_tf32(d, al[0], al[1], al[2], al[3], bh0, bh1);
+    if constexpr (kFresh) mma_tf32_fresh(d, al[0], al[1], al[2], al[3], bh0, bh1);
+    else mma_tf32(d, al[0], al[1], al[2], al[3], bh0, bh1);
     mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
     mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+  } else if constexpr (kFresh) {
+    mma_tf32_fresh(d, ah[0], ah[1], ah[2], ah[3], tf32_operand(b0), tf32_operand(b1));
   } else {
     mma_tf32(d, ah[0], ah[1], ah[2], ah[3], tf32_operand(b0), tf32_operand(b1));
   }

@@ -194,13 +194,6 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
       const float* ps = sp + (t & 1) * H * kTilePitch + qq * kBN;
       const float* al = salpha + (t & 1) * H * kQT + qq;
       const float alpha0 = g < H ? al[g * kQT] : 0.f, alpha1 = g + 8 < H ? al[(g + 8) * kQT] : 0.f;
-#pragma unroll
-      for (int n = 0; n < kCz / 8; ++n) {
-        op[n][0] *= alpha0;
-        op[n][1] *= alpha0;
-        op[n][2] *= alpha1;
-        op[n][3] *= alpha1;
-      }
       const ZT* zt = stage_rows(t);
       if constexpr (kBf16) {
         // A: P (head g | g + 8, keys 2u, 2u + 1) as bf16 pairs; B: z (keys 2u, 2u + 1, channel
@@ -214,7 +207,14 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
           uint32_t zb[4];
           ldmatrix_x4_trans(zb, zt + zoff + 32 * j);
 #pragma unroll
-          for (int m = 0; m < 4; ++m) mma_bf16_k8(op[4 * j + m], a0, a1, zb[m]);
+          for (int m = 0; m < 4; ++m) {
+            float(&o)[4] = op[4 * j + m];
+            o[0] *= alpha0;
+            o[1] *= alpha0;
+            o[2] *= alpha1;
+            o[3] *= alpha1;
+            mma_bf16_k8(o, a0, a1, zb[m]);
+          }
         }
       } else {
         // A: P (head g | g + 8, key u | u + 4), split; B: z (key u | u + 4, channel 8 n + g)
@@ -227,7 +227,14 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
         for (int r = 0; r < 4; ++r) split_tf32(pv[r], ah[r], alo[r]);
         const ZT* z0 = zt + u * kZPitch + g;
 #pragma unroll
-        for (int n = 0; n < kCz / 8; ++n) mma_f32<true>(op[n], ah, alo, z0[8 * n], z0[4 * kZPitch + 8 * n]);
+        for (int n = 0; n < kCz / 8; ++n) {  // fresh, then op alpha + P z (round to nearest)
+          float pz[4];
+          mma_f32<true, true>(pz, ah, alo, z0[8 * n], z0[4 * kZPitch + 8 * n]);
+          op[n][0] = fmaf(op[n][0], alpha0, pz[0]);
+          op[n][1] = fmaf(op[n][1], alpha0, pz[1]);
+          op[n][2] = fmaf(op[n][2], alpha1, pz[2]);
+          op[n][3] = fmaf(op[n][3], alpha1, pz[3]);
+        }
       }
     };
 
@@ -459,13 +466,14 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     const float* va = vsa + 2 * u * kVPitch + g;
     const float* vb = vsb + 2 * u * kVPitch + g;
 #pragma unroll
-    for (int n = 0; n < kWv / 8; ++n) {
-      acc[n][0] *= alpha0;
-      acc[n][1] *= alpha0;
-      acc[n][2] *= alpha1;
-      acc[n][3] *= alpha1;
-      mma_f32<!kBf16>(acc[n], pah[0], pah[1], va[8 * n], va[kVPitch + 8 * n]);
-      mma_f32<!kBf16>(acc[n], pbh[0], pbh[1], vb[8 * n], vb[kVPitch + 8 * n]);
+    for (int n = 0; n < kWv / 8; ++n) {  // the tile's P V fresh, then acc alpha + P V (round to nearest)
+      float pv[4];
+      mma_f32<!kBf16, true>(pv, pah[0], pah[1], va[8 * n], va[kVPitch + 8 * n]);
+      mma_f32<!kBf16>(pv, pbh[0], pbh[1], vb[8 * n], vb[kVPitch + 8 * n]);
+      acc[n][0] = fmaf(acc[n][0], alpha0, pv[0]);
+      acc[n][1] = fmaf(acc[n][1], alpha0, pv[1]);
+      acc[n][2] = fmaf(acc[n][2], alpha1, pv[2]);
+      acc[n][3] = fmaf(acc[n][3], alpha1, pv[3]);
     }
     __syncwarp();  // every lane is done with this stage's k/v rows before they are refilled
     issue_kv(t + kKvStages);
