@@ -307,13 +307,13 @@ def _round_tf32(x: torch.Tensor) -> torch.Tensor:
 def _attend_operands(ops, pair_repr, pair_weight, point_weight, widths, log2_units: bool,
                      tf32: bool = False):
     """What the kernels compute, in float64 PyTorch: softmax-weighted [v | value points]
-    (B, N, H, dv) from the prepared operands (distance computed directly). With `tf32`, q, k,
-    the probabilities (scaled by the row maximum) and v are rounded to TF32 first, as the
-    TENSOR_CORES kernel's mma operands are."""
+    (B, N, H, dv) from the prepared operands (distance computed directly). With `tf32`, the
+    probabilities (scaled by the row maximum) and v are rounded to TF32 first, as the bf16
+    TENSOR_CORES kernel's p.v operands are (its q.k is 3xTF32)."""
     rnd = _round_tf32 if tf32 else torch.Tensor.double
     q, k, v = ops.q.double(), ops.k.double(), ops.v.double()
     d = widths.dqp
-    logits = rnd(q[..., :d]) @ rnd(k[..., :d]).transpose(-1, -2)
+    logits = q[..., :d] @ k[..., :d].transpose(-1, -2)
     dist = ((q[..., d:].unsqueeze(3) - k[..., d:].unsqueeze(2)) ** 2).sum(-1)
     logits = logits + point_weight.double().view(1, -1, 1, 1) * dist
     logits = logits + (pair_repr.double() @ pair_weight.double().T).permute(0, 3, 1, 2)
@@ -377,14 +377,14 @@ def test_af2_tensor_core_bias_matches_float64_kernel_math(config, length, dtype,
 @pytest.mark.parametrize("splits", [0, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_af2_tensor_core_kernel_matches_float64_kernel_math(config, length, splits, dtype):
-    """The af2 class's TENSOR_CORES kernel (bias warps, q.k and p.v on TF32 mma) against the same
-    math in float64 from the same operands. fp32 pair_repr: 3xTF32 throughout, held to 1e-5
-    as the FFMA kernels. bf16: q, k, the probabilities and v are rounded to TF32 (relative
-    2^-11 each), so the float64 math with those four roundings emulated (~1.9e-4 on these
-    operands, CPU) sets the bound, twice that plus 1e-5. (The kernel scales the probabilities by
-    a running maximum, so they round at other points than the emulation's: the two agree in
-    size, not bit for bit.) Heads 12, 10 and 2 (bias warps with zero heads), ragged N, B = 2,
-    one split and three."""
+    """The af2 class's TENSOR_CORES kernel (bias warps, q.k (3xTF32) and p.v on TF32 mma)
+    against the same math in float64 from the same operands. fp32 pair_repr: 3xTF32 throughout,
+    held to 1e-5 as the FFMA kernels. bf16: the probabilities and v are rounded to TF32
+    (relative 2^-11 each; q.k is 3xTF32), so the float64 math with those roundings emulated sets
+    the bound, twice that plus 1e-5. (The kernel scales the probabilities by a running maximum,
+    so they round at other points than the emulation's: the two agree in size, not bit for
+    bit.) Heads 12, 10 and 2 (bias warps with zero heads), ragged N, B = 2, one split and
+    three."""
     ops, pair, wb, pw, klass, widths = _fused_operands(config, length, 2, dtype, klass=AF2)
     out = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, bias=TENSOR_CORES, klass=klass,
                           dqp=widths.dqp, dv=widths.dv, splits=splits)

@@ -51,11 +51,11 @@ MAX_PAIR_DIM = 128  # kMaxPairDim
 # W_b as hi + lo parts) with a warp's pairs (bf16 pair_repr only) or W_b's heads as the rows of
 # the A operand; fp32 pair_repr in the head-rows form is 3xTF32 (`variants/csrc/ipa_fused_af2.cu`).
 # TENSOR_CORES is a kernel of its own, `variants/csrc/ipa_fused_af2_tc.cu`: the head-rows bias on
-# four extra warps, and the attention's q.k and p.v on TF32 mma (bf16 pair_repr: operands rounded
-# to TF32, relative 2^-11; fp32: 3xTF32; the points, distances and softmax stay fp32).
+# four extra warps, and the attention's q.k (3xTF32) and p.v on TF32 mma (bf16 pair_repr: p.v's
+# operands rounded to TF32, relative 2^-11; fp32: 3xTF32; points, distances, softmax stay fp32).
 FFMA_BIAS, MMA_PAIR_ROWS, MMA_HEAD_ROWS, TENSOR_CORES = 0, 1, 2, 3
 BIAS_NAMES = {FFMA_BIAS: "FFMA", MMA_PAIR_ROWS: "mma, pair rows", MMA_HEAD_ROWS: "mma, head rows",
-              TENSOR_CORES: "mma on bias warps, q.k and p.v on TF32 mma"}
+              TENSOR_CORES: "mma on bias warps, q.k (3xTF32) and p.v on TF32 mma"}
 # The forms the af2 class takes for bf16 and fp32 pair_repr, read at each call, chosen by
 # `gpu_diagnostics/bias_forms_session.sh`'s A/B (H100, CUDA-graph replay, one process, default
 # layer, 2026-12-06; ms FFMA / pair rows / head rows): bf16 N = 4096 4.357 / 4.159 / 3.984,
@@ -205,7 +205,7 @@ class CudaFused(Variant):
 
     def math_mode_label(self, precision, config=None):
         """The af2 class's forms that run fp32 products on TF32 say so: fp32 `fp32-3xtf32`
-        (MMA_HEAD_ROWS, TENSOR_CORES), bf16 `bf16-tf32` (TENSOR_CORES: q.k and p.v on TF32)."""
+        (MMA_HEAD_ROWS, TENSOR_CORES), bf16 `bf16-tf32` (TENSOR_CORES: p.v on TF32)."""
         precision = get_precision(precision)
         af2 = isinstance(config, IPAConfig) and class_fits(AF2, config)
         if not af2 or precision.math_mode != "ieee":

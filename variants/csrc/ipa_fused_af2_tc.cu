@@ -16,7 +16,10 @@
 //   attention warps (warp h <-> head h): on mma.m16n8k8 TF32, lane (g, u) = (lane / 4, lane % 4):
 //     S = Q K^T  16 queries x 8 keys, 4 k-steps. The head dimension is permuted in both operands
 //                (k-step s, column u (+4) <-> d = 8u + 2s (+1)), so a lane's K fragments are
-//                K[key g][8u .. 8u+7]: two 16-byte loads; Q's fragments stay in registers.
+//                K[key g][8u .. 8u+7]: two 16-byte loads; Q's fragments stay in registers. 3xTF32
+//                for both z dtypes: with q and k rounded to TF32 (relative 2^-11) a logit's error
+//                is ~2^-11 sum |q_d k_d|, which made the bf16 rows' rel_l2 1.4e-2 at N = 1000 on
+//                an H100 (thirtieth session), 8x the FFMA kernel's.
 //     logits     S + bias + point weight x squared distance, the distance computed directly in
 //                fp32 for the lane's four (query, key) pairs (g or g+8, 2u or 2u+1).
 //     softmax    base 2, online, fp32; row maxima over the quad (two shuffles a row); the row
@@ -25,11 +28,15 @@
 //     O += P V   the accumulator fragment of S is P's A fragment once the key order of the
 //                k-step is (2u, 2u+1) -> (u, u + 4), which V's rows follow: no shuffles; 7
 //                n-tiles over [v | value points] (56 floats).
-//   Points and bias stay fp32 (FFMA). bf16 z: q.k and p.v round their operands to TF32
-//   (relative 2^-11, ~8x finer than the bf16 the eager bf16 reference computes them in). fp32 z:
-//   3xTF32 (each operand split hi + lo, three mma), fp32-level.
-// Shared memory at H = 12: bf16 z: bias tiles 13 KB, z 3 x 34 KB, k/v 2 x 39 KB: 193 KB; fp32 z:
-// z 2 x 66 KB, k/v 1 x 39 KB, W_b's parts 16.5 KB, query points 9 KB: 209 KB. One CTA per SM.
+//              Each tile's P V is a fresh mma partial added to O by an FFMA (the tensor cores round
+//              the additions of an accumulating mma toward zero: carried through every tile in
+//              C, O drifted, fp32 err/ref 2.92 at N = 1000 on an H100).
+//   Points and bias stay fp32 (FFMA). bf16 z: p.v rounds its operands to TF32 (relative 2^-11,
+//   ~8x finer than the bf16 the eager bf16 reference computes them in). fp32 z: p.v 3xTF32 (each
+//   operand split hi + lo, three mma), fp32-level.
+// Shared memory at H = 12: bf16 z: bias tiles 13 KB, z 3 x 34 KB, k/v 2 x 39 KB, query points 9 KB:
+// 202 KB; fp32 z: z 2 x 66 KB, k/v 1 x 39 KB, W_b's parts 16.5 KB, query points 9 KB: 209 KB. One
+// CTA per SM.
 // The design shared with the other classes (split-K and its combine, operand layouts):
 // ipa_fused.cu and ipa_kernels.h.
 #include <math.h>
@@ -64,9 +71,8 @@ __host__ __device__ constexpr size_t smem_bytes(int H) {
   return 4ull * 2 * H * kSbPitch                                   // bias tiles, double-buffered
          + sizeof(ZT) * Tc<ZT>::kZStages * kPairs * Tc<ZT>::kZPitch  // z rows
          + 4ull * Tc<ZT>::kKvStages * H * kKvHead                  // k and v rows per head
-         + (sizeof(ZT) == 4 ? 4ull * (2 * kMmaHeads * Tc<ZT>::kZPitch  // fp32: W_b's parts,
-                                      + H * kQT * kPts)               // the query points
-                            : 0);
+         + (sizeof(ZT) == 4 ? 4ull * 2 * kMmaHeads * Tc<ZT>::kZPitch : 0)  // fp32: W_b's parts
+         + 4ull * H * kQT * kPts;                                          // the query points
 }
 
 }  // namespace af2tc
@@ -91,7 +97,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
   float* sb = reinterpret_cast<float*>(smem_raw);  // [2][H][kSbPitch]: (head, query, key)
   ZT* zs = reinterpret_cast<ZT*>(sb + 2 * H * kSbPitch);  // [kZStages][kPairs][kZPitch]
   float* kvs = reinterpret_cast<float*>(zs + kZStages * kPairs * kZPitch);  // [kKvStages][H][kKvHead]
-  float* ws = kvs + kKvStages * H * kKvHead;  // fp32 z: W_b's [hi, lo][kMmaHeads][kZPitch], then
+  float* ws = kvs + kKvStages * H * kKvHead;  // (fp32 z: W_b's [hi, lo][kMmaHeads][kZPitch],)
                                               // the query points [H][kQT][kPts]
 
   if (warp >= H) {  // ================= bias warps =================
@@ -259,12 +265,12 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
   // Lane (g, u) owns query rows i0 + g and i0 + g + 8 (clamped into N for the loads; rows past N
   // compute finite values that are not stored).
   const int row0 = i0 + g, row1 = i0 + g + 8;
-  // Q's A fragments (hi, and for fp32 z lo): (row g | g + 8, d = 8u + 2s | 8u + 2s + 1)
-  uint32_t qa[kBf16 ? 1 : 2][kD / 8][4];
-  // The query points of rows g and g + 8: registers (bf16 z), or for fp32 z, where 3xTF32's Q
-  // parts take 16 more registers, this head's 16 rows in shared memory (qps, [kQT][kPts]).
-  float qp0[kBf16 ? kPts : 1], qp1[kBf16 ? kPts : 1];
-  float* qps = ws + 2 * kMmaHeads * kZPitch + h * kQT * kPts;
+  // Q's A fragments, hi and lo (q.k is 3xTF32 for both z dtypes): (row g | g + 8, d = 8u + 2s |
+  // 8u + 2s + 1)
+  uint32_t qa[2][kD / 8][4];
+  // The query points of this head's 16 rows in shared memory (qps, [kQT][kPts]): in registers
+  // they would not fit beside Q's parts under 128.
+  float* qps = ws + (kBf16 ? 0 : 2 * kMmaHeads * kZPitch) + h * kQT * kPts;
   {
     const float* q0 = a.q + (head_row0 + min(row0, N - 1)) * kWq;
     const float* q1 = a.q + (head_row0 + min(row1, N - 1)) * kWq;
@@ -279,19 +285,9 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
     for (int s = 0; s < kD / 8; ++s) {
       const float x[4] = {x0[2 * s], x1[2 * s], x0[2 * s + 1], x1[2 * s + 1]};
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        if constexpr (kBf16) qa[0][s][r] = tf32_operand(x[r]);
-        else split_tf32(x[r], qa[0][s][r], qa[1][s][r]);
-      }
+      for (int r = 0; r < 4; ++r) split_tf32(x[r], qa[0][s][r], qa[1][s][r]);
     }
-    if constexpr (kBf16) {
-#pragma unroll
-      for (int c = 0; c < kPts / 4; ++c) {
-        const float4 f0 = ld_global4(q0 + kD + 4 * c), f1 = ld_global4(q1 + kD + 4 * c);
-        qp0[4 * c] = f0.x; qp0[4 * c + 1] = f0.y; qp0[4 * c + 2] = f0.z; qp0[4 * c + 3] = f0.w;
-        qp1[4 * c] = f1.x; qp1[4 * c + 1] = f1.y; qp1[4 * c + 2] = f1.z; qp1[4 * c + 3] = f1.w;
-      }
-    } else if (u < kPts / 4) {  // lane (g, u) copies chunk u of rows g and g + 8
+    if (u < kPts / 4) {  // lane (g, u) copies chunk u of rows g and g + 8
       *reinterpret_cast<float4*>(qps + g * kPts + 4 * u) = ld_global4(q0 + kD + 4 * u);
       *reinterpret_cast<float4*>(qps + (g + 8) * kPts + 4 * u) = ld_global4(q1 + kD + 4 * u);
     }
@@ -317,7 +313,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
       const float kr[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
 #pragma unroll
       for (int st = 0; st < kD / 8; ++st)
-        mma_f32<!kBf16>(s, qa[0][st], qa[kBf16 ? 0 : 1][st], kr[2 * st], kr[2 * st + 1]);
+        mma_f32<true>(s, qa[0][st], qa[1][st], kr[2 * st], kr[2 * st + 1]);
     }
     // + point weight x squared distance (direct, fp32) + bias; keys past N masked
     {
@@ -329,16 +325,9 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
         for (int c = 0; c < kPts / 4; ++c) {
           const float4 kk = ld_shared4(kp + 4 * c);
           const float kc[4] = {kk.x, kk.y, kk.z, kk.w};
-          float q0c[4], q1c[4];
-          if constexpr (kBf16) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) q0c[x] = qp0[4 * c + x], q1c[x] = qp1[4 * c + x];
-          } else {
-            const float4 f0 = ld_shared4(qps + g * kPts + 4 * c);
-            const float4 f1 = ld_shared4(qps + (g + 8) * kPts + 4 * c);
-            q0c[0] = f0.x; q0c[1] = f0.y; q0c[2] = f0.z; q0c[3] = f0.w;
-            q1c[0] = f1.x; q1c[1] = f1.y; q1c[2] = f1.z; q1c[3] = f1.w;
-          }
+          const float4 f0 = ld_shared4(qps + g * kPts + 4 * c);
+          const float4 f1 = ld_shared4(qps + (g + 8) * kPts + 4 * c);
+          const float q0c[4] = {f0.x, f0.y, f0.z, f0.w}, q1c[4] = {f1.x, f1.y, f1.z, f1.w};
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const float d0 = q0c[x] - kc[x], d1 = q1c[x] - kc[x];

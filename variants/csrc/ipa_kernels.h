@@ -32,8 +32,8 @@ enum FusedClass : int {
 // warp's 8 pairs as the rows of A (bf16 z only; rows 8-15 zero: 32 mma a warp and tile) or W_b's
 // 16 padded heads as the rows of A and the pairs as B's columns (bf16: 16 mma; fp32 z: 3xTF32,
 // 48 mma of m16n8k8). kTensorCores (ipa_fused_af2_tc.cu) is a kernel of its own: the head-rows
-// bias on 4 extra warps, and the attention's q.k and p.v on TF32 mma (3xTF32 for fp32 z), 8-key
-// tiles.
+// bias on 4 extra warps, and the attention's q.k (3xTF32) and p.v on TF32 mma (3xTF32 for fp32
+// z), 8-key tiles.
 enum FusedBias : int {
   kFfmaBias = 0,
   kMmaPairRows = 1,

@@ -20,7 +20,8 @@
 //     layouts are those of the af2 kernel with 16 queries. S = Q K^T on mma.m16n8k8 TF32 (head
 //     dimension permuted: k-step s, column u (+4) <-> d = 4u + 2s (+1), so a lane's K fragment is
 //     one 16-byte load), + bias + point weight x squared distance (direct, fp32) + the mask term,
-//     online softmax in base 2, O += P [v | v_pts] (5 n-tiles) on TF32 (3xTF32 for fp32 z); P
+//     online softmax in base 2, O += P [v | v_pts] (5 n-tiles) on TF32 (3xTF32 for fp32 z; q.k is
+//     3xTF32 for both); P
 //     and the rescale factors go to shared memory for the pair warps.
 // One barrier a tile: the pair warps write tile t + 1's bias and read tile t - 1's P while the
 // attention warps read tile t's bias and write tile t's P (both double-buffered). z is staged by
@@ -327,8 +328,9 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
 
   const int iq = min(i0 + g, N - 1);  // this lane's query (clamped for the loads)
   // Q's A fragments: head ha in a0 / a2 (a1 = a3 = 0), head hb in a1 / a3 (a0 = a2 = 0); k-step
-  // s: column u <-> d = 4u + 2s, u + 4 <-> 4u + 2s + 1. fp32 z: hi and lo parts.
-  uint32_t qa[kBf16 ? 1 : 2][2][4], qb[kBf16 ? 1 : 2][2][4];
+  // s: column u <-> d = 4u + 2s, u + 4 <-> 4u + 2s + 1. Hi and lo parts: q.k is 3xTF32 for both
+  // z dtypes (cuda-fused's af2 kernel measured 8x the error with q and k rounded to TF32).
+  uint32_t qa[2][2][4], qb[2][2][4];
   float qpa[kP3], qpb[kP3];  // the query points of both rows
   {
     const float* ra = a.q + ((static_cast<size_t>(b) * H + ha) * N + iq) * kWq;
@@ -339,19 +341,14 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
 #pragma unroll
-      for (int part = 0; part < (kBf16 ? 1 : 2); ++part) {
+      for (int part = 0; part < 2; ++part) {
         qa[part][s][1] = qa[part][s][3] = qb[part][s][0] = qb[part][s][2] = 0u;
       }
 #pragma unroll
       for (int c = 0; c < 2; ++c) {  // c: column u (d = 4u + 2s) or u + 4 (d + 1)
         const float va = xa[2 * s + c], vb = hb_ok ? xb[2 * s + c] : 0.f;
-        if constexpr (kBf16) {
-          qa[0][s][2 * c] = tf32_operand(va);
-          qb[0][s][2 * c + 1] = tf32_operand(vb);
-        } else {
-          split_tf32(va, qa[0][s][2 * c], qa[1][s][2 * c]);
-          split_tf32(vb, qb[0][s][2 * c + 1], qb[1][s][2 * c + 1]);
-        }
+        split_tf32(va, qa[0][s][2 * c], qa[1][s][2 * c]);
+        split_tf32(vb, qb[0][s][2 * c + 1], qb[1][s][2 * c + 1]);
       }
     }
 #pragma unroll
@@ -388,8 +385,8 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
       const float kra[4] = {ka.x, ka.y, ka.z, ka.w}, krb[4] = {kb.x, kb.y, kb.z, kb.w};
 #pragma unroll
       for (int st = 0; st < 2; ++st) {
-        mma_f32<!kBf16>(s, qa[0][st], qa[kBf16 ? 0 : 1][st], kra[2 * st], kra[2 * st + 1]);
-        mma_f32<!kBf16>(s, qb[0][st], qb[kBf16 ? 0 : 1][st], krb[2 * st], krb[2 * st + 1]);
+        mma_f32<true>(s, qa[0][st], qa[1][st], kra[2 * st], kra[2 * st + 1]);
+        mma_f32<true>(s, qb[0][st], qb[1][st], krb[2 * st], krb[2 * st + 1]);
       }
     }
     {

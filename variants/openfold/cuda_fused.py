@@ -12,12 +12,12 @@ concatenates the kernel's operand rows ([q | q points], [k | k points], [v | v p
 (B, H, N, width)) with three `torch.cat` calls: O(N) copies the prologue could write directly.
 
 Math: fp32 inputs run every product (q.k, p.v, the pair bias, the pair values) as 3xTF32 (the rows
-say `fp32-3xtf32`; the fp32 tolerance judges them); bf16 inputs run q.k and p.v on TF32 and the
-pair bias with W_b as bf16 hi + lo parts, exact products of bf16 z, and the pair values with the
-probabilities rounded to bf16 as the eager bf16 reference rounds them (`bf16-tf32`). Distances,
-softmax and accumulators are fp32. Deviations from the reference, none changing the function:
-linear_b's bias is dropped (the softmax cancels it), the mask term is m_i * inf * (m_j - 1) (as
-the Triton kernels'), points are centred.
+say `fp32-3xtf32`; the fp32 tolerance judges them); bf16 inputs run q.k as 3xTF32, p.v on TF32
+and the pair bias with W_b as bf16 hi + lo parts, exact products of bf16 z, and the pair values
+with the probabilities rounded to bf16 as the eager bf16 reference rounds them (`bf16-tf32`).
+Distances, softmax and accumulators are fp32. Deviations from the reference, none changing the
+function: linear_b's bias is dropped (the softmax cancels it), the mask term is
+m_i * inf * (m_j - 1) (as the Triton kernels'), points are centred.
 
 Sizes: OpenFold's exactly (c_hidden 16, 4 query and 8 value points, c_z 128; the kernel's widths
 are compile-time constants), 1 to 12 heads; fp32 and bf16. No split of the key range: at B = 1
