@@ -84,6 +84,21 @@ def assert_within_protocol(out, ref, oracle, mask, precision: str):
         assert err <= tol, f"{part} rows: rel_l2 {err:.3e} > tol {tol:.3e} (ref {ref_err:.3e})"
 
 
+def extra_peak_bytes(name: str, length: int) -> int:
+    """Peak CUDA memory of variant `name`'s fp32 forward of the AF2 layer at B = 1 over what was
+    allocated before it (after a warm-up call)."""
+    config = OpenFoldConfig()
+    _, fn, _ = built(config, "fp32", "cuda", name)
+    x = make_inputs(config, 1, length, device="cuda", seed=12)
+    fn(*x.as_tuple())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn(*x.as_tuple())
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def run(config, inputs: OpenFoldInputs, precision="fp32", device="cpu", name="triton"):
     sd, fn, module = built(config, precision, device, name)
     x = inputs.to(device=device, dtype=DTYPES[precision])
@@ -499,14 +514,5 @@ def test_triton_bias_training_protocol_on_the_gpu(precision, batch, length):
 def test_extra_memory_is_linear_in_n():
     """No N x N tensor: at N = 1536 the (B, H, N, N) fp32 logits alone would be 108 MiB; the
     forward's extra peak over its inputs stays under 40 MiB."""
-    config = OpenFoldConfig()
-    sd, fn, _ = built(config, "fp32", "cuda")
-    x = make_inputs(config, 1, 1536, device="cuda", seed=12)
-    fn(*x.as_tuple())
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn(*x.as_tuple())
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - before
+    extra = extra_peak_bytes("triton", 1536)
     assert extra < 40 * 2**20, extra / 2**20

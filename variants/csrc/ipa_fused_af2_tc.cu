@@ -345,19 +345,10 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
       s[2] = ok0 ? b1.x + fmaf(pwh, dist[2], s[2]) : -INFINITY;
       s[3] = ok1 ? b1.y + fmaf(pwh, dist[3], s[3]) : -INFINITY;
     }
-    // online softmax, base 2 (key 0 of a tile is always valid: the maxima are finite)
-    float mt0 = fmaxf(s[0], s[1]), mt1 = fmaxf(s[2], s[3]);
-    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
-    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
-    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
-    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
-    const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
-    const float alpha0 = exp2f(m0 - mn0), alpha1 = exp2f(m1 - mn1);  // 0 on the first tile
-    m0 = mn0;
-    m1 = mn1;
-    // P's A fragment, k-step columns u <-> key 2u, u + 4 <-> key 2u + 1 (bf16 z: rounded to TF32,
-    // and summed as rounded; fp32 z: hi + lo, exact)
-    const float p[4] = {exp2f(s[0] - mn0), exp2f(s[2] - mn1), exp2f(s[1] - mn0), exp2f(s[3] - mn1)};
+    // online softmax; P's A fragment (bf16 z: rounded to TF32, and summed as rounded; fp32 z:
+    // hi + lo, exact)
+    float alpha0, alpha1, p[4];
+    online_softmax_step(s, m0, m1, alpha0, alpha1, p);
     uint32_t pa[2][4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {

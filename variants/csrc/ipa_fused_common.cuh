@@ -136,6 +136,30 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(s));
 }
 
+// One online-softmax step (base 2) of the tensor-core kernels, for a lane's two rows of an m16n8
+// logits fragment s (s[0], s[1]: row g, keys 2u, 2u + 1; s[2], s[3]: row g + 8): the rows' maxima
+// over the quad (key 0 of a tile is always valid, so they are finite) into m0, m1, the factors
+// that rescale what was summed before (0 on the first tile), and the probabilities in the order
+// of P's A fragment once a k-step's key order is (2u, 2u + 1) -> (u, u + 4): (g, 2u), (g + 8,
+// 2u), (g, 2u + 1), (g + 8, 2u + 1).
+__device__ __forceinline__ void online_softmax_step(const float (&s)[4], float& m0, float& m1,
+                                                    float& alpha0, float& alpha1, float (&p)[4]) {
+  float mt0 = fmaxf(s[0], s[1]), mt1 = fmaxf(s[2], s[3]);
+  mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
+  mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
+  mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
+  mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+  const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+  alpha0 = exp2f(m0 - mn0);
+  alpha1 = exp2f(m1 - mn1);
+  m0 = mn0;
+  m1 = mn1;
+  p[0] = exp2f(s[0] - mn0);
+  p[1] = exp2f(s[2] - mn1);
+  p[2] = exp2f(s[1] - mn0);
+  p[3] = exp2f(s[3] - mn1);
+}
+
 using FusedKernelFn = void (*)(const FusedArgs);
 
 // ipa_fused_small_generic.cu; klass is kFusedSmall or kFusedGeneric.

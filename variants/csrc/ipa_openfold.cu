@@ -417,19 +417,10 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
       s[2] = ok0 ? bb.x + mt0 + fmaf(pwb, dist[2], s[2]) : -INFINITY;
       s[3] = ok1 ? bb.y + mt1 + fmaf(pwb, dist[3], s[3]) : -INFINITY;
     }
-    // online softmax, base 2 (key 0 of a tile is always valid: the maxima are finite)
-    float mt0 = fmaxf(s[0], s[1]), mt1 = fmaxf(s[2], s[3]);
-    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
-    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
-    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
-    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
-    const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
-    const float alpha0 = exp2f(m0 - mn0), alpha1 = exp2f(m1 - mn1);  // 0 on the first tile
-    m0 = mn0;
-    m1 = mn1;
-    // P's A fragment (column u <-> key 2u, u + 4 <-> key 2u + 1): pa = (ha, 2u), (hb, 2u),
-    // (ha, 2u + 1), (hb, 2u + 1). bf16 z: rounded to TF32 and summed as rounded; fp32: hi + lo.
-    const float p[4] = {exp2f(s[0] - mn0), exp2f(s[2] - mn1), exp2f(s[1] - mn0), exp2f(s[3] - mn1)};
+    // online softmax; P's A fragment: p = (ha, 2u), (hb, 2u), (ha, 2u + 1), (hb, 2u + 1). bf16 z:
+    // rounded to TF32 and summed as rounded; fp32: hi + lo.
+    float alpha0, alpha1, p[4];
+    online_softmax_step(s, m0, m1, alpha0, alpha1, p);
     uint32_t pah[2][4], pbh[2][4];  // [part]: head ha's rows (a1 = a3 = 0), head hb's (a0 = a2 = 0)
 #pragma unroll
     for (int part = 0; part < 2; ++part) pah[part][1] = pah[part][3] = pbh[part][0] = pbh[part][2] = 0u;
