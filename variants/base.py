@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from variants.problem import IPAConfig, Precision, get_precision
+from variants.problem import IPAConfig, IPAInputError, Precision, get_precision
 
 # What `Variant.build` returns. It may carry `kernel_info`, a callable returning which kernel
 # the last call ran (a kernel class, the autotuner's choice); rows record it in `kernel`.
@@ -128,6 +128,13 @@ class Variant:
             if not low <= sizes[key] <= high:
                 reasons.append(f"{key}={sizes[key]} outside the supported range [{low}, {high}]")
         return reasons
+
+    def require_supported(self, config: IPAConfig, device: str, precision: str | Precision) -> None:
+        """Raise `IPAInputError` naming every reason (`not_supported_reasons`) this variant
+        cannot run `config` on `device` in `precision`; a `build` calls it first."""
+        reasons = self.not_supported_reasons(config, device, precision)
+        if reasons:
+            raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
 
     def math_mode_label(self, precision: str | Precision, config=None) -> str:
         """The row's `math_mode`: the precision's (ieee, tf32), or the scheme a variant runs

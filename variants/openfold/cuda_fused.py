@@ -105,9 +105,7 @@ class OpenFoldCudaFused(Variant):
     def build(self, state_dict, config: OpenFoldConfig, device,
               precision: str | Precision) -> IPAFunction:
         precision = get_precision(precision)
-        reasons = self.not_supported_reasons(config, device, precision)
-        if reasons:
-            raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
+        self.require_supported(config, device, precision)
         load_extension()  # the build time is paid here, never in a timed call
         module = make_module(state_dict, config, device, precision.dtype)
         return CudaFusedForward(module, torch.device(device), precision.dtype,

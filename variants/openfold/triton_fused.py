@@ -134,7 +134,7 @@ from variants.base import IPAFunction, Variant
 from variants.base2 import LOG2E
 from variants.openfold.problem import OpenFoldConfig, not_supported_reasons, validate_inputs
 from variants.openfold.reference import OpenFoldIPA, make_module
-from variants.problem import IPAInputError, Precision, get_precision
+from variants.problem import Precision, get_precision
 from variants.triton import interpreter_mismatch
 
 # The kernel's padded axes: heads to 16 (a power of two, >= the 16 a tensor-core dot needs),
@@ -474,9 +474,7 @@ class OpenFoldTriton(Variant):
     def build(self, state_dict, config: OpenFoldConfig, device,
               precision: str | Precision) -> IPAFunction:
         precision = get_precision(precision)
-        reasons = self.not_supported_reasons(config, device, precision)
-        if reasons:
-            raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
+        self.require_supported(config, device, precision)
         self.import_kernels()
         from variants.triton.common import chosen_configs
 

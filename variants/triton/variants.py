@@ -92,7 +92,7 @@ from pathlib import Path
 import torch
 
 from variants.base import IPAFunction, Variant
-from variants.problem import IPAInputError, Precision, get_precision
+from variants.problem import Precision, get_precision
 from variants.triton import interpreter_mismatch
 
 
@@ -129,9 +129,7 @@ class Triton(Variant):
 
     def build(self, state_dict, config, device, precision: str | Precision) -> IPAFunction:
         precision = get_precision(precision)
-        reasons = self.not_supported_reasons(config, device, precision)
-        if reasons:
-            raise IPAInputError(f"{self.name}: cannot run here: {'; '.join(reasons)}")
+        self.require_supported(config, device, precision)
         # Imports Triton and defines the kernels now, not when timed.
         forward = self._forward(state_dict, config, device, precision)
         from variants.triton.common import chosen_configs
