@@ -18,7 +18,7 @@ from tests.test_openfold_triton import (
     extra_peak_bytes,
     run,
 )
-from variants.openfold.problem import OpenFoldConfig, OpenFoldInputs, make_inputs
+from variants.openfold.problem import OpenFoldConfig, make_inputs
 from variants.problem import IPAInputError
 from variants.registry import all_variants, get_variant
 
@@ -68,23 +68,19 @@ def test_protocol_on_the_gpu(precision, config, batch, length):
     assert result.passed, (result.failures, result.rel_l2, result.tol)
 
 
-def _cuda(x: OpenFoldInputs) -> OpenFoldInputs:
-    return x.to(device="cuda", dtype=torch.float64)
-
-
 @pytest.mark.gpu
 @needs_cuda
 def test_mask_semantics_on_the_gpu():
     """As the Triton variants' CPU tests: a fully masked batch element is computed as if
     unmasked and leaves the other unchanged; masked query rows attend to every key."""
-    x = _cuda(make_inputs(AF2, 2, 19, dtype=torch.float64, seed=5, lengths=[19, 12]))
+    x = make_inputs(AF2, 2, 19, dtype=torch.float64, device="cuda", seed=5, lengths=[19, 12])
     mask = x.mask.clone()
     mask[1] = 0
     out, ref, oracle, xm = run(AF2, _with_mask(x, mask), device="cuda", name=NAME)
     assert_within_protocol(out, ref, oracle, xm.mask, "fp32")
     unmasked, _, _, _ = run(AF2, _with_mask(x, torch.ones_like(mask)), device="cuda", name=NAME)
     assert rel_l2(out[1], unmasked[1]) < 1e-5
-    y = _cuda(make_inputs(AF2, 2, 21, dtype=torch.float64, seed=6, lengths=[21, 13]))
+    y = make_inputs(AF2, 2, 21, dtype=torch.float64, device="cuda", seed=6, lengths=[21, 13])
     out, _, _, _ = run(AF2, y, device="cuda", name=NAME)
     masked = y.mask == 0
     as_if, _, _, _ = run(AF2, _with_mask(y, torch.ones_like(y.mask)), device="cuda", name=NAME)
@@ -97,7 +93,8 @@ def test_mask_semantics_on_the_gpu():
 def test_inf_comes_from_the_config_on_the_gpu():
     """inf = 2: masked keys keep a weight of about e^-2; the oracle uses the config's inf too."""
     config = OpenFoldConfig(inf=2.0)
-    x = _cuda(make_inputs(config, 2, 17, dtype=torch.float64, seed=8, lengths=[17, 8]))
+    x = make_inputs(config, 2, 17, dtype=torch.float64, device="cuda", seed=8,
+                    lengths=[17, 8])
     out, ref, oracle, xm = run(config, x, device="cuda", name=NAME)
     assert_within_protocol(out, ref, oracle, xm.mask, "fp32")
     big, _, _, _ = run(AF2, x, device="cuda", name=NAME)
