@@ -142,6 +142,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 // that rescale what was summed before (0 on the first tile), and the probabilities in the order
 // of P's A fragment once a k-step's key order is (2u, 2u + 1) -> (u, u + 4): (g, 2u), (g + 8,
 // 2u), (g, 2u + 1), (g + 8, 2u + 1).
+// kSlack > 0 (base-2 units): a row's running maximum moves only when a tile's exceeds it by more
+// than kSlack (FlashAttention-4's conditional rescaling), so after the first tiles almost every
+// factor is exactly 1 and a caller may skip rescaling; probabilities stay below 2^kSlack.
+template <int kSlack = 0>
 __device__ __forceinline__ void online_softmax_step(const float (&s)[4], float& m0, float& m1,
                                                     float& alpha0, float& alpha1, float (&p)[4]) {
   float mt0 = fmaxf(s[0], s[1]), mt1 = fmaxf(s[2], s[3]);
@@ -149,7 +153,14 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[4], float& 
   mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
   mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
   mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
-  const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+  float mn0, mn1;
+  if constexpr (kSlack > 0) {
+    mn0 = mt0 > m0 + kSlack ? mt0 : m0;  // m0 = -inf (the first tile) always moves
+    mn1 = mt1 > m1 + kSlack ? mt1 : m1;
+  } else {
+    mn0 = fmaxf(m0, mt0);
+    mn1 = fmaxf(m1, mt1);
+  }
   alpha0 = exp2f(m0 - mn0);
   alpha1 = exp2f(m1 - mn1);
   m0 = mn0;

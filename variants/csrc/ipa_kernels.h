@@ -110,8 +110,10 @@ cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStrea
 // Problem openfold's cuda-fused (ipa_openfold.cu): the layer's O(N^2) core, z read once, OpenFold's
 // sizes exactly (c_hidden 16, 4 query and 8 value points, c_z 128), 1 <= H <= 12. Operands (float32,
 // contiguous, prepared by variants/openfold/cuda_fused.py):
-//   q, k  (B, H, N, 28)  rows [q or k (16) | points (12)], points global, centred per batch element
-//   v     (B, H, N, 40)  rows [v (16) | value points (24)]
+//   q     (B, H, N, 28)  rows [q (16) | points (12)], points global, centred per batch element
+//   k     (B, H, n_pad, 28) likewise; n_pad = N rounded up to 8, rows past N zero
+//   v     (B, H, n_pad, 44) rows [v (16) | value points (24) | 4 zeros], rows past N zero
+//                        (B H n_pad 44 < 2^31)
 //   z     (B, N, N, 128) float32 or bfloat16
 //   wb    (H, 128)       linear_b.weight * sqrt(1/3) * log2(e)
 //   pw    (H,)           the point weight in base 2: -softplus(head_weights) w_c / 2 * log2(e)

@@ -51,8 +51,11 @@ constexpr int kThreads = (kOpenFoldMaxHeads / 2 + kPairWarps) * 32;
 // one of them (__maxnreg__(144) compiled, and the H100 refused the launch: too many resources).
 constexpr int kTilePitch = kQT * kBN + 8;  // floats per head in a bias or P tile: 8 banks apart
 constexpr int kVPitch = kWv + 4;           // rows 2u, 2u + 1 of a V fragment on distinct banks
-constexpr int kKvHead = kBN * (kC + kP3 + kVPitch);  // one head's k, k points and v rows
+constexpr int kKvHead = kBN * (kWq + kVPitch);  // one head's k rows [k | k points] and v rows
 constexpr int kZStages = 4, kKvStages = 2;
+// The running maxima move only by more than 8 (base 2): most tiles' rescale factors are exactly 1,
+// and the pair warps then skip the 64 multiplies of o_pair's rescaling (bf16 z).
+constexpr int kRescaleSlack = 8;
 // z rows padded by 16 bytes (bf16: ldmatrix rows on distinct banks; fp32: the pair values'
 // scalar loads of (key u, channel g) on 32 banks); W_b's parts, padded likewise for ldmatrix.
 template <typename ZT>
@@ -68,7 +71,7 @@ struct Pitch<float> {
 
 template <typename ZT>
 __host__ __device__ constexpr size_t smem_bytes(int H) {
-  return 4ull * H * (4 * kTilePitch + 3 * kQT)                      // bias, P, alpha, row sums
+  return 4ull * H * (4 * kTilePitch + 3 * kQT + kQT * kP3)          // bias, P, alpha, sums, q points
          + sizeof(ZT) * kZStages * kQT * kBN * Pitch<ZT>::kZ          // z rows
          + 4ull * kKvStages * H * kKvHead                             // k and v rows
          + sizeof(ZT) * 2 * kMmaHeads * Pitch<ZT>::kW;                // W_b's hi and lo parts
@@ -97,7 +100,8 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   float* sp = sb + 2 * H * kTilePitch;             // [2][H][kTilePitch] probabilities
   float* salpha = sp + 2 * H * kTilePitch;         // [2][H][kQT] the tile's rescale factors
   float* sl = salpha + 2 * H * kQT;                // [H][kQT] the rows' final sums
-  ZT* zs = reinterpret_cast<ZT*>(sl + H * kQT);    // [kZStages][kQT * kBN][kZPitch]
+  float* sqp = sl + H * kQT;                       // [H][kQT][kP3] the query points
+  ZT* zs = reinterpret_cast<ZT*>(sqp + H * kQT * kP3);  // [kZStages][kQT * kBN][kZPitch]
   float* kvs = reinterpret_cast<float*>(zs + kZStages * kQT * kBN * kZPitch);  // [stage][H][..]
   ZT* wsm = reinterpret_cast<ZT*>(kvs + kKvStages * H * kKvHead);  // [hi, lo][16][kWPitch]
 
@@ -121,20 +125,30 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   if (warp >= att_warps) {  // ================= pair warps: warp <-> query i0 + qq =================
     const int qq = warp - att_warps, qi = i0 + qq;
     const bool q_ok = qi < N;
-    const ZT* zq = static_cast<const ZT*>(a.z) + (static_cast<size_t>(b) * N + min(qi, N - 1)) * N * kCz;
     constexpr int kChunks = kCz * static_cast<int>(sizeof(ZT)) / 16;  // 16-byte chunks of a z row
     constexpr int kPerChunk = 16 / static_cast<int>(sizeof(ZT));
+    constexpr int kRowsPerPass = 32 / kChunks;  // z rows one pass of the warp's 16-byte copies covers
+    // This lane's chunks of a tile: rows lane / kChunks + kRowsPerPass m, column block lane % kChunks;
+    // source and shared offsets of m = 0 fixed for the walk (those of m > 0 are immediates).
+    const int zr = lane / kChunks, zc = (lane % kChunks) * kPerChunk;
+    const ZT* zsrc = static_cast<const ZT*>(a.z) + (static_cast<size_t>(b) * N + min(qi, N - 1)) * N * kCz +
+                     zr * kCz + zc;
     auto stage_rows = [&](int t) { return zs + ((t % kZStages) * kQT * kBN + qq * kBN) * kZPitch; };
     auto issue_z = [&](int t) {  // this query's 8 z rows of tile t; one group, empty past the end
       if (t < ntiles) {
         const int j0 = t * kBN;
-        ZT* dst = stage_rows(t);
+        const ZT* src = zsrc + static_cast<size_t>(j0) * kCz;
+        ZT* dst = stage_rows(t) + zr * kZPitch + zc;
+        if (q_ok && j0 + kBN <= N) {  // warp-uniform: every row there
 #pragma unroll
-        for (int c = lane; c < kBN * kChunks; c += 32) {
-          const int r = c / kChunks, ch = c % kChunks;
-          const bool ok = q_ok && j0 + r < N;
-          cp_async16(dst + r * kZPitch + ch * kPerChunk,
-                     ok ? zq + static_cast<size_t>(j0 + r) * kCz + ch * kPerChunk : a.z, ok ? 16 : 0);
+          for (int m = 0; m < kBN / kRowsPerPass; ++m)
+            cp_async16(dst + kRowsPerPass * m * kZPitch, src + kRowsPerPass * m * kCz, 16);
+        } else {  // rows past N (and a query past N) zero-filled
+#pragma unroll
+          for (int m = 0; m < kBN / kRowsPerPass; ++m) {
+            const bool ok = q_ok && j0 + zr + kRowsPerPass * m < N;
+            cp_async16(dst + kRowsPerPass * m * kZPitch, ok ? src + kRowsPerPass * m * kCz : a.z, ok ? 16 : 0);
+          }
         }
       }
       cp_async_commit();
@@ -194,7 +208,7 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     auto pair_values = [&](int t) {
       const float* ps = sp + (t & 1) * H * kTilePitch + qq * kBN;
       const float* al = salpha + (t & 1) * H * kQT + qq;
-      const float alpha0 = g < H ? al[g * kQT] : 0.f, alpha1 = g + 8 < H ? al[(g + 8) * kQT] : 0.f;
+      const float alpha0 = g < H ? al[g * kQT] : 1.f, alpha1 = g + 8 < H ? al[(g + 8) * kQT] : 1.f;
       const ZT* zt = stage_rows(t);
       if constexpr (kBf16) {
         // A: P (head g | g + 8, keys 2u, 2u + 1) as bf16 pairs; B: z (keys 2u, 2u + 1, channel
@@ -203,19 +217,21 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
         const uint32_t a0 = pack_bf16(g < H ? *reinterpret_cast<const float2*>(ps + g * kTilePitch + 2 * u) : zero);
         const uint32_t a1 =
             pack_bf16(g + 8 < H ? *reinterpret_cast<const float2*>(ps + (g + 8) * kTilePitch + 2 * u) : zero);
+        if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {  // warp-uniform, rare
+#pragma unroll
+          for (int n = 0; n < kCz / 8; ++n) {
+            op[n][0] *= alpha0;
+            op[n][1] *= alpha0;
+            op[n][2] *= alpha1;
+            op[n][3] *= alpha1;
+          }
+        }
 #pragma unroll
         for (int j = 0; j < kCz / 32; ++j) {
           uint32_t zb[4];
           ldmatrix_x4_trans(zb, zt + zoff + 32 * j);
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            float(&o)[4] = op[4 * j + m];
-            o[0] *= alpha0;
-            o[1] *= alpha0;
-            o[2] *= alpha1;
-            o[3] *= alpha1;
-            mma_bf16_k8(o, a0, a1, zb[m]);
-          }
+          for (int m = 0; m < 4; ++m) mma_bf16_k8(op[4 * j + m], a0, a1, zb[m]);
         }
       } else {
         // A: P (head g | g + 8, key u | u + 4), split; B: z (key u | u + 4, channel 8 n + g)
@@ -278,46 +294,30 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   const int ha = 2 * warp, hb = 2 * warp + 1;
   const bool hb_ok = hb < H;
   const int hbx = hb_ok ? hb : ha;  // an odd H's last warp reads head ha's rows for hb (A rows zero)
-  // The k/v copies: a tile's 8 k rows (28 floats each) and 8 v rows (40) are contiguous in global
-  // memory, 56 and 80 16-byte chunks; chunk c of k lands at k (pitch 16) or the points (pitch 12),
-  // chunk c of v at row c / 10 of pitch 44. Per lane, chunks lane + 32 m, their rows and shared
-  // offsets computed once (the divisions by 7 and 10 out of the key loop).
-  constexpr int kKChunks = kBN * kWq / 4, kVChunks = kBN * kWv / 4;
-  int krow[2], kdst[2], vrow[3];
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    const int c = lane + 32 * m, r = c / (kWq / 4), cc = c - r * (kWq / 4);
-    krow[m] = r;
-    kdst[m] = cc < kC / 4 ? r * kC + 4 * cc : kBN * kC + r * kP3 + 4 * (cc - kC / 4);
-  }
-#pragma unroll
-  for (int m = 0; m < 3; ++m) vrow[m] = (lane + 32 * m) / (kWv / 4);
-  auto issue_kv = [&](int t) {  // tile t's k, k-point and v rows of both heads into stage t % 2
+  // The k/v copies. The host pads k and v to n_pad = 8 ntiles rows (zeros) and v's rows to
+  // kVPitch, so a tile's 8 rows of one head are contiguous in global memory and land as they are:
+  // k 56 16-byte chunks, v 88; this lane copies chunks lane, lane + 32 and (v) lane + 64, the
+  // last of each only for lanes below 24. Offsets in floats (openfold_launch takes
+  // B H n_pad kVPitch < 2^31).
+  const int n_pad = ntiles * kBN;
+  const int krows = (b * H + ha) * n_pad * kWq + 4 * lane, vrows = (b * H + ha) * n_pad * kVPitch + 4 * lane;
+  const bool tail_lane = lane < 24;
+  auto issue_kv = [&](int t) {  // tile t's k and v rows of heads ha and hb into stage t % 2
     if (t < ntiles) {
-      const int j0 = t * kBN, nk = min(kBN, N - j0);
-#pragma unroll 1
+      float* stage = kvs + (t % kKvStages) * H * kKvHead + ha * kKvHead + 4 * lane;
+#pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int h = e ? hbx : ha;
         if (e && !hb_ok) break;
-        float* ks = kvs + ((t % kKvStages) * H + h) * kKvHead;
-        float* vs = ks + kBN * (kC + kP3);
-        const float* kg = a.k + ((static_cast<size_t>(b) * H + h) * N + j0) * kWq;
-        const float* vg = a.v + ((static_cast<size_t>(b) * H + h) * N + j0) * kWv;
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const int c = lane + 32 * m;
-          if (c < kKChunks) {
-            const bool ok = krow[m] < nk;
-            cp_async16(ks + kdst[m], ok ? kg + 4 * c : kg, ok ? 16 : 0);
-          }
-        }
-#pragma unroll
-        for (int m = 0; m < 3; ++m) {
-          const int c = lane + 32 * m;
-          if (c < kVChunks) {
-            const bool ok = vrow[m] < nk;
-            cp_async16(vs + 4 * c + 4 * vrow[m], ok ? vg + 4 * c : vg, ok ? 16 : 0);
-          }
+        const float* kg = a.k + krows + (e * n_pad + t * kBN) * kWq;
+        const float* vg = a.v + vrows + (e * n_pad + t * kBN) * kVPitch;
+        float* ks = stage + e * kKvHead;
+        float* vs = ks + kBN * kWq;
+        cp_async16(ks, kg, 16);
+        cp_async16(vs, vg, 16);
+        cp_async16(vs + 128, vg + 128, 16);
+        if (tail_lane) {
+          cp_async16(ks + 128, kg + 128, 16);
+          cp_async16(vs + 256, vg + 256, 16);
         }
       }
     }
@@ -331,7 +331,9 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   // s: column u <-> d = 4u + 2s, u + 4 <-> 4u + 2s + 1. Hi and lo parts: q.k is 3xTF32 for both
   // z dtypes (cuda-fused's af2 kernel measured 8x the error with q and k rounded to TF32).
   uint32_t qa[2][2][4], qb[2][2][4];
-  float qpa[kP3], qpb[kP3];  // the query points of both rows
+  // the query points of both rows, to shared memory (registers are this kernel's limit)
+  const float* sqa = sqp + (ha * kQT + g) * kP3;
+  const float* sqb = sqp + (hbx * kQT + g) * kP3;
   {
     const float* ra = a.q + ((static_cast<size_t>(b) * H + ha) * N + iq) * kWq;
     const float* rb = a.q + ((static_cast<size_t>(b) * H + hbx) * N + iq) * kWq;
@@ -351,12 +353,11 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
         split_tf32(vb, qb[0][s][2 * c + 1], qb[1][s][2 * c + 1]);
       }
     }
-#pragma unroll
-    for (int c = 0; c < kP3 / 4; ++c) {
-      const float4 pa = ld_global4(ra + kC + 4 * c), pb = ld_global4(rb + kC + 4 * c);
-      qpa[4 * c] = pa.x; qpa[4 * c + 1] = pa.y; qpa[4 * c + 2] = pa.z; qpa[4 * c + 3] = pa.w;
-      qpb[4 * c] = pb.x; qpb[4 * c + 1] = pb.y; qpb[4 * c + 2] = pb.z; qpb[4 * c + 3] = pb.w;
+    if (u < kP3 / 4) {
+      *reinterpret_cast<float4*>(const_cast<float*>(sqa) + 4 * u) = ld_global4(ra + kC + 4 * u);
+      if (hb_ok) *reinterpret_cast<float4*>(const_cast<float*>(sqb) + 4 * u) = ld_global4(rb + kC + 4 * u);
     }
+    __syncwarp();  // each warp reads only its own heads' points
   }
   const float pwa = a.pw[ha], pwb = a.pw[hbx];
   const float* mask_b = a.mask + static_cast<size_t>(b) * N;
@@ -374,14 +375,14 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     __syncwarp();
     const float* ksa = kvs + ((t % kKvStages) * H + ha) * kKvHead;
     const float* ksb = kvs + ((t % kKvStages) * H + hbx) * kKvHead;
-    const float* kpa = ksa + kBN * kC;
-    const float* kpb = ksb + kBN * kC;
-    const float* vsa = kpa + kBN * kP3;
-    const float* vsb = kpb + kBN * kP3;
+    const float* kpa = ksa + kC;  // the k points: rows of pitch kWq after the 16 k columns
+    const float* kpb = ksb + kC;
+    const float* vsa = ksa + kBN * kWq;
+    const float* vsb = ksb + kBN * kWq;
     // S = Q K^T: s[0], s[1] = (ha, g, keys 2u, 2u + 1); s[2], s[3] = (hb, g, keys 2u, 2u + 1)
     float s[4] = {0.f, 0.f, 0.f, 0.f};
     {
-      const float4 ka = ld_shared4(ksa + g * kC + 4 * u), kb = ld_shared4(ksb + g * kC + 4 * u);
+      const float4 ka = ld_shared4(ksa + g * kWq + 4 * u), kb = ld_shared4(ksb + g * kWq + 4 * u);
       const float kra[4] = {ka.x, ka.y, ka.z, ka.w}, krb[4] = {kb.x, kb.y, kb.z, kb.w};
 #pragma unroll
       for (int st = 0; st < 2; ++st) {
@@ -392,15 +393,17 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     {
       float dist[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
+      for (int c = 0; c < kP3 / 4; ++c) {
+        const float4 qa4 = ld_shared4(sqa + 4 * c), qb4 = ld_shared4(sqb + 4 * c);
+        const float pa[4] = {qa4.x, qa4.y, qa4.z, qa4.w}, pb[4] = {qb4.x, qb4.y, qb4.z, qb4.w};
 #pragma unroll
-        for (int c = 0; c < kP3 / 4; ++c) {
-          const float4 ka = ld_shared4(kpa + (2 * u + e) * kP3 + 4 * c);
-          const float4 kb = ld_shared4(kpb + (2 * u + e) * kP3 + 4 * c);
+        for (int e = 0; e < 2; ++e) {
+          const float4 ka = ld_shared4(kpa + (2 * u + e) * kWq + 4 * c);
+          const float4 kb = ld_shared4(kpb + (2 * u + e) * kWq + 4 * c);
           const float ca[4] = {ka.x, ka.y, ka.z, ka.w}, cb[4] = {kb.x, kb.y, kb.z, kb.w};
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
-            const float da = qpa[4 * c + x] - ca[x], db = qpb[4 * c + x] - cb[x];
+            const float da = pa[x] - ca[x], db = pb[x] - cb[x];
             dist[e] = fmaf(da, da, dist[e]);
             dist[2 + e] = fmaf(db, db, dist[2 + e]);
           }
@@ -420,7 +423,7 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     // online softmax; P's A fragment: p = (ha, 2u), (hb, 2u), (ha, 2u + 1), (hb, 2u + 1). bf16 z:
     // rounded to TF32 and summed as rounded; fp32: hi + lo.
     float alpha0, alpha1, p[4];
-    online_softmax_step(s, m0, m1, alpha0, alpha1, p);
+    online_softmax_step<kRescaleSlack>(s, m0, m1, alpha0, alpha1, p);
     uint32_t pah[2][4], pbh[2][4];  // [part]: head ha's rows (a1 = a3 = 0), head hb's (a0 = a2 = 0)
 #pragma unroll
     for (int part = 0; part < 2; ++part) pah[part][1] = pah[part][3] = pbh[part][0] = pbh[part][2] = 0u;
@@ -509,7 +512,9 @@ size_t openfold_smem_bytes(int H, bool z_bf16) {
 }
 
 cudaError_t openfold_launch(const OpenFoldArgs& a, bool z_bf16, cudaStream_t stream) {
-  if (a.B < 1 || a.B > 65535 || a.N < 1 || a.H < 1 || a.H > kOpenFoldMaxHeads)
+  const long long n_pad = (a.N + of::kBN - 1) / of::kBN * of::kBN;
+  if (a.B < 1 || a.B > 65535 || a.N < 1 || a.H < 1 || a.H > kOpenFoldMaxHeads ||
+      a.B * a.H * n_pad * of::kVPitch >= (1ll << 31))
     return cudaErrorInvalidValue;
   const auto kern = z_bf16 ? ipa_openfold_kernel<__nv_bfloat16> : ipa_openfold_kernel<float>;
   const size_t smem = openfold_smem_bytes(a.H, z_bf16);

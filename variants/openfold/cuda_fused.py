@@ -8,8 +8,9 @@ kernel (`ipa_fused_af2_tc.cu`).
 Around the kernel it is `triton`'s forward (`triton_fused.Projections`): the projections as two
 GEMMs, the frame prologue (global points centred per batch element), and after the kernel the
 epilogue (inverse frame, norms) and linear_out, all Triton or cuBLAS. Between them this module
-concatenates the kernel's operand rows ([q | q points], [k | k points], [v | v points], fp32,
-(B, H, N, width)) with three `torch.cat` calls: O(N) copies the prologue could write directly.
+builds the kernel's operand rows ([q | q points], [k | k points], [v | v points], fp32,
+(B, H, rows, width), k and v zero-padded to whole key tiles) with `torch.cat` and `F.pad`: O(N)
+copies the prologue could write directly.
 
 Math: fp32 inputs run every product (q.k, p.v, the pair bias, the pair values) as 3xTF32 (the rows
 say `fp32-3xtf32`; the fp32 tolerance judges them); bf16 inputs run q.k as 3xTF32, p.v on TF32
@@ -30,6 +31,7 @@ import math
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from variants.base import IPAFunction, Variant
 from variants.base2 import LOG2E
@@ -38,6 +40,10 @@ from variants.openfold.problem import OpenFoldConfig, not_supported_reasons
 from variants.openfold.reference import OpenFoldIPA, make_module
 from variants.openfold.triton_fused import Projections
 from variants.problem import IPAInputError, Precision, get_precision
+
+# The kernel's operand rows: [q | q points] and [k | k points] 16 + 12 floats; [v | v points]
+# 16 + 24 padded to 44 (its shared-memory pitch); k and v padded to whole key tiles of 8 rows.
+Q_WIDTH, V_PITCH, KEY_TILE = 28, 44, 8
 
 
 class CudaFusedForward(Projections):
@@ -64,14 +70,19 @@ class CudaFusedForward(Projections):
         q, k, v, pts, cat = self.project(s, translations, rotations, frames.OPERANDS)
         B, N, H = s.shape[0], s.shape[1], cfg.no_heads
 
-        def rows(values: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-            # (B, N, H, C) values and (B, H, N, P) points -> (B, H, N, C + P) fp32
-            return torch.cat([values.transpose(1, 2).float(), points], dim=-1).contiguous()
+        def rows(values: torch.Tensor, points: torch.Tensor, width: int,
+                 length: int) -> torch.Tensor:
+            # (B, N, H, C) values and (B, H, N, P) points -> (B, H, length, width) fp32, zero past
+            # row N and column C + P (the kernel copies whole 8-row tiles of padded rows)
+            rows = torch.cat([values.transpose(1, 2).float(), points], dim=-1)
+            return F.pad(rows, (0, width - rows.shape[-1], 0, length - N))
 
+        padded = -(-N // KEY_TILE) * KEY_TILE
         o_pt = torch.empty(B, N, H, 3 * cfg.no_v_points, dtype=torch.float32, device=s.device)
         load_extension().openfold_forward(
-            rows(q, pts.q_pts.transpose(2, 3)), rows(k, pts.k_pts.transpose(2, 3)),
-            rows(v, pts.v_pts), z, self.pair_weight, self.point_weight,
+            rows(q, pts.q_pts.transpose(2, 3), Q_WIDTH, N),
+            rows(k, pts.k_pts.transpose(2, 3), Q_WIDTH, padded),
+            rows(v, pts.v_pts, V_PITCH, padded), z, self.pair_weight, self.point_weight,
             mask.float().contiguous(), cat, o_pt, self.q_scale, cfg.inf)
         return self.finish(o_pt, rotations, pts, cat)
 
