@@ -8,7 +8,8 @@
 #   2. Nsight Compute on one forward of NCU_VARIANT (default `triton`; `triton-grouped` too) per
 #      (N, dtype) in NCU_CELLS (the call inside the NVTX range `ipa`, after two warm-ups; the
 #      bias, attention, merge and grouped kernels only, or the NCU_KERNELS regex, e.g.
-#      `ipa_fused_af2` for cuda-fused; NCU_SET: one profile_call.py --set, e.g. a cuda-fused form):
+#      `ipa_fused_af2` for cuda-fused; NCU_SET: one profile_call.py --set, e.g. a cuda-fused form;
+#      NCU_PROBLEM: the problem, e.g. `openfold` with NCU_KERNELS=ipa_openfold):
 #      speed of light, memory and compute workload, occupancy, launch statistics, and the
 #      warp-stall breakdown and pipe utilisation as metrics;
 #   3. torch.profiler on a triton-train training step at N = 4096 and 1024, fp32: the
@@ -31,7 +32,8 @@ for cell in ${NCU_CELLS:-4096:fp32 4096:bf16 1024:fp32 1024:bf16}; do
     timeout -s INT "${LIM_NCU:-90}" ncu --nvtx --nvtx-include "ipa/" \
         --kernel-name regex:"${NCU_KERNELS:-_attention_kernel|_pair_bias_kernel|_merge_kernel|_grouped_kernel}" \
         $sections --metrics "$metrics" python3 gpu_diagnostics/profile_call.py "${cell%:*}" \
-        "${cell#*:}" "${NCU_VARIANT:-triton}" --pass forward --nvtx ${NCU_SET:+--set "$NCU_SET"} 2>&1 \
+        "${cell#*:}" "${NCU_VARIANT:-triton}" --pass forward --nvtx ${NCU_SET:+--set "$NCU_SET"} \
+        ${NCU_PROBLEM:+--problem "$NCU_PROBLEM"} 2>&1 \
         | grep -v "^==PROF==\|Warn"
 done > "$OUT/ncu-forward.txt"
 for n in 4096 1024; do

@@ -71,6 +71,9 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 __device__ __forceinline__ uint32_t ld_shared_u32(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
+__device__ __forceinline__ uint4 ld_shared_u4(const void* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
 
 // Four 8 x 8 b16 matrices from shared memory (ldmatrix.x4): lane t gives the address of row t % 8
 // of matrix t / 8 (16 bytes); lane (g, u) receives row g, columns 2u..2u+1 of matrix m in r[m].
@@ -97,9 +100,20 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   lo = tf32_operand(x - __uint_as_float(hi));
 }
 
-// d += A B (mma.m16n8k8 TF32 fragments) from operands given as fp32 values, rounded once to TF32
-// or, with kSplit, as 3xTF32: A's and B's hi and lo parts, the small products first.
+// d += A B on 3xTF32 from A's and B's hi and lo parts (split_tf32), the small products first.
 // kFresh: d = A B (the first product into a zeroed d, `mma_tf32_fresh`), else d += A B.
+template <bool kFresh = false>
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&ah)[4],
+                                           const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1,
+                                           uint32_t bl0, uint32_t bl1) {
+  if constexpr (kFresh) mma_tf32_fresh(d, al[0], al[1], al[2], al[3], bh0, bh1);
+  else mma_tf32(d, al[0], al[1], al[2], al[3], bh0, bh1);
+  mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+  mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}
+
+// d += A B (mma.m16n8k8 TF32 fragments) from B given as fp32 values, rounded once to TF32 or,
+// with kSplit, split for 3xTF32 (mma_3xtf32; A as hi and lo parts). kFresh: d = A B.
 template <bool kSplit, bool kFresh = false>
 __device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&ah)[4],
                                         const uint32_t (&al)[4], float b0, float b1) {
@@ -107,10 +121,7 @@ __device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&ah)[4],
     uint32_t bh0, bl0, bh1, bl1;
     split_tf32(b0, bh0, bl0);
     split_tf32(b1, bh1, bl1);
-    if constexpr (kFresh) mma_tf32_fresh(d, al[0], al[1], al[2], al[3], bh0, bh1);
-    else mma_tf32(d, al[0], al[1], al[2], al[3], bh0, bh1);
-    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-    mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+    mma_3xtf32<kFresh>(d, ah, al, bh0, bh1, bl0, bl1);
   } else if constexpr (kFresh) {
     mma_tf32_fresh(d, ah[0], ah[1], ah[2], ah[3], tf32_operand(b0), tf32_operand(b1));
   } else {

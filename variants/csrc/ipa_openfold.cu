@@ -16,17 +16,19 @@
 //     ldmatrix.trans; fp32 z: 3xTF32 on mma.m16n8k8 for both.
 //   attention warps (ceil(H / 2), heads 2w and 2w + 1 stacked): the rows of an m16 fragment are
 //     (head 2w, query g) for g < 8 and (head 2w + 1, query g - 8) for g >= 8; each product is two
-//     mma, one per head with the other head's A rows zero, into one accumulator, so the fragment
-//     layouts are those of the af2 kernel with 16 queries. S = Q K^T on mma.m16n8k8 TF32 (head
-//     dimension permuted: k-step s, column u (+4) <-> d = 4u + 2s (+1), so a lane's K fragment is
-//     one 16-byte load), + bias + point weight x squared distance (direct, fp32) + the mask term,
-//     online softmax in base 2, O += P [v | v_pts] (5 n-tiles) on TF32 (3xTF32 for fp32 z; q.k is
-//     3xTF32 for both); P
-//     and the rescale factors go to shared memory for the pair warps.
+//     mma with the same A, one with each head's B, of which D keeps that head's rows (so no A
+//     register holds a zero). S = Q K^T on mma.m16n8k8 3xTF32 (head dimension permuted: k-step
+//     s, column u (+4) <-> d = 4u + 2s (+1), so a lane's K fragment is one 16-byte load; k's
+//     TF32 parts split by the host), + bias + point weight x squared distance (direct, fp32) +
+//     the mask term, online softmax in base 2 with conditional rescaling (kRescaleSlack), O += P
+//     [v | v_pts] (5 n-tiles): the value points 3xTF32 in every dtype, v TF32 for bf16 z (rounded
+//     by the host) and 3xTF32 for fp32; P and the rescale factors go to shared memory for the
+//     pair warps.
 // One barrier a tile: the pair warps write tile t + 1's bias and read tile t - 1's P while the
 // attention warps read tile t's bias and write tile t's P (both double-buffered). z is staged by
 // cp.async in 4 stages (t - 1 and t for the pair values, t + 1 for the bias, t + 2 in flight); k
-// and v rows in 2.
+// and v rows in 2 (host-padded to whole tiles, so a tile's rows are copied without bounds checks).
+// Query points sit in shared memory: registers (128 a thread at 14 warps) are the limit.
 //
 // Deviations from the reference (none changes the function): linear_b's bias is dropped (constant
 // per (h, i): the softmax cancels it); the mask adds m_i * inf * (m_j - 1) (the SPEC's
@@ -51,7 +53,8 @@ constexpr int kThreads = (kOpenFoldMaxHeads / 2 + kPairWarps) * 32;
 // one of them (__maxnreg__(144) compiled, and the H100 refused the launch: too many resources).
 constexpr int kTilePitch = kQT * kBN + 8;  // floats per head in a bias or P tile: 8 banks apart
 constexpr int kVPitch = kWv + 4;           // rows 2u, 2u + 1 of a V fragment on distinct banks
-constexpr int kKvHead = kBN * (kWq + kVPitch);  // one head's k rows [k | k points] and v rows
+constexpr int kWk = 2 * kC + kP3;         // k rows [k hi | k lo | k points]: q.k's 3xTF32 split by the host
+constexpr int kKvHead = kBN * (kWk + kVPitch);  // one head's k and v rows
 constexpr int kZStages = 4, kKvStages = 2;
 // The running maxima move only by more than 8 (base 2): most tiles' rescale factors are exactly 1,
 // and the pair warps then skip the 64 multiplies of o_pair's rescaling (bf16 z).
@@ -294,13 +297,13 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   const int ha = 2 * warp, hb = 2 * warp + 1;
   const bool hb_ok = hb < H;
   const int hbx = hb_ok ? hb : ha;  // an odd H's last warp reads head ha's rows for hb (A rows zero)
-  // The k/v copies. The host pads k and v to n_pad = 8 ntiles rows (zeros) and v's rows to
-  // kVPitch, so a tile's 8 rows of one head are contiguous in global memory and land as they are:
-  // k 56 16-byte chunks, v 88; this lane copies chunks lane, lane + 32 and (v) lane + 64, the
-  // last of each only for lanes below 24. Offsets in floats (openfold_launch takes
-  // B H n_pad kVPitch < 2^31).
+  // The k/v copies. The host pads k and v to n_pad = 8 ntiles rows (zeros), so a tile's 8 rows
+  // of one head are contiguous in global memory and land as they are: k and v 88 16-byte chunks
+  // each; this lane copies chunks lane, lane + 32 and, below lane 24, lane + 64. Offsets in
+  // floats (openfold_launch takes B H n_pad kVPitch < 2^31).
   const int n_pad = ntiles * kBN;
-  const int krows = (b * H + ha) * n_pad * kWq + 4 * lane, vrows = (b * H + ha) * n_pad * kVPitch + 4 * lane;
+  static_assert(kWk == kVPitch, "k and v tiles copied alike");
+  const int krows = (b * H + ha) * n_pad * kWk + 4 * lane, vrows = (b * H + ha) * n_pad * kVPitch + 4 * lane;
   const bool tail_lane = lane < 24;
   auto issue_kv = [&](int t) {  // tile t's k and v rows of heads ha and hb into stage t % 2
     if (t < ntiles) {
@@ -308,15 +311,16 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         if (e && !hb_ok) break;
-        const float* kg = a.k + krows + (e * n_pad + t * kBN) * kWq;
+        const float* kg = a.k + krows + (e * n_pad + t * kBN) * kWk;
         const float* vg = a.v + vrows + (e * n_pad + t * kBN) * kVPitch;
         float* ks = stage + e * kKvHead;
-        float* vs = ks + kBN * kWq;
+        float* vs = ks + kBN * kWk;
         cp_async16(ks, kg, 16);
+        cp_async16(ks + 128, kg + 128, 16);
         cp_async16(vs, vg, 16);
         cp_async16(vs + 128, vg + 128, 16);
         if (tail_lane) {
-          cp_async16(ks + 128, kg + 128, 16);
+          cp_async16(ks + 256, kg + 256, 16);
           cp_async16(vs + 256, vg + 256, 16);
         }
       }
@@ -327,10 +331,12 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   issue_kv(1);
 
   const int iq = min(i0 + g, N - 1);  // this lane's query (clamped for the loads)
-  // Q's A fragments: head ha in a0 / a2 (a1 = a3 = 0), head hb in a1 / a3 (a0 = a2 = 0); k-step
-  // s: column u <-> d = 4u + 2s, u + 4 <-> 4u + 2s + 1. Hi and lo parts: q.k is 3xTF32 for both
-  // z dtypes (cuda-fused's af2 kernel measured 8x the error with q and k rounded to TF32).
-  uint32_t qa[2][2][4], qb[2][2][4];
+  // Q's A fragments, [part][k-step s]: rows g = (head ha, query g), g + 8 = (head hb, query g);
+  // column u <-> d = 4u + 2s, u + 4 <-> 4u + 2s + 1. Each product with K is two mma, one with head
+  // ha's keys (rows g of D kept) and one with hb's (rows g + 8 kept): half of each D is discarded
+  // rather than half of each A zero, so no register holds a zero. Hi and lo parts: q.k is 3xTF32
+  // for both z dtypes (cuda-fused's af2 kernel measured 8x the error with q and k rounded to TF32).
+  uint32_t qf[2][2][4];
   // the query points of both rows, to shared memory (registers are this kernel's limit)
   const float* sqa = sqp + (ha * kQT + g) * kP3;
   const float* sqb = sqp + (hbx * kQT + g) * kP3;
@@ -343,14 +349,9 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
 #pragma unroll
-      for (int part = 0; part < 2; ++part) {
-        qa[part][s][1] = qa[part][s][3] = qb[part][s][0] = qb[part][s][2] = 0u;
-      }
-#pragma unroll
       for (int c = 0; c < 2; ++c) {  // c: column u (d = 4u + 2s) or u + 4 (d + 1)
-        const float va = xa[2 * s + c], vb = hb_ok ? xb[2 * s + c] : 0.f;
-        split_tf32(va, qa[0][s][2 * c], qa[1][s][2 * c]);
-        split_tf32(vb, qb[0][s][2 * c + 1], qb[1][s][2 * c + 1]);
+        split_tf32(xa[2 * s + c], qf[0][s][2 * c], qf[1][s][2 * c]);
+        split_tf32(hb_ok ? xb[2 * s + c] : 0.f, qf[0][s][2 * c + 1], qf[1][s][2 * c + 1]);
       }
     }
     if (u < kP3 / 4) {
@@ -375,20 +376,21 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     __syncwarp();
     const float* ksa = kvs + ((t % kKvStages) * H + ha) * kKvHead;
     const float* ksb = kvs + ((t % kKvStages) * H + hbx) * kKvHead;
-    const float* kpa = ksa + kC;  // the k points: rows of pitch kWq after the 16 k columns
-    const float* kpb = ksb + kC;
-    const float* vsa = ksa + kBN * kWq;
-    const float* vsb = ksb + kBN * kWq;
+    const float* kpa = ksa + 2 * kC;  // the k points: rows of pitch kWk after k's hi and lo parts
+    const float* kpb = ksb + 2 * kC;
+    const float* vsa = ksa + kBN * kWk;
+    const float* vsb = ksb + kBN * kWk;
     // S = Q K^T: s[0], s[1] = (ha, g, keys 2u, 2u + 1); s[2], s[3] = (hb, g, keys 2u, 2u + 1)
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    float s[4];
     {
-      const float4 ka = ld_shared4(ksa + g * kWq + 4 * u), kb = ld_shared4(ksb + g * kWq + 4 * u);
-      const float kra[4] = {ka.x, ka.y, ka.z, ka.w}, krb[4] = {kb.x, kb.y, kb.z, kb.w};
-#pragma unroll
-      for (int st = 0; st < 2; ++st) {
-        mma_f32<true>(s, qa[0][st], qa[1][st], kra[2 * st], kra[2 * st + 1]);
-        mma_f32<true>(s, qb[0][st], qb[1][st], krb[2 * st], krb[2 * st + 1]);
-      }
+      const uint4 kha = ld_shared_u4(ksa + g * kWk + 4 * u), kla = ld_shared_u4(ksa + g * kWk + kC + 4 * u);
+      const uint4 khb = ld_shared_u4(ksb + g * kWk + 4 * u), klb = ld_shared_u4(ksb + g * kWk + kC + 4 * u);
+      float da[4], db[4];  // Q K_ha^T, Q K_hb^T
+      mma_3xtf32<true>(da, qf[0][0], qf[1][0], kha.x, kha.y, kla.x, kla.y);
+      mma_3xtf32<true>(db, qf[0][0], qf[1][0], khb.x, khb.y, klb.x, klb.y);
+      mma_3xtf32(da, qf[0][1], qf[1][1], kha.z, kha.w, kla.z, kla.w);
+      mma_3xtf32(db, qf[0][1], qf[1][1], khb.z, khb.w, klb.z, klb.w);
+      s[0] = da[0], s[1] = da[1], s[2] = db[2], s[3] = db[3];
     }
     {
       float dist[4] = {0.f, 0.f, 0.f, 0.f};
@@ -398,8 +400,8 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
         const float pa[4] = {qa4.x, qa4.y, qa4.z, qa4.w}, pb[4] = {qb4.x, qb4.y, qb4.z, qb4.w};
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float4 ka = ld_shared4(kpa + (2 * u + e) * kWq + 4 * c);
-          const float4 kb = ld_shared4(kpb + (2 * u + e) * kWq + 4 * c);
+          const float4 ka = ld_shared4(kpa + (2 * u + e) * kWk + 4 * c);
+          const float4 kb = ld_shared4(kpb + (2 * u + e) * kWk + 4 * c);
           const float ca[4] = {ka.x, ka.y, ka.z, ka.w}, cb[4] = {kb.x, kb.y, kb.z, kb.w};
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
@@ -420,28 +422,15 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
       s[2] = ok0 ? bb.x + mt0 + fmaf(pwb, dist[2], s[2]) : -INFINITY;
       s[3] = ok1 ? bb.y + mt1 + fmaf(pwb, dist[3], s[3]) : -INFINITY;
     }
-    // online softmax; P's A fragment: p = (ha, 2u), (hb, 2u), (ha, 2u + 1), (hb, 2u + 1). bf16 z:
-    // rounded to TF32 and summed as rounded; fp32: hi + lo.
+    // online softmax; P's A fragment: p = (ha, 2u), (hb, 2u), (ha, 2u + 1), (hb, 2u + 1), as hi
+    // and lo parts (bf16 z's v columns take the hi part alone).
     float alpha0, alpha1, p[4];
     online_softmax_step<kRescaleSlack>(s, m0, m1, alpha0, alpha1, p);
-    uint32_t pah[2][4], pbh[2][4];  // [part]: head ha's rows (a1 = a3 = 0), head hb's (a0 = a2 = 0)
+    uint32_t pf[2][4];  // P's A fragment [part], rows as Q's: two mma a product, as for S
 #pragma unroll
-    for (int part = 0; part < 2; ++part) pah[part][1] = pah[part][3] = pbh[part][0] = pbh[part][2] = 0u;
-    if constexpr (kBf16) {
-      pah[0][0] = pah[1][0] = tf32_round(p[0]);
-      pah[0][2] = pah[1][2] = tf32_round(p[2]);
-      pbh[0][1] = pbh[1][1] = tf32_round(p[1]);
-      pbh[0][3] = pbh[1][3] = tf32_round(p[3]);
-      l0 = fmaf(l0, alpha0, __uint_as_float(pah[0][0]) + __uint_as_float(pah[0][2]));
-      l1 = fmaf(l1, alpha1, __uint_as_float(pbh[0][1]) + __uint_as_float(pbh[0][3]));
-    } else {
-      split_tf32(p[0], pah[0][0], pah[1][0]);
-      split_tf32(p[2], pah[0][2], pah[1][2]);
-      split_tf32(p[1], pbh[0][1], pbh[1][1]);
-      split_tf32(p[3], pbh[0][3], pbh[1][3]);
-      l0 = fmaf(l0, alpha0, p[0] + p[2]);
-      l1 = fmaf(l1, alpha1, p[1] + p[3]);
-    }
+    for (int r = 0; r < 4; ++r) split_tf32(p[r], pf[0][r], pf[1][r]);
+    l0 = fmaf(l0, alpha0, p[0] + p[2]);
+    l1 = fmaf(l1, alpha1, p[1] + p[3]);
     // P and the rescale factors for the pair warps (slot t & 1)
     {
       float* pst = sp + (t & 1) * H * kTilePitch + g * kBN + 2 * u;
@@ -458,13 +447,20 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     const float* vb = vsb + 2 * u * kVPitch + g;
 #pragma unroll
     for (int n = 0; n < kWv / 8; ++n) {  // the tile's P V fresh, then acc alpha + P V (round to nearest)
-      float pv[4];
-      mma_f32<!kBf16, true>(pv, pah[0], pah[1], va[8 * n], va[kVPitch + 8 * n]);
-      mma_f32<!kBf16>(pv, pbh[0], pbh[1], vb[8 * n], vb[kVPitch + 8 * n]);
-      acc[n][0] = fmaf(acc[n][0], alpha0, pv[0]);
-      acc[n][1] = fmaf(acc[n][1], alpha0, pv[1]);
-      acc[n][2] = fmaf(acc[n][2], alpha1, pv[2]);
-      acc[n][3] = fmaf(acc[n][3], alpha1, pv[3]);
+      float pva[4], pvb[4];
+      if (kBf16 && n < kC / 8) {  // bf16 z, the v columns: TF32, v rounded by the host
+        mma_tf32_fresh(pva, pf[0][0], pf[0][1], pf[0][2], pf[0][3], __float_as_uint(va[8 * n]),
+                       __float_as_uint(va[kVPitch + 8 * n]));
+        mma_tf32_fresh(pvb, pf[0][0], pf[0][1], pf[0][2], pf[0][3], __float_as_uint(vb[8 * n]),
+                       __float_as_uint(vb[kVPitch + 8 * n]));
+      } else {  // the value points (every dtype) and fp32 z's v columns: 3xTF32
+        mma_f32<true, true>(pva, pf[0], pf[1], va[8 * n], va[kVPitch + 8 * n]);
+        mma_f32<true, true>(pvb, pf[0], pf[1], vb[8 * n], vb[kVPitch + 8 * n]);
+      }
+      acc[n][0] = fmaf(acc[n][0], alpha0, pva[0]);
+      acc[n][1] = fmaf(acc[n][1], alpha0, pva[1]);
+      acc[n][2] = fmaf(acc[n][2], alpha1, pvb[2]);
+      acc[n][3] = fmaf(acc[n][3], alpha1, pvb[3]);
     }
     __syncwarp();  // every lane is done with this stage's k/v rows before they are refilled
     issue_kv(t + kKvStages);

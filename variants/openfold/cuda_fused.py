@@ -8,14 +8,15 @@ kernel (`ipa_fused_af2_tc.cu`).
 Around the kernel it is `triton`'s forward (`triton_fused.Projections`): the projections as two
 GEMMs, the frame prologue (global points centred per batch element), and after the kernel the
 epilogue (inverse frame, norms) and linear_out, all Triton or cuBLAS. Between them this module
-builds the kernel's operand rows ([q | q points], [k | k points], [v | v points], fp32,
-(B, H, rows, width), k and v zero-padded to whole key tiles) with `torch.cat` and `F.pad`: O(N)
-copies the prologue could write directly.
+builds the kernel's operand rows (`Q_WIDTH` below; fp32, (B, H, rows, width), k split into TF32
+parts, k and v zero-padded to whole key tiles) with `torch.cat` and `F.pad`: O(N) copies the
+prologue could write directly.
 
 Math: fp32 inputs run every product (q.k, p.v, the pair bias, the pair values) as 3xTF32 (the rows
-say `fp32-3xtf32`; the fp32 tolerance judges them); bf16 inputs run q.k as 3xTF32, p.v on TF32
-and the pair bias with W_b as bf16 hi + lo parts, exact products of bf16 z, and the pair values
-with the probabilities rounded to bf16 as the eager bf16 reference rounds them (`bf16-tf32`).
+say `fp32-3xtf32`; the fp32 tolerance judges them); bf16 inputs run q.k and the value points' sums
+as 3xTF32 (points stay fp32 in every dtype), p.v on TF32, the pair bias with W_b as bf16 hi + lo
+parts, exact products of bf16 z, and the pair values with the probabilities rounded to bf16 as
+the eager bf16 reference rounds them (`bf16-tf32`).
 Distances, softmax and accumulators are fp32. Deviations from the reference, none changing the
 function: linear_b's bias is dropped (the softmax cancels it), the mask term is
 m_i * inf * (m_j - 1) (as the Triton kernels'), points are centred.
@@ -38,12 +39,14 @@ from variants.base2 import LOG2E
 from variants.cuda_ext import CODE_PATHS, load_extension
 from variants.openfold.problem import OpenFoldConfig, not_supported_reasons
 from variants.openfold.reference import OpenFoldIPA, make_module
-from variants.openfold.triton_fused import Projections
+from variants.openfold.triton_fused import Projections, tf32_split
 from variants.problem import IPAInputError, Precision, get_precision
 
-# The kernel's operand rows: [q | q points] and [k | k points] 16 + 12 floats; [v | v points]
-# 16 + 24 padded to 44 (its shared-memory pitch); k and v padded to whole key tiles of 8 rows.
-Q_WIDTH, V_PITCH, KEY_TILE = 28, 44, 8
+# The kernel's operand rows: [q | q points] 16 + 12 floats; [k hi | k lo | k points] 16 + 16 + 12,
+# k split for q.k's 3xTF32 (`tf32_split`, both parts rounded to TF32); [v | v points] 16 + 24
+# padded to 44 (its shared-memory pitch), v rounded to TF32 for bf16 z; k and v padded with zero
+# rows to whole key tiles of 8.
+Q_WIDTH, K_WIDTH, V_PITCH, KEY_TILE = 28, 44, 44, 8
 
 
 class CudaFusedForward(Projections):
@@ -70,20 +73,26 @@ class CudaFusedForward(Projections):
         q, k, v, pts, cat = self.project(s, translations, rotations, frames.OPERANDS)
         B, N, H = s.shape[0], s.shape[1], cfg.no_heads
 
-        def rows(values: torch.Tensor, points: torch.Tensor, width: int,
-                 length: int) -> torch.Tensor:
-            # (B, N, H, C) values and (B, H, N, P) points -> (B, H, length, width) fp32, zero past
-            # row N and column C + P (the kernel copies whole 8-row tiles of padded rows)
-            rows = torch.cat([values.transpose(1, 2).float(), points], dim=-1)
+        def rows(parts: list[torch.Tensor], width: int, length: int) -> torch.Tensor:
+            # (B, H, N, *) parts -> (B, H, length, width) fp32, zero past row N and the parts
+            rows = torch.cat(parts, dim=-1)
             return F.pad(rows, (0, width - rows.shape[-1], 0, length - N))
 
+        def heads_first(values: torch.Tensor) -> torch.Tensor:  # (B, N, H, C) -> (B, H, N, C)
+            return values.transpose(1, 2).float()
+
         padded = -(-N // KEY_TILE) * KEY_TILE
+        k_hi, k_lo = tf32_split(heads_first(k))
+        v = heads_first(v)
+        if self.dtype != torch.float32:  # p.v on TF32 (fp32 z, and the points: 3xTF32)
+            v = tf32_split(v)[0]
+        v_rows = rows([v, pts.v_pts], V_PITCH, padded)
         o_pt = torch.empty(B, N, H, 3 * cfg.no_v_points, dtype=torch.float32, device=s.device)
         load_extension().openfold_forward(
-            rows(q, pts.q_pts.transpose(2, 3), Q_WIDTH, N),
-            rows(k, pts.k_pts.transpose(2, 3), Q_WIDTH, padded),
-            rows(v, pts.v_pts, V_PITCH, padded), z, self.pair_weight, self.point_weight,
-            mask.float().contiguous(), cat, o_pt, self.q_scale, cfg.inf)
+            rows([heads_first(q), pts.q_pts.transpose(2, 3)], Q_WIDTH, N),
+            rows([k_hi, tf32_split(k_lo)[0], pts.k_pts.transpose(2, 3)], K_WIDTH, padded),
+            v_rows, z, self.pair_weight, self.point_weight, mask.float().contiguous(), cat, o_pt,
+            self.q_scale, cfg.inf)
         return self.finish(o_pt, rotations, pts, cat)
 
 
