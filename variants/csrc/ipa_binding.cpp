@@ -168,11 +168,12 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
 // k, v (B, H, n_pad, 44) float32 (n_pad = N rounded up to 8; rows past N and v's last 4 columns
 // zero); z (B, N, N, 128) float32 or bfloat16; wb (H, 128), pw (H,), mask
 // (B, N) float32; cat (B, N, cat_pitch) float32, its o and o_pair columns written; o_pt (B, N, H,
-// 24) float32, fully overwritten.
+// 24) float32, fully overwritten. balanced_roles: the warps' roles dealt over the schedulers
+// (openfold_roles), else in order.
 void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                       const at::Tensor& mask, at::Tensor cat, at::Tensor o_pt, double q_scale,
-                      double inf) {
+                      double inf, bool balanced_roles) {
   const char* fn = "ipa openfold_forward";
   TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, 28), got shape ",
               shape_of(q));
@@ -227,6 +228,8 @@ void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   args.pair_offset = static_cast<int>(pair_offset);
   args.q_scale = static_cast<float>(q_scale);
   args.inf2 = static_cast<float>(inf * 1.4426950408889634);
+  args.attending = ipa::openfold_roles(static_cast<int>(H), z.scalar_type() == at::kBFloat16,
+                                       balanced_roles);
   check_cuda(fn, ipa::openfold_launch(args, z.scalar_type() == at::kBFloat16,
                                       c10::cuda::getCurrentCUDAStream().stream()));
 }
@@ -341,7 +344,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("openfold_forward", &openfold_forward,
         "problem openfold's fused core: o, o_pair and o_pt (see ipa_kernels.h)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"), py::arg("mask"),
-        py::arg("cat"), py::arg("o_pt"), py::arg("q_scale"), py::arg("inf"));
+        py::arg("cat"), py::arg("o_pt"), py::arg("q_scale"), py::arg("inf"),
+        py::arg("balanced_roles") = true);
   m.def("hybrid_probs", &hybrid_probs, "IPA attention probabilities (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("bias"), py::arg("pw"), py::arg("probs"),
         py::arg("dqp"));

@@ -138,12 +138,15 @@ struct OpenFoldArgs {
   float* cat;
   float* o_pt;
   int B, N, H, cat_pitch, pair_offset;
+  unsigned attending;  // attention warps on scheduler s in byte s (openfold_roles): warp w
+                       // attends iff w / 4 < byte w % 4
   float q_scale, inf2;
 };
 
 // Whether the kernel takes a layer of these sizes (host only, no CUDA call).
 bool openfold_fits(int H, int c_hidden, int qk_points, int v_points, int c_z);
 size_t openfold_smem_bytes(int H, bool z_bf16);
+unsigned openfold_roles(int H, bool z_bf16, bool balanced);
 cudaError_t openfold_launch(const OpenFoldArgs& args, bool z_bf16, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------

@@ -38,6 +38,8 @@
 // one per SM, so N below ~1000 (B = 1) leaves SMs idle.
 #include <math.h>
 
+#include <algorithm>
+
 #include "ipa_fused_common.cuh"
 
 namespace ipa {
@@ -80,6 +82,17 @@ __host__ __device__ constexpr size_t smem_bytes(int H) {
          + sizeof(ZT) * 2 * kMmaHeads * Pitch<ZT>::kW;                // W_b's hi and lo parts
 }
 
+// Warp w attends iff w / 4 < its scheduler's count, byte w % 4 of `attending` (openfold_roles);
+// roles numbered in warp order. Sets warp (the attention index, else -1) and qq (the pair index,
+// else -1).
+__device__ __forceinline__ void assign_roles(int w, unsigned attending, int& warp, int& qq) {
+  auto attends = [&](int x) { return x / 4 < static_cast<int>((attending >> (8 * (x % 4))) & 0xffu); };
+  int n_att = 0;
+  for (int x = 0; x < w; ++x) n_att += attends(x);
+  warp = attends(w) ? n_att : -1;
+  qq = attends(w) ? -1 : w - n_att;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float2 p) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(p.x, p.y);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -94,7 +107,10 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int N = a.N, H = a.H;
   const int att_warps = (H + 1) / 2;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31;
+  // role: attention warp `warp` (0 .. att_warps - 1) or pair warp `qq` (0 .. kPairWarps - 1)
+  int warp, qq;
+  assign_roles(threadIdx.x >> 5, a.attending, warp, qq);
   const int g = lane >> 2, u = lane & 3;
   const int b = blockIdx.y, i0 = blockIdx.x * kQT;
   const int ntiles = (N + kBN - 1) / kBN;
@@ -125,8 +141,8 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   }
   __syncthreads();
 
-  if (warp >= att_warps) {  // ================= pair warps: warp <-> query i0 + qq =================
-    const int qq = warp - att_warps, qi = i0 + qq;
+  if (warp < 0) {  // ================= pair warps: warp <-> query i0 + qq =================
+    const int qi = i0 + qq;
     const bool q_ok = qi < N;
     constexpr int kChunks = kCz * static_cast<int>(sizeof(ZT)) / 16;  // 16-byte chunks of a z row
     constexpr int kPerChunk = 16 / static_cast<int>(sizeof(ZT));
@@ -505,6 +521,43 @@ bool openfold_fits(int H, int c_hidden, int qk_points, int v_points, int c_z) {
 
 size_t openfold_smem_bytes(int H, bool z_bf16) {
   return z_bf16 ? of::smem_bytes<__nv_bfloat16>(H) : of::smem_bytes<float>(H);
+}
+
+// The warps' roles (OpenFoldArgs::attending). An SM's four sub-partitions (schedulers) take a
+// CTA's warps by index mod 4, and the kernel is issue-bound on its busiest one, so with `balanced`
+// the attention warps are dealt to even out the schedulers' instructions a tile: of every split of
+// them over the schedulers, the one whose busiest scheduler has the fewest (ties: the first found),
+// counting the SASS instructions a tile of each role (thirty-first session: attention 507 bf16 /
+// 563 fp32, pair ~255 / ~815). Otherwise warps 0 .. ceil(H / 2) - 1 attend. Returns the attention
+// warps on each scheduler s in byte s (OpenFoldArgs::attending).
+unsigned openfold_roles(int H, bool z_bf16, bool balanced) {
+  const int att = (H + 1) / 2, total = att + of::kPairWarps;
+  int slots[4], attending[4];
+  for (int s = 0; s < 4; ++s) {
+    slots[s] = (total - s + 3) / 4;
+    attending[s] = (att - s + 3) / 4;  // in order
+  }
+  if (balanced) {
+    const long att_cost = z_bf16 ? 507 : 563, pair_cost = z_bf16 ? 255 : 815;
+    long best = -1;
+    for (int a0 = 0; a0 <= slots[0]; ++a0)
+      for (int a1 = 0; a1 <= slots[1]; ++a1)
+        for (int a2 = 0; a2 <= slots[2]; ++a2) {
+          const int a3 = att - a0 - a1 - a2;
+          if (a3 < 0 || a3 > slots[3]) continue;
+          const int split[4] = {a0, a1, a2, a3};
+          long busiest = 0;
+          for (int s = 0; s < 4; ++s)
+            busiest = std::max(busiest, split[s] * att_cost + (slots[s] - split[s]) * pair_cost);
+          if (best < 0 || busiest < best) {
+            best = busiest;
+            for (int s = 0; s < 4; ++s) attending[s] = split[s];
+          }
+        }
+  }
+  unsigned packed = 0;
+  for (int s = 0; s < 4; ++s) packed |= static_cast<unsigned>(attending[s]) << (8 * s);
+  return packed;
 }
 
 cudaError_t openfold_launch(const OpenFoldArgs& a, bool z_bf16, cudaStream_t stream) {

@@ -47,6 +47,10 @@ from variants.problem import IPAInputError, Precision, get_precision
 # padded to 44 (its shared-memory pitch), v rounded to TF32 for bf16 z; k and v padded with zero
 # rows to whole key tiles of 8.
 Q_WIDTH, K_WIDTH, V_PITCH, KEY_TILE = 28, 44, 44, 8
+# The kernel's warp roles dealt over the SM's four schedulers to even out their instructions
+# (`openfold_roles` in ipa_openfold.cu); False: in warp order (for A/B, e.g. profile_call.py --ab
+# variants.openfold.cuda_fused:BALANCED_ROLES=False).
+BALANCED_ROLES = True
 
 
 class CudaFusedForward(Projections):
@@ -92,7 +96,7 @@ class CudaFusedForward(Projections):
             rows([heads_first(q), pts.q_pts.transpose(2, 3)], Q_WIDTH, N),
             rows([k_hi, tf32_split(k_lo)[0], pts.k_pts.transpose(2, 3)], K_WIDTH, padded),
             v_rows, z, self.pair_weight, self.point_weight, mask.float().contiguous(), cat, o_pt,
-            self.q_scale, cfg.inf)
+            self.q_scale, cfg.inf, BALANCED_ROLES)
         return self.finish(o_pt, rotations, pts, cat)
 
 
