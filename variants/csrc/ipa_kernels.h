@@ -111,8 +111,9 @@ cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStrea
 // sizes exactly (c_hidden 16, 4 query and 8 value points, c_z 128), 1 <= H <= 12. Operands (float32,
 // contiguous, prepared by variants/openfold/cuda_fused.py):
 //   q     (B, H, N, 28)  rows [q (16) | points (12)], points global, centred per batch element
-//   k     (B, H, n_pad, 44) rows [k hi (16) | k lo (16) | points (12)], k's TF32 parts for q.k's
-//                        3xTF32; n_pad = N rounded up to 8, rows past N zero
+//   k     (B, H, n_pad, 28) rows as q's (fp32 z), or (bfloat16 z) (B, H, n_pad, 44) rows [k hi
+//                        (16) | k lo (16) | points (12)], k's TF32 parts for q.k's 3xTF32; n_pad
+//                        = N rounded up to 8, rows past N zero
 //   v     (B, H, n_pad, 44) rows [v (16) | value points (24) | 4 zeros], rows past N zero; v
 //                        rounded to TF32 when z is bfloat16
 //                        (B H n_pad 44 < 2^31)

@@ -55,8 +55,6 @@ constexpr int kThreads = (kOpenFoldMaxHeads / 2 + kPairWarps) * 32;
 // one of them (__maxnreg__(144) compiled, and the H100 refused the launch: too many resources).
 constexpr int kTilePitch = kQT * kBN + 8;  // floats per head in a bias or P tile: 8 banks apart
 constexpr int kVPitch = kWv + 4;           // rows 2u, 2u + 1 of a V fragment on distinct banks
-constexpr int kWk = 2 * kC + kP3;         // k rows [k hi | k lo | k points]: q.k's 3xTF32 split by the host
-constexpr int kKvHead = kBN * (kWk + kVPitch);  // one head's k and v rows
 constexpr int kZStages = 4, kKvStages = 2;
 // The running maxima move only by more than 8 (base 2): most tiles' rescale factors are exactly 1,
 // and the pair warps then skip the 64 multiplies of o_pair's rescaling (bf16 z).
@@ -65,20 +63,24 @@ constexpr int kRescaleSlack = 8;
 // scalar loads of (key u, channel g) on 32 banks); W_b's parts, padded likewise for ldmatrix.
 template <typename ZT>
 struct Pitch;
+// k rows (kK floats): bf16 z [k hi | k lo | k points], q.k's 3xTF32 parts split by the host;
+// fp32 z [k | k points], split in the kernel (the host's split does not fit: 12 KB more at H = 12).
 template <>
 struct Pitch<__nv_bfloat16> {
-  static constexpr int kZ = kCz + 8, kW = kCz + 8;
+  static constexpr int kZ = kCz + 8, kW = kCz + 8, kK = 2 * kC + kP3;
 };
 template <>
 struct Pitch<float> {
-  static constexpr int kZ = kCz + 8, kW = kCz + 4;
+  static constexpr int kZ = kCz + 8, kW = kCz + 4, kK = kWq;
 };
+template <typename ZT>
+constexpr int kKvHead = kBN * (Pitch<ZT>::kK + kVPitch);  // one head's k and v rows
 
 template <typename ZT>
 __host__ __device__ constexpr size_t smem_bytes(int H) {
   return 4ull * H * (4 * kTilePitch + 3 * kQT + kQT * kP3)          // bias, P, alpha, sums, q points
          + sizeof(ZT) * kZStages * kQT * kBN * Pitch<ZT>::kZ          // z rows
-         + 4ull * kKvStages * H * kKvHead                             // k and v rows
+         + 4ull * kKvStages * H * kKvHead<ZT>                         // k and v rows
          + sizeof(ZT) * 2 * kMmaHeads * Pitch<ZT>::kW;                // W_b's hi and lo parts
 }
 
@@ -92,6 +94,10 @@ __device__ __forceinline__ void assign_roles(int w, unsigned attending, int& war
   warp = attends(w) ? n_att : -1;
   qq = attends(w) ? -1 : w - n_att;
 }
+
+// sm_90's 227 KB of shared memory a block, at the most heads (CI compiles every source with nvcc)
+static_assert(smem_bytes<float>(kOpenFoldMaxHeads) <= 227 * 1024, "fp32 shared memory");
+static_assert(smem_bytes<__nv_bfloat16>(kOpenFoldMaxHeads) <= 227 * 1024, "bf16 shared memory");
 
 __device__ __forceinline__ uint32_t pack_bf16(float2 p) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(p.x, p.y);
@@ -122,7 +128,7 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   float* sqp = sl + H * kQT;                       // [H][kQT][kP3] the query points
   ZT* zs = reinterpret_cast<ZT*>(sqp + H * kQT * kP3);  // [kZStages][kQT * kBN][kZPitch]
   float* kvs = reinterpret_cast<float*>(zs + kZStages * kQT * kBN * kZPitch);  // [stage][H][..]
-  ZT* wsm = reinterpret_cast<ZT*>(kvs + kKvStages * H * kKvHead);  // [hi, lo][16][kWPitch]
+  ZT* wsm = reinterpret_cast<ZT*>(kvs + kKvStages * H * kKvHead<ZT>);  // [hi, lo][16][kWPitch]
 
   // W_b's parts (heads >= H zero): bf16 hi + lo for bf16 z, TF32 hi + lo for fp32 z
   for (int idx = threadIdx.x; idx < kMmaHeads * kCz; idx += blockDim.x) {
@@ -314,29 +320,32 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   const bool hb_ok = hb < H;
   const int hbx = hb_ok ? hb : ha;  // an odd H's last warp reads head ha's rows for hb (A rows zero)
   // The k/v copies. The host pads k and v to n_pad = 8 ntiles rows (zeros), so a tile's 8 rows
-  // of one head are contiguous in global memory and land as they are: k and v 88 16-byte chunks
-  // each; this lane copies chunks lane, lane + 32 and, below lane 24, lane + 64. Offsets in
-  // floats (openfold_launch takes B H n_pad kVPitch < 2^31).
-  const int n_pad = ntiles * kBN;
-  static_assert(kWk == kVPitch, "k and v tiles copied alike");
-  const int krows = (b * H + ha) * n_pad * kWk + 4 * lane, vrows = (b * H + ha) * n_pad * kVPitch + 4 * lane;
+  // of one head are contiguous in global memory and land as they are: k 88 16-byte chunks (bf16
+  // z) or 56 (fp32), v 88; this lane copies chunks lane, lane + 32 and lane + 64 of each where
+  // they exist (below lane 24 for the last). Offsets in floats (openfold_launch takes
+  // B H n_pad kVPitch < 2^31).
+  constexpr int kWk = Pitch<ZT>::kK, kHead = kKvHead<ZT>;
+  constexpr int kKChunks = kBN * kWk / 4;
+  static_assert(kBN * kVPitch / 4 == 88 && (kKChunks == 88 || kKChunks == 56), "the copies below");
   const bool tail_lane = lane < 24;
+  const int n_pad = ntiles * kBN;
+  const int krows = (b * H + ha) * n_pad * kWk + 4 * lane, vrows = (b * H + ha) * n_pad * kVPitch + 4 * lane;
   auto issue_kv = [&](int t) {  // tile t's k and v rows of heads ha and hb into stage t % 2
     if (t < ntiles) {
-      float* stage = kvs + (t % kKvStages) * H * kKvHead + ha * kKvHead + 4 * lane;
+      float* stage = kvs + (t % kKvStages) * H * kHead + ha * kHead + 4 * lane;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         if (e && !hb_ok) break;
         const float* kg = a.k + krows + (e * n_pad + t * kBN) * kWk;
         const float* vg = a.v + vrows + (e * n_pad + t * kBN) * kVPitch;
-        float* ks = stage + e * kKvHead;
+        float* ks = stage + e * kHead;
         float* vs = ks + kBN * kWk;
         cp_async16(ks, kg, 16);
-        cp_async16(ks + 128, kg + 128, 16);
         cp_async16(vs, vg, 16);
         cp_async16(vs + 128, vg + 128, 16);
+        if (kKChunks > 64 || tail_lane) cp_async16(ks + 128, kg + 128, 16);
         if (tail_lane) {
-          cp_async16(ks + 256, kg + 256, 16);
+          if constexpr (kKChunks > 64) cp_async16(ks + 256, kg + 256, 16);
           cp_async16(vs + 256, vg + 256, 16);
         }
       }
@@ -390,17 +399,26 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     const int j0 = t * kBN;
     cp_async_wait<kKvStages - 1>();
     __syncwarp();
-    const float* ksa = kvs + ((t % kKvStages) * H + ha) * kKvHead;
-    const float* ksb = kvs + ((t % kKvStages) * H + hbx) * kKvHead;
-    const float* kpa = ksa + 2 * kC;  // the k points: rows of pitch kWk after k's hi and lo parts
-    const float* kpb = ksb + 2 * kC;
+    const float* ksa = kvs + ((t % kKvStages) * H + ha) * kHead;
+    const float* ksb = kvs + ((t % kKvStages) * H + hbx) * kHead;
+    const float* kpa = ksa + kWk - kP3;  // the k points: the last 12 of each row
+    const float* kpb = ksb + kWk - kP3;
     const float* vsa = ksa + kBN * kWk;
     const float* vsb = ksb + kBN * kWk;
     // S = Q K^T: s[0], s[1] = (ha, g, keys 2u, 2u + 1); s[2], s[3] = (hb, g, keys 2u, 2u + 1)
     float s[4];
     {
-      const uint4 kha = ld_shared_u4(ksa + g * kWk + 4 * u), kla = ld_shared_u4(ksa + g * kWk + kC + 4 * u);
-      const uint4 khb = ld_shared_u4(ksb + g * kWk + 4 * u), klb = ld_shared_u4(ksb + g * kWk + kC + 4 * u);
+      uint4 kha, kla, khb, klb;  // the B fragments' hi and lo parts
+      if constexpr (kBf16) {
+        kha = ld_shared_u4(ksa + g * kWk + 4 * u), kla = ld_shared_u4(ksa + g * kWk + kC + 4 * u);
+        khb = ld_shared_u4(ksb + g * kWk + 4 * u), klb = ld_shared_u4(ksb + g * kWk + kC + 4 * u);
+      } else {
+        const float4 ka = ld_shared4(ksa + g * kWk + 4 * u), kb = ld_shared4(ksb + g * kWk + 4 * u);
+        split_tf32(ka.x, kha.x, kla.x), split_tf32(ka.y, kha.y, kla.y);
+        split_tf32(ka.z, kha.z, kla.z), split_tf32(ka.w, kha.w, kla.w);
+        split_tf32(kb.x, khb.x, klb.x), split_tf32(kb.y, khb.y, klb.y);
+        split_tf32(kb.z, khb.z, klb.z), split_tf32(kb.w, khb.w, klb.w);
+      }
       float da[4], db[4];  // Q K_ha^T, Q K_hb^T
       mma_3xtf32<true>(da, qf[0][0], qf[1][0], kha.x, kha.y, kla.x, kla.y);
       mma_3xtf32<true>(db, qf[0][0], qf[1][0], khb.x, khb.y, klb.x, klb.y);

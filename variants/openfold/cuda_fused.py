@@ -42,11 +42,11 @@ from variants.openfold.reference import OpenFoldIPA, make_module
 from variants.openfold.triton_fused import Projections, tf32_split
 from variants.problem import IPAInputError, Precision, get_precision
 
-# The kernel's operand rows: [q | q points] 16 + 12 floats; [k hi | k lo | k points] 16 + 16 + 12,
-# k split for q.k's 3xTF32 (`tf32_split`, both parts rounded to TF32); [v | v points] 16 + 24
-# padded to 44 (its shared-memory pitch), v rounded to TF32 for bf16 z; k and v padded with zero
-# rows to whole key tiles of 8.
-Q_WIDTH, K_WIDTH, V_PITCH, KEY_TILE = 28, 44, 44, 8
+# The kernel's operand rows: [q | q points] 16 + 12 floats, and [k | k points] for fp32 z; for
+# bf16 z [k hi | k lo | k points] 16 + 16 + 12, k split for q.k's 3xTF32 (`tf32_split`, both parts
+# rounded to TF32); [v | v points] 16 + 24 padded to 44 (its shared-memory pitch), v rounded to
+# TF32 for bf16 z; k and v padded with zero rows to whole key tiles of 8.
+Q_WIDTH, K_WIDTH_BF16, V_PITCH, KEY_TILE = 28, 44, 44, 8
 # The kernel's warp roles dealt over the SM's four schedulers to even out their instructions
 # (`openfold_roles` in ipa_openfold.cu); False: in warp order (for A/B, e.g. profile_call.py --ab
 # variants.openfold.cuda_fused:BALANCED_ROLES=False).
@@ -86,17 +86,19 @@ class CudaFusedForward(Projections):
             return values.transpose(1, 2).float()
 
         padded = -(-N // KEY_TILE) * KEY_TILE
-        k_hi, k_lo = tf32_split(heads_first(k))
-        v = heads_first(v)
-        if self.dtype != torch.float32:  # p.v on TF32 (fp32 z, and the points: 3xTF32)
+        k, v = heads_first(k), heads_first(v)
+        if self.dtype == torch.float32:
+            k_rows = rows([k, pts.k_pts.transpose(2, 3)], Q_WIDTH, padded)
+        else:  # q.k's 3xTF32 parts; p.v on TF32 (the points: 3xTF32)
+            k_hi, k_lo = tf32_split(k)
+            k_rows = rows([k_hi, tf32_split(k_lo)[0], pts.k_pts.transpose(2, 3)], K_WIDTH_BF16,
+                          padded)
             v = tf32_split(v)[0]
-        v_rows = rows([v, pts.v_pts], V_PITCH, padded)
         o_pt = torch.empty(B, N, H, 3 * cfg.no_v_points, dtype=torch.float32, device=s.device)
         load_extension().openfold_forward(
-            rows([heads_first(q), pts.q_pts.transpose(2, 3)], Q_WIDTH, N),
-            rows([k_hi, tf32_split(k_lo)[0], pts.k_pts.transpose(2, 3)], K_WIDTH, padded),
-            v_rows, z, self.pair_weight, self.point_weight, mask.float().contiguous(), cat, o_pt,
-            self.q_scale, cfg.inf, BALANCED_ROLES)
+            rows([heads_first(q), pts.q_pts.transpose(2, 3)], Q_WIDTH, N), k_rows,
+            rows([v, pts.v_pts], V_PITCH, padded), z, self.pair_weight, self.point_weight,
+            mask.float().contiguous(), cat, o_pt, self.q_scale, cfg.inf, BALANCED_ROLES)
         return self.finish(o_pt, rotations, pts, cat)
 
 
