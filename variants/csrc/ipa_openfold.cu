@@ -88,11 +88,13 @@ __host__ __device__ constexpr size_t smem_bytes(int H) {
 // roles numbered in warp order. Sets warp (the attention index, else -1) and qq (the pair index,
 // else -1).
 __device__ __forceinline__ void assign_roles(int w, unsigned attending, int& warp, int& qq) {
-  auto attends = [&](int x) { return x / 4 < static_cast<int>((attending >> (8 * (x % 4))) & 0xffu); };
-  int n_att = 0;
-  for (int x = 0; x < w; ++x) n_att += attends(x);
-  warp = attends(w) ? n_att : -1;
-  qq = attends(w) ? -1 : w - n_att;
+  int n_att = 0;  // attention warps below w: on scheduler s, min(its count, warps below w there)
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+    n_att += min(static_cast<int>((attending >> (8 * s)) & 0xffu), max(w - s + 3, 0) / 4);
+  const bool attends = w / 4 < static_cast<int>((attending >> (8 * (w % 4))) & 0xffu);
+  warp = attends ? n_att : -1;
+  qq = attends ? -1 : w - n_att;
 }
 
 // sm_90's 227 KB of shared memory a block, at the most heads (CI compiles every source with nvcc)
@@ -408,22 +410,21 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     // S = Q K^T: s[0], s[1] = (ha, g, keys 2u, 2u + 1); s[2], s[3] = (hb, g, keys 2u, 2u + 1)
     float s[4];
     {
-      uint4 kha, kla, khb, klb;  // the B fragments' hi and lo parts
-      if constexpr (kBf16) {
-        kha = ld_shared_u4(ksa + g * kWk + 4 * u), kla = ld_shared_u4(ksa + g * kWk + kC + 4 * u);
-        khb = ld_shared_u4(ksb + g * kWk + 4 * u), klb = ld_shared_u4(ksb + g * kWk + kC + 4 * u);
-      } else {
-        const float4 ka = ld_shared4(ksa + g * kWk + 4 * u), kb = ld_shared4(ksb + g * kWk + 4 * u);
-        split_tf32(ka.x, kha.x, kla.x), split_tf32(ka.y, kha.y, kla.y);
-        split_tf32(ka.z, kha.z, kla.z), split_tf32(ka.w, kha.w, kla.w);
-        split_tf32(kb.x, khb.x, klb.x), split_tf32(kb.y, khb.y, klb.y);
-        split_tf32(kb.z, khb.z, klb.z), split_tf32(kb.w, khb.w, klb.w);
-      }
       float da[4], db[4];  // Q K_ha^T, Q K_hb^T
-      mma_3xtf32<true>(da, qf[0][0], qf[1][0], kha.x, kha.y, kla.x, kla.y);
-      mma_3xtf32<true>(db, qf[0][0], qf[1][0], khb.x, khb.y, klb.x, klb.y);
-      mma_3xtf32(da, qf[0][1], qf[1][1], kha.z, kha.w, kla.z, kla.w);
-      mma_3xtf32(db, qf[0][1], qf[1][1], khb.z, khb.w, klb.z, klb.w);
+      if constexpr (kBf16) {  // k's parts from the host
+        const uint4 kha = ld_shared_u4(ksa + g * kWk + 4 * u), kla = ld_shared_u4(ksa + g * kWk + kC + 4 * u);
+        const uint4 khb = ld_shared_u4(ksb + g * kWk + 4 * u), klb = ld_shared_u4(ksb + g * kWk + kC + 4 * u);
+        mma_3xtf32<true>(da, qf[0][0], qf[1][0], kha.x, kha.y, kla.x, kla.y);
+        mma_3xtf32<true>(db, qf[0][0], qf[1][0], khb.x, khb.y, klb.x, klb.y);
+        mma_3xtf32(da, qf[0][1], qf[1][1], kha.z, kha.w, kla.z, kla.w);
+        mma_3xtf32(db, qf[0][1], qf[1][1], khb.z, khb.w, klb.z, klb.w);
+      } else {  // split here, one k-step at a time (registers)
+        const float4 ka = ld_shared4(ksa + g * kWk + 4 * u), kb = ld_shared4(ksb + g * kWk + 4 * u);
+        mma_f32<true, true>(da, qf[0][0], qf[1][0], ka.x, ka.y);
+        mma_f32<true, true>(db, qf[0][0], qf[1][0], kb.x, kb.y);
+        mma_f32<true>(da, qf[0][1], qf[1][1], ka.z, ka.w);
+        mma_f32<true>(db, qf[0][1], qf[1][1], kb.z, kb.w);
+      }
       s[0] = da[0], s[1] = da[1], s[2] = db[2], s[3] = db[3];
     }
     {
