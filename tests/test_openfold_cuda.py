@@ -1,6 +1,8 @@
 """Problem `openfold`'s `cuda-fused` (`variants/openfold/cuda_fused.py`, kernel
 `variants/csrc/ipa_openfold.cu`): one CUDA kernel, OpenFold's sizes exactly. CPU: registration,
-the sizes it refuses with reasons (CI compiles the kernel with ptxas in test_cuda_sources.py).
+the sizes it refuses with reasons (CI compiles the kernel with ptxas in test_cuda_sources.py),
+and its operand rows (`cuda_rows.py`, under the Triton interpreter) equal to the bit the PyTorch
+form that defines them (`torch_rows` below).
 GPU (marker `gpu`): the harness's protocol at ragged lengths and padded batches, odd and small
 head counts (the attention warps stack two heads; an odd H leaves the last warp one), the mask
 semantics the Triton variants are held to, z refused when strided, and O(N) extra memory."""
@@ -16,6 +18,7 @@ from tests.test_openfold_triton import (
     assert_within_protocol,
     built,
     extra_peak_bytes,
+    needs_interpreter,
     run,
 )
 from variants.openfold.problem import OpenFoldConfig, make_inputs
@@ -48,6 +51,54 @@ def test_other_sizes_are_refused_with_a_reason(change, reason):
     assert reason in reasons
     with pytest.raises(IPAInputError, match="cannot run here"):
         get_variant(NAME, "openfold").build({}, config, "cuda", "fp32")
+
+
+def torch_rows(q, k, v, q_pts, k_pts, v_pts, *, split_k: bool, round_v: bool):
+    """The operand rows in PyTorch (`cuda_rows.py`'s definition): cat, zero padding to whole
+    8-row key tiles, and for bf16 z k's TF32 parts and v rounded to TF32."""
+    from variants.openfold.triton_fused import tf32_split
+
+    N = q.shape[1]
+    n_pad = -(-N // 8) * 8
+
+    def rows(parts, width, length):
+        cat = torch.cat(parts, dim=-1)
+        return torch.nn.functional.pad(cat, (0, width - cat.shape[-1], 0, length - N))
+
+    def heads_first(x):  # (B, N, H, C) -> (B, H, N, C) fp32
+        return x.transpose(1, 2).float()
+
+    k, v = heads_first(k), heads_first(v)
+    if split_k:
+        k_hi, k_lo = tf32_split(k)
+        k_rows = rows([k_hi, tf32_split(k_lo)[0], k_pts.transpose(2, 3)], 44, n_pad)
+    else:
+        k_rows = rows([k, k_pts.transpose(2, 3)], 28, n_pad)
+    if round_v:
+        v = tf32_split(v)[0]
+    return (rows([heads_first(q), q_pts.transpose(2, 3)], 28, N), k_rows,
+            rows([v, v_pts], 44, n_pad))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype, split", [(torch.float32, False), (torch.bfloat16, True),
+                                          (torch.float32, True)])
+@pytest.mark.parametrize("batch, length, heads", [(2, 13, 3), (1, 40, 12), (1, 1, 1)])
+def test_operand_rows_equal_their_pytorch_definition(dtype, split, batch, length, heads):
+    from variants.openfold.cuda_rows import operand_rows
+
+    gen = torch.Generator().manual_seed(length)
+    # q, k, v as the projections give them: (B, N, H, 16) views of one (B, N, 3 H 16) GEMM output
+    qkv = torch.randn(batch, length, 3 * heads * 16, generator=gen).to(dtype)
+    q, k, v = (t.view(batch, length, heads, 16) for t in qkv.split(heads * 16, dim=-1))
+    q_pts = torch.randn(batch, heads, 12, length, generator=gen) * 30
+    k_pts = torch.randn(batch, heads, 12, length, generator=gen) * 30
+    v_pts = torch.randn(batch, heads, length, 24, generator=gen) * 30
+    got = operand_rows(q, k, v, q_pts, k_pts, v_pts, split_k=split, round_v=split)
+    want = torch_rows(q, k, v, q_pts, k_pts, v_pts, split_k=split, round_v=split)
+    for name, g, w in zip("qkv", got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype == torch.float32, name
+        assert torch.equal(g, w), name
 
 
 # ---- GPU ------------------------------------------------------------------------------------

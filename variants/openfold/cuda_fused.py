@@ -7,10 +7,9 @@ kernel (`ipa_fused_af2_tc.cu`).
 
 Around the kernel it is `triton`'s forward (`triton_fused.Projections`): the projections as two
 GEMMs, the frame prologue (global points centred per batch element), and after the kernel the
-epilogue (inverse frame, norms) and linear_out, all Triton or cuBLAS. Between them this module
-builds the kernel's operand rows (`Q_WIDTH` below; fp32, (B, H, rows, width), k split into TF32
-parts, k and v zero-padded to whole key tiles) with `torch.cat` and `F.pad`: O(N) copies the
-prologue could write directly.
+epilogue (inverse frame, norms) and linear_out, all Triton or cuBLAS. Between them one Triton
+launch writes the kernel's operand rows (`cuda_rows.py`: fp32, k and v zero-padded to whole key
+tiles; for bf16 z k split into TF32 parts and v rounded to TF32).
 
 Math: fp32 inputs run every product (q.k, p.v, the pair bias, the pair values) as 3xTF32 (the rows
 say `fp32-3xtf32`; the fp32 tolerance judges them); bf16 inputs run q.k and the value points' sums
@@ -32,21 +31,16 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from variants.base import IPAFunction, Variant
 from variants.base2 import LOG2E
 from variants.cuda_ext import CODE_PATHS, load_extension
+from variants.openfold.cuda_rows import operand_rows
 from variants.openfold.problem import OpenFoldConfig, not_supported_reasons
 from variants.openfold.reference import OpenFoldIPA, make_module
-from variants.openfold.triton_fused import Projections, tf32_split
+from variants.openfold.triton_fused import Projections
 from variants.problem import IPAInputError, Precision, get_precision
 
-# The kernel's operand rows: [q | q points] 16 + 12 floats, and [k | k points] for fp32 z; for
-# bf16 z [k hi | k lo | k points] 16 + 16 + 12, k split for q.k's 3xTF32 (`tf32_split`, both parts
-# rounded to TF32); [v | v points] 16 + 24 padded to 44 (its shared-memory pitch), v rounded to
-# TF32 for bf16 z; k and v padded with zero rows to whole key tiles of 8.
-Q_WIDTH, K_WIDTH_BF16, V_PITCH, KEY_TILE = 28, 44, 44, 8
 # The kernel's warp roles dealt over the SM's four schedulers to even out their instructions
 # (`openfold_roles` in ipa_openfold.cu); False: in warp order (for A/B, e.g. profile_call.py --ab
 # variants.openfold.cuda_fused:BALANCED_ROLES=False).
@@ -77,27 +71,12 @@ class CudaFusedForward(Projections):
         q, k, v, pts, cat = self.project(s, translations, rotations, frames.OPERANDS)
         B, N, H = s.shape[0], s.shape[1], cfg.no_heads
 
-        def rows(parts: list[torch.Tensor], width: int, length: int) -> torch.Tensor:
-            # (B, H, N, *) parts -> (B, H, length, width) fp32, zero past row N and the parts
-            rows = torch.cat(parts, dim=-1)
-            return F.pad(rows, (0, width - rows.shape[-1], 0, length - N))
-
-        def heads_first(values: torch.Tensor) -> torch.Tensor:  # (B, N, H, C) -> (B, H, N, C)
-            return values.transpose(1, 2).float()
-
-        padded = -(-N // KEY_TILE) * KEY_TILE
-        k, v = heads_first(k), heads_first(v)
-        if self.dtype == torch.float32:
-            k_rows = rows([k, pts.k_pts.transpose(2, 3)], Q_WIDTH, padded)
-        else:  # q.k's 3xTF32 parts; p.v on TF32 (the points: 3xTF32)
-            k_hi, k_lo = tf32_split(k)
-            k_rows = rows([k_hi, tf32_split(k_lo)[0], pts.k_pts.transpose(2, 3)], K_WIDTH_BF16,
-                          padded)
-            v = tf32_split(v)[0]
+        bf16 = self.dtype != torch.float32  # q.k's 3xTF32 parts; p.v on TF32 (points 3xTF32)
+        q_rows, k_rows, v_rows = operand_rows(q, k, v, pts.q_pts, pts.k_pts, pts.v_pts,
+                                              split_k=bf16, round_v=bf16)
         o_pt = torch.empty(B, N, H, 3 * cfg.no_v_points, dtype=torch.float32, device=s.device)
         load_extension().openfold_forward(
-            rows([heads_first(q), pts.q_pts.transpose(2, 3)], Q_WIDTH, N), k_rows,
-            rows([v, pts.v_pts], V_PITCH, padded), z, self.pair_weight, self.point_weight,
+            q_rows, k_rows, v_rows, z, self.pair_weight, self.point_weight,
             mask.float().contiguous(), cat, o_pt, self.q_scale, cfg.inf, BALANCED_ROLES)
         return self.finish(o_pt, rotations, pts, cat)
 
@@ -118,7 +97,8 @@ class OpenFoldCudaFused(Variant):
         here = Path(__file__).resolve().parent
         triton_dir = here.parent / "triton"
         return [Path(__file__).resolve(), *CODE_PATHS, here / "triton_fused.py",
-                *(triton_dir / f for f in ("frames.py", "linear.py", "common.py")),
+                here / "cuda_rows.py",
+                *(triton_dir / f for f in ("frames.py", "linear.py", "common.py", "tf32.py")),
                 here.parent / "base2.py"]
 
     def math_mode_label(self, precision, config=None):
