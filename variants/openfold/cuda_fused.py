@@ -35,7 +35,6 @@ import torch
 from variants.base import IPAFunction, Variant
 from variants.base2 import LOG2E
 from variants.cuda_ext import CODE_PATHS, load_extension
-from variants.openfold.cuda_rows import operand_rows
 from variants.openfold.problem import OpenFoldConfig, not_supported_reasons
 from variants.openfold.reference import OpenFoldIPA, make_module
 from variants.openfold.triton_fused import Projections
@@ -61,6 +60,7 @@ class CudaFusedForward(Projections):
 
     @torch.no_grad()
     def __call__(self, s, z, translations, rotations, mask):
+        from variants.openfold.cuda_rows import operand_rows  # Triton: imported when run
         from variants.triton import frames
 
         cfg = self.config
