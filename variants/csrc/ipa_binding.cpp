@@ -165,11 +165,11 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
 }
 
 // Problem openfold's fused core (ipa_kernels.h, "Problem openfold's cuda-fused"): q (B, H, N, 28),
-// k (B, H, n_pad, 28 or, for bfloat16 z, 44), v (B, H, n_pad, 44) float32 (n_pad = N rounded up to
-// 8; rows past N and v's last 4 columns zero); z (B, N, N, 128) float32 or bfloat16; wb (H, 128), pw (H,), mask
-// (B, N) float32; cat (B, N, cat_pitch) float32, its o and o_pair columns written; o_pt (B, N, H,
-// 24) float32, fully overwritten. balanced_roles: the warps' roles dealt over the schedulers
-// (openfold_roles), else in order.
+// k (B, H, n_pad, 28 or, for bfloat16 z, 44), v (B, H, n_pad, 44) float32 (n_pad = N rounded up
+// to kOpenFoldKeyTile; rows past N and v's last 4 columns zero); z (B, N, N, 128) float32 or
+// bfloat16; wb (H, 128), pw (H,), mask (B, N) float32; cat (B, N, cat_pitch) float32, its o and
+// o_pair columns written; o_pt (B, N, H, 24) float32, fully overwritten. balanced_roles: the warps'
+// roles dealt over the schedulers (openfold_roles), else in order.
 void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                       const at::Tensor& mask, at::Tensor cat, at::Tensor o_pt, double q_scale,
@@ -188,12 +188,12 @@ void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                                  v.dim() == 4 && v.size(3) == 44 ? 8 : -1, static_cast<int>(C)),
               fn, ": expected OpenFold's sizes (q width 28 = c_hidden 16 + 3 * 4 query points, "
               "k 28, or 44 = 2 * 16 + 12 for bfloat16 z, v 44 = 16 + 3 * 8 value points + 4 zeros, "
-              "c_z 128) and "
-              "1 <= heads <= ",
+              "c_z 128) and 1 <= heads <= ",
               ipa::kOpenFoldMaxHeads, ", got q ", shape_of(q), ", v ", shape_of(v), ", z ",
               shape_of(z));
   check_tensor(fn, "q", q, at::kFloat, {B, H, N, 28}, dev);
-  const int64_t n_pad = (N + 7) / 8 * 8;
+  constexpr int64_t tile = ipa::kOpenFoldKeyTile;
+  const int64_t n_pad = (N + tile - 1) / tile * tile;
   check_tensor(fn, "k", k, at::kFloat, {B, H, n_pad, z.scalar_type() == at::kBFloat16 ? 44 : 28},
                dev);
   check_tensor(fn, "v", v, at::kFloat, {B, H, n_pad, 44}, dev);

@@ -127,6 +127,7 @@ cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStrea
 // q_scale: sqrt(1 / (3 c_hidden)) * log2(e); inf2: the config's inf * log2(e).
 // ---------------------------------------------------------------------------------------------
 constexpr int kOpenFoldMaxHeads = 12;
+constexpr int kOpenFoldKeyTile = 8;  // keys a tile: k and v come padded to a multiple (n_pad)
 
 struct OpenFoldArgs {
   const float* q;

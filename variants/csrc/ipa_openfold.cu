@@ -47,7 +47,7 @@ namespace {
 
 namespace of {
 constexpr int kC = 16, kP3 = 12, kWq = kC + kP3, kVP3 = 24, kWv = kC + kVP3, kCz = 128;
-constexpr int kQT = 8, kBN = 8, kMmaHeads = 16;
+constexpr int kQT = 8, kBN = kOpenFoldKeyTile, kMmaHeads = 16;
 constexpr int kPairWarps = kQT;
 constexpr int kThreads = (kOpenFoldMaxHeads / 2 + kPairWarps) * 32;
 // Registers: 128 a thread (__launch_bounds__(448, 1)). Not 65536 / 448 = 146: an SM's four
