@@ -11,10 +11,12 @@
 #      `ipa_fused_af2` for cuda-fused; NCU_SET: one profile_call.py --set, e.g. a cuda-fused form;
 #      NCU_PROBLEM: the problem, e.g. `openfold` with NCU_KERNELS=ipa_openfold):
 #      speed of light, memory and compute workload, occupancy, launch statistics, and the
-#      warp-stall breakdown and pipe utilisation as metrics;
+#      warp-stall breakdown and pipe utilisation as metrics; with NCU_SOURCE=1 also the
+#      per-SASS-instruction counters (sass-N-DTYPE.csv.gz) and ncu_stalls.py's summary of them
+#      (which loop's warps wait, on what, at which instruction);
 #   3. torch.profiler on a triton-train training step at N = 4096 and 1024, fp32: the
 #      kernels by device time.
-# Writes train-tests.log, ncu-forward.txt, train-profile.log in $OUT. LIM_TEST=0 or LIM_PROF=0
+# Writes train-tests.log, ncu-forward.txt, train-profile.log (sass-*.csv.gz) in $OUT. LIM_TEST=0 or LIM_PROF=0
 # skips a stage.
 #
 #   OUT=DIR bash gpu_diagnostics/ncu_session.sh
@@ -27,14 +29,23 @@ fi
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
           --section WarpStateStats --section Occupancy --section LaunchStats"
 metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,regex:sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active$,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active$"
+[ -n "${NCU_SOURCE:-}" ] && sections="$sections --section SourceCounters"
 for cell in ${NCU_CELLS:-4096:fp32 4096:bf16 1024:fp32 1024:bf16}; do
     echo "=== ${cell%:*} ${cell#*:} ${NCU_VARIANT:-triton}"
+    rep=/tmp/ncu-${cell%:*}-${cell#*:}
     timeout -s INT "${LIM_NCU:-90}" ncu --nvtx --nvtx-include "ipa/" \
         --kernel-name regex:"${NCU_KERNELS:-_attention_kernel|_pair_bias_kernel|_merge_kernel|_grouped_kernel}" \
-        $sections --metrics "$metrics" python3 gpu_diagnostics/profile_call.py "${cell%:*}" \
+        $sections --metrics "$metrics" ${NCU_SOURCE:+--import-source no -f -o "$rep"} \
+        python3 gpu_diagnostics/profile_call.py "${cell%:*}" \
         "${cell#*:}" "${NCU_VARIANT:-triton}" --pass forward --nvtx ${NCU_SET:+--set "$NCU_SET"} \
         ${NCU_PROBLEM:+--problem "$NCU_PROBLEM"} 2>&1 \
         | grep -v "^==PROF==\|Warn"
+    if [ -n "${NCU_SOURCE:-}" ] && [ -f "$rep.ncu-rep" ]; then
+        ncu -i "$rep.ncu-rep" --page details $sections --metrics "$metrics" 2>&1 | grep -v "^==PROF==\|Warn"
+        ncu -i "$rep.ncu-rep" --page source --csv --print-source sass \
+            | gzip > "$OUT/sass-${cell%:*}-${cell#*:}.csv.gz"
+        python3 gpu_diagnostics/ncu_stalls.py "$OUT/sass-${cell%:*}-${cell#*:}.csv.gz" --groups 4 --top 6
+    fi
 done > "$OUT/ncu-forward.txt"
 for n in 4096 1024; do
     [ "${LIM_PROF:-100}" -gt 0 ] || break

@@ -45,7 +45,7 @@ if [ -n "${OF_AB:-}" ] && stage "${LIM_AB:-60}"; then
         # shellcheck disable=SC2086  # OF_AB holds several settings
         timeout -s INT "${LIM_AB:-60}" python3 gpu_diagnostics/profile_call.py 2048 "$precision" \
             "${OF_PROFILE:-triton-bias}" --problem openfold --pass forward --graph --ab $OF_AB 2>&1 \
-            | tail -4
+            | grep -E "A/B|median|rror"
     done > "$OUT/ab.log"
 fi
 if [ -n "${OF_DRY:-}${OF_BENCH:-}" ]; then

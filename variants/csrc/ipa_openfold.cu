@@ -114,7 +114,6 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   constexpr int kZPitch = Pitch<ZT>::kZ, kWPitch = Pitch<ZT>::kW;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int N = a.N, H = a.H;
-  const int att_warps = (H + 1) / 2;
   const int lane = threadIdx.x & 31;
   // role: attention warp `warp` (0 .. att_warps - 1) or pair warp `qq` (0 .. kPairWarps - 1)
   int warp, qq;
