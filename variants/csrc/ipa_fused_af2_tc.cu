@@ -264,16 +264,35 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
       float* vd = kd + kBN * kWq;
       const float* ks = a.k + (head_row0 + j0) * kWq;
       const float* vs = a.v + (head_row0 + j0) * kWv;
+      constexpr int kKChunks = kBN * kWq / 4, kVChunks = kBN * kWv / 4;  // 16-byte chunks a tile
+      if (nk == kBN) {
+        // A whole tile (all but the last): chunk c = lane + 32 m at fixed offsets from this
+        // lane's first, no bounds checks (thirty-second session, ncu per SASS line: the checked
+        // copies' address registers, rewritten while their cp.async still held them, stalled
+        // the bf16 attention warps for ~1/4 of their loop's samples at N = 4096). v's shared
+        // rows are kVPitch = kWv + 4 floats apart: chunk c lands at 4 c + 4 (c / (kWv / 4)).
 #pragma unroll
-      for (int c = lane; c < kBN * kWq / 4; c += 32) {  // k rows: contiguous on both sides
-        const bool ok = c < nk * (kWq / 4);
-        cp_async16(kd + 4 * c, ok ? ks + 4 * c : ks, ok ? 16 : 0);
-      }
+        for (int m = 0; m < (kKChunks + 31) / 32; ++m)
+          if (m < kKChunks / 32 || lane < kKChunks % 32)
+            cp_async16(kd + 4 * lane + 128 * m, ks + 4 * lane + 128 * m, 16);
 #pragma unroll
-      for (int c = lane; c < kBN * kWv / 4; c += 32) {  // v rows: pitch kVPitch in shared memory
-        const int row = c / (kWv / 4), cc = c % (kWv / 4);
-        const bool ok = row < nk;
-        cp_async16(vd + row * kVPitch + 4 * cc, ok ? vs + row * kWv + 4 * cc : vs, ok ? 16 : 0);
+        for (int m = 0; m < (kVChunks + 31) / 32; ++m) {
+          const int c = lane + 32 * m;
+          if (m < kVChunks / 32 || lane < kVChunks % 32)
+            cp_async16(vd + 4 * c + 4 * (c / (kWv / 4)), vs + 4 * lane + 128 * m, 16);
+        }
+      } else {
+#pragma unroll
+        for (int c = lane; c < kKChunks; c += 32) {  // k rows: contiguous on both sides
+          const bool ok = c < nk * (kWq / 4);
+          cp_async16(kd + 4 * c, ok ? ks + 4 * c : ks, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int c = lane; c < kVChunks; c += 32) {  // v rows: pitch kVPitch in shared memory
+          const int row = c / (kWv / 4), cc = c % (kWv / 4);
+          const bool ok = row < nk;
+          cp_async16(vd + row * kVPitch + 4 * cc, ok ? vs + row * kWv + 4 * cc : vs, ok ? 16 : 0);
+        }
       }
     }
     cp_async_commit();
