@@ -9,6 +9,12 @@ share of the kernel's warp-stall samples, its stall reasons and its top instruct
 
     python3 gpu_diagnostics/ncu_stalls.py SRC.csv[.gz] [--groups 6] [--top 8]
 
+Reading it: a sample says where a warp waits, not that the kernel waits. In a kernel whose warp
+roles meet at a barrier every tile, the critical role is the one that seldom waits at the barrier;
+the other roles' stalls are hidden behind it, and cutting them changes nothing (thirty-second
+session: the af2 tensor-core kernel's copies, ~1/4 of a role's samples, cut to a third of their
+instructions for -1 to -3 %). Read a group's `barrier` share first.
+
 (thirty-second session: openfold cuda-fused at N = 2048 showed the bf16 attention warps' loop
 and the fp32 pair warps' bias loop as the critical paths; results/h100-2026-12-07-thirty-second-
 session/).
