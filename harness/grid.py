@@ -121,7 +121,10 @@ def grid_from_dict(data: dict, source: str = "", problem: str | None = None) -> 
     from the grid's own is an error."""
     unknown = set(data) - {"base", "slice"}
     if unknown:
-        raise IPAInputError(f"grid: unknown table(s) {sorted(unknown)}; expected [base], [[slice]]")
+        settings = sorted(k for k in unknown if not isinstance(data[k], (dict, list)))
+        hint = (f"; settings such as {settings} go under [base]" if settings else "")
+        raise IPAInputError(f"grid: unknown top-level entries {sorted(unknown)}; expected the "
+                            f"tables [base] and [[slice]]{hint}")
     base = dict(BASE_DEFAULTS)
     extra = set(data.get("base", {})) - set(BASE_KEYS)
     if extra:

@@ -83,6 +83,10 @@ def test_presets_cover_the_published_grid():
         ({"base": {"dtypes": ["fp8"]}, "slice": [{"length": [8]}]}, "base.dtypes: expected"),
         ({"base": {"speed": 1}, "slice": [{"length": [8]}]}, r"base: unknown key\(s\) \['speed'\]"),
         ({"base": {}}, "at least one"),
+        ({"problem": "openfold", "slice": [{"length": [8]}]},  # a setting above [base]
+         r"entries \['problem'\].*settings such as \['problem'\] go under \[base\]"),
+        ({"slices": [{"length": [8]}]},
+         r"unknown top-level entries \['slices'\]; expected the tables"),
         ({"slice": [{"length": [8], "heads": [5]}]}, "heads: expected a divisor"),
         ({"base": {"host_spin_ms": -1}, "slice": [{"length": [8]}]},
          r"base.host_spin_ms: expected a number of milliseconds >= 0, got -1"),
