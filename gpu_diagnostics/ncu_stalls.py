@@ -8,6 +8,11 @@ So the instructions are grouped by their execution count, and for each group the
 share of the kernel's warp-stall samples, its stall reasons and its top instructions:
 
     python3 gpu_diagnostics/ncu_stalls.py SRC.csv[.gz] [--groups 6] [--top 8]
+    python3 gpu_diagnostics/ncu_stalls.py AFTER.csv.gz --against BEFORE.csv.gz
+
+With --against, each region of AFTER beside the region of BEFORE that ran as often: the
+instructions it executed (warp-level, all launches), its share of the samples and its barrier
+share, before -> after: what a change did to each role (the prediction's check).
 
 Reading it: a sample says where a warp waits, not that the kernel waits. In a kernel whose warp
 roles meet at a barrier every tile, the critical role is the one that seldom waits at the barrier;
@@ -121,13 +126,52 @@ def report(path: Path, groups_shown: int, top: int) -> str:
     return "\n".join(lines)
 
 
+def barrier_share(instructions: list[Instruction]) -> float:
+    total = sum(sum(i.stalls.values()) for i in instructions) or 1.0
+    return 100 * sum(i.stalls.get("barrier", 0.0) for i in instructions) / total
+
+
+def compare(after: Path, before: Path, groups_shown: int) -> str:
+    """AFTER's regions beside BEFORE's that ran as often (execution counts within 2 %)."""
+    new, old = read_source_page(after), read_source_page(before)
+    new_samples = sum(i.samples for i in new) or 1.0
+    old_samples = sum(i.samples for i in old) or 1.0
+    old_groups = group_by_execution(old)
+    def name(path: Path) -> str:
+        return f"{path.parent.name}/{path.name}"
+
+    lines = [f"== {name(after)} against {name(before)}: executed instructions "
+             f"{sum(i.executed for i in old):.4g} -> {sum(i.executed for i in new):.4g}"]
+    for grp in group_by_execution(new)[:groups_shown]:
+        match = next((g for g in old_groups
+                      if abs(g.executed - grp.executed) <= 0.02 * max(g.executed, 1.0)), None)
+        now = (f"{sum(i.executed for i in grp.instructions):.4g} executed, "
+               f"{100 * grp.samples / new_samples:.1f}% of samples, "
+               f"barrier {barrier_share(grp.instructions):.0f}%")
+        if match is None:
+            lines.append(f"-- executed {grp.executed:.3g} times: new region: {now}")
+            continue
+        lines.append(f"-- executed {grp.executed:.3g} times: "
+                     f"{sum(i.executed for i in match.instructions):.4g} -> {now.split(',')[0]}; "
+                     f"{100 * match.samples / old_samples:.1f}% -> "
+                     f"{100 * grp.samples / new_samples:.1f}% of samples; barrier "
+                     f"{barrier_share(match.instructions):.0f}% -> "
+                     f"{barrier_share(grp.instructions):.0f}%")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", nargs="+", type=Path, help="ncu source page(s), .csv or .csv.gz")
     parser.add_argument("--groups", type=int, default=6, help="code regions to show (default 6)")
     parser.add_argument("--top", type=int, default=8, help="instructions per region (default 8)")
+    parser.add_argument("--against", type=Path, metavar="BEFORE",
+                        help="compare each page's regions with this earlier page's")
     args = parser.parse_args()
-    print("\n\n".join(report(p, args.groups, args.top) for p in args.csv))
+    if args.against:
+        print("\n\n".join(compare(p, args.against, args.groups) for p in args.csv))
+    else:
+        print("\n\n".join(report(p, args.groups, args.top) for p in args.csv))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from gpu_diagnostics.ncu_stalls import group_by_execution, read_source_page, report
+from gpu_diagnostics.ncu_stalls import compare, group_by_execution, read_source_page, report
 
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
           "L1 Wavefronts Shared", "stall_barrier", "stall_short_sb", "stall_barrier (Not Issued)"]
@@ -18,13 +18,13 @@ ROWS = [  # a prologue run once, a loop body run 1000 times (one count off by 0.
 ]
 
 
-def write_page(path, compress):
+def write_page(path, compress, rows=ROWS):
     opener = gzip.open if compress else open
     with opener(path, "wt", newline="") as f:
         out = csv.writer(f)
         out.writerow(["Kernel Name", "void k(Args)"])
         out.writerow(HEADER)
-        out.writerows(ROWS)
+        out.writerows(rows)
 
 
 @pytest.mark.parametrize("compress", [False, True])
@@ -48,3 +48,18 @@ def test_refuses_a_page_without_source_counters(tmp_path):
     path.write_text('"ID","Metric Name","Metric Value"\n"0","Duration","1.0"\n')
     with pytest.raises(SystemExit, match="SourceCounters"):
         read_source_page(path)
+
+
+def test_compare_matches_regions_by_execution_count(tmp_path):
+    before, after = tmp_path / "before.csv", tmp_path / "after.csv"
+    write_page(before, False)
+    # the change: the loop's load gone, its FADD now waits at the barrier, a new region
+    write_page(after, False, [ROWS[0],
+                              ["0x0030", "FADD R5, R3, R3", "40", "1000", "0", "40", "0", "0"],
+                              ROWS[3], ["0x0050", "EXIT", "1", "7", "0", "0", "0", "0"]])
+    text = compare(after, before, groups_shown=3)
+    assert "executed instructions 3009 -> 2011" in text.splitlines()[0]
+    loop = next(line for line in text.splitlines() if "executed 1e+03 times" in line)
+    assert "3005 -> 2000 executed" in loop
+    assert "99.0% -> 96.7% of samples" in loop and "barrier 24% -> 100%" in loop  # 59 of 61
+    assert "executed 7 times: new region" in text
