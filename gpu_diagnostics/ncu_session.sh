@@ -16,8 +16,8 @@
 #      (which loop's warps wait, on what, at which instruction);
 #   3. torch.profiler on a triton-train training step at N = 4096 and 1024, fp32: the
 #      kernels by device time.
-# Writes train-tests.log, ncu-forward.txt, train-profile.log (sass-*.csv.gz) in $OUT. LIM_TEST=0 or LIM_PROF=0
-# skips a stage.
+# Writes train-tests.log, ncu-forward.txt, train-profile.log (and sass-*.csv.gz) in $OUT.
+# LIM_TEST=0 or LIM_PROF=0 skips a stage.
 #
 #   OUT=DIR bash gpu_diagnostics/ncu_session.sh
 source gpu_diagnostics/session_env.sh

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int N = a.N, H = a.H;
   const int lane = threadIdx.x & 31;
-  // role: attention warp `warp` (0 .. att_warps - 1) or pair warp `qq` (0 .. kPairWarps - 1)
+  // role: attention warp `warp` (0 .. ceil(H / 2) - 1) or pair warp `qq` (0 .. kPairWarps - 1)
   int warp, qq;
   assign_roles(threadIdx.x >> 5, a.attending, warp, qq);
   const int g = lane >> 2, u = lane & 3;
