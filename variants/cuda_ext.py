@@ -10,14 +10,18 @@ csrc>/` under `$IPA_BENCH_CACHE`, else `$XDG_CACHE_HOME/ipa-bench`, else `~/.cac
 A later process, or a later call in this one, never pays the build again; editing any file in
 `csrc/` picks a fresh directory. `build_seconds()` says what the first load cost here.
 
-Around the kernels, always in float32 (bf16 inputs are upcast once, so the only bf16 tensor a
-kernel reads is `pair_repr`, the one too large to copy): LayerNorm, one fused projection GEMM
-for q, k, v and the three point sets, the local -> global frame transform and padding into
-operand rows, and after the kernel the global -> local transform of the aggregated points and
-the output projection. `project` / `finish` write these steps in PyTorch (the specification,
-tested on CPU); `project_on_gpu` / `finish_on_gpu`, which the variants run, do the same in five
-launches with the extension's `ipa_frames.cu` instead of ~30 small ops (eager PyTorch ops cost
-the host 20-40 us each on the H200, more than the attention kernel itself up to N ~ 1000).
+Around the kernels: LayerNorm, one fused projection GEMM for q, k, v and the three point sets,
+the local -> global frame transform and padding into float32 operand rows, and after the kernel
+the global -> local transform of the aggregated points and the output projection. `project` /
+`finish` write these steps in PyTorch, in float32 (the specification, tested on CPU);
+`project_on_gpu` / `finish_on_gpu`, which the variants run, do the same in five launches with
+the extension's `ipa_frames.cu` instead of ~30 small ops (eager PyTorch ops cost the host 20-40
+us each on the H200, more than the attention kernel itself up to N ~ 1000), with the two GEMMs
+on tensor cores (`TENSOR_CORE_GEMMS`): for bf16/fp16 inputs in the input dtype (the
+projection's products exact, accumulated and returned in float32, so the points stay float32;
+the output projection reads its input rounded to the input dtype, as the reference does), for
+float32 with `split_gemms` as 3xTF32 (`variants.triton.linear`, about as accurate as cuBLAS's
+IEEE SGEMM), else cuBLAS's SGEMM. The only 16-bit tensor a kernel reads is `pair_repr`.
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ SOURCES = (
     "ipa_hybrid.cu",
     "ipa_frames.cu",
 )
+
+# Read at each call (an A/B switch): the GEMMs around the kernels on tensor cores (module doc).
+# False: float32 cuBLAS SGEMMs whatever the dtype (the code before the thirty-third session).
+TENSOR_CORE_GEMMS = True
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 _lock = threading.Lock()
 _extension = None
@@ -170,9 +179,11 @@ class Widths:
 
 
 class Weights:
-    """The state_dict in float32 on one device, in the forms the CUDA variants use."""
+    """The state_dict in float32 on one device, in the forms the CUDA variants use; for a
+    16-bit `dtype` also the LayerNorm and the two GEMMs' weights in that dtype (`half`)."""
 
-    def __init__(self, state_dict: dict[str, torch.Tensor], config: IPAConfig, device):
+    def __init__(self, state_dict: dict[str, torch.Tensor], config: IPAConfig, device,
+                 dtype: torch.dtype = torch.float32):
         def get(key: str) -> torch.Tensor:
             return state_dict[key].detach().to(device=device, dtype=torch.float32).contiguous()
 
@@ -188,6 +199,21 @@ class Weights:
         self.head_weights = get("head_weights")  # (H,), for variants.base2.base2_units
         self.point_weight = -F.softplus(self.head_weights) / 2.0  # (H,), natural units
         self.out_weight, self.out_bias = get("out_proj.weight"), get("out_proj.bias")
+        self.half = None
+        if dtype in HALF_DTYPES:
+            self.half = HalfWeights(*(t.to(dtype) for t in (
+                self.ln_weight, self.ln_bias, self.projection, self.out_weight, self.out_bias)))
+
+
+@dataclass(frozen=True)
+class HalfWeights:
+    """`Weights`' LayerNorm and GEMM weights in a 16-bit dtype, for its tensor-core GEMMs."""
+
+    ln_weight: torch.Tensor
+    ln_bias: torch.Tensor
+    projection: torch.Tensor
+    out_weight: torch.Tensor
+    out_bias: torch.Tensor
 
 
 def check_call_inputs(
@@ -270,6 +296,28 @@ def project(
     )
 
 
+def _split_linear():
+    """`variants.triton.linear.linear_3xtf32`, imported on first use (Triton is not needed
+    to import this module)."""
+    from variants.triton.linear import linear_3xtf32
+
+    return linear_3xtf32
+
+
+def _projection_on_gpu(weights: Weights, node_repr: torch.Tensor, split_gemms: bool):
+    """`_projection` with its GEMM on tensor cores where `TENSOR_CORE_GEMMS` (module doc)."""
+    cfg = weights.config
+    half = weights.half
+    if TENSOR_CORE_GEMMS and half is not None and node_repr.dtype == half.projection.dtype:
+        x = F.layer_norm(node_repr, (cfg.node_dim,), half.ln_weight, half.ln_bias)
+        rows = torch.mm(x.view(-1, cfg.node_dim), half.projection.t(), out_dtype=torch.float32)
+        return rows.view(*node_repr.shape[:-1], rows.shape[-1])
+    if TENSOR_CORE_GEMMS and split_gemms:
+        x = F.layer_norm(node_repr.float(), (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
+        return _split_linear()(x, weights.projection)
+    return _projection(weights, node_repr)
+
+
 def project_on_gpu(
     weights: Weights,
     node_repr: torch.Tensor,
@@ -278,25 +326,37 @@ def project_on_gpu(
     *,
     widths: Widths,
     q_scale: float,
+    split_gemms: bool = False,
 ) -> Operands:
-    """`project` in three launches: LayerNorm, the projection GEMM, the extension's
-    prepare_operands (q scale, local -> global points, padded rows)."""
+    """`project` in three launches: LayerNorm, the projection GEMM (on tensor cores: module
+    doc; `split_gemms`: float32 as 3xTF32), the extension's prepare_operands (q scale,
+    local -> global points, padded rows)."""
     cfg = weights.config
     rot, trans = rotations.float().contiguous(), translations.float().contiguous()
     q, k, v = load_extension().prepare_operands(
-        _projection(weights, node_repr), rot, trans, cfg.heads, cfg.head_dim, cfg.query_points,
-        cfg.value_points, widths.dqp, widths.pqp, widths.wv, q_scale,
+        _projection_on_gpu(weights, node_repr, split_gemms), rot, trans, cfg.heads,
+        cfg.head_dim, cfg.query_points, cfg.value_points, widths.dqp, widths.pqp, widths.wv,
+        q_scale,
     )
     return Operands(q=q, k=k, v=v, rotations=rot, translations=trans, widths=widths)
 
 
-def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype):
-    """`finish` in two launches: the extension's finish_frames, then the output projection.
+def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype,
+                  split_gemms: bool = False):
+    """`finish` in two launches: the extension's finish_frames, then the output projection
+    (on tensor cores: module doc; `split_gemms`: float32 as 3xTF32).
     attended: (B, N, H, >= dv) float32, contiguous."""
     cfg = weights.config
+    half = weights.half if TENSOR_CORE_GEMMS else None
+    if half is not None and half.out_weight.dtype == dtype:
+        local = load_extension().finish_frames(
+            attended, ops.rotations, ops.translations, cfg.head_dim, cfg.value_points, dtype)
+        return F.linear(local, half.out_weight, half.out_bias)
     local = load_extension().finish_frames(
         attended, ops.rotations, ops.translations, cfg.head_dim, cfg.value_points
     )
+    if TENSOR_CORE_GEMMS and split_gemms:
+        return _split_linear()(local, weights.out_weight, weights.out_bias)
     return F.linear(local, weights.out_weight, weights.out_bias).to(dtype)
 
 

@@ -11,11 +11,14 @@ the bias), updates an fp32 online softmax and accumulates [v | value points] in 
 `variants/csrc/ipa_fused.cu` documents the design and names the file of each kernel class;
 `docs/perf-notes.md` has the measurements.
 
-Differences from the reference: LayerNorm, projections and frame transforms run in PyTorch in
-float32 (bf16 inputs are upcast; only pair_repr is read in bf16, by the kernel, with fp32
-accumulation); the softmax runs in base 2 with log2(e) folded into q, the point weight and the
-pair-bias weight; summation orders differ. Extra memory is O(N): the (B, N, H, d + 3 Vp) output
-and, when the key range is split across CTAs to fill the GPU at small N, partials of that order.
+Differences from the reference: LayerNorm, projections and frame transforms run around the
+kernel (`variants.cuda_ext`): the frames and every kernel operand in float32; the two GEMMs on
+tensor cores, in bf16 for bf16 inputs (the projection accumulated and returned in float32) and
+as 3xTF32 for float32 where the kernel's own products are (the rows that say `fp32-3xtf32`);
+pair_repr is read in bf16 by the kernel, with fp32 accumulation; the softmax runs in base 2
+with log2(e) folded into q, the point weight and the pair-bias weight; summation orders differ.
+Extra memory is O(N): the (B, N, H, d + 3 Vp) output and, when the key range is split across
+CTAs to fill the GPU at small N, partials of that order.
 
 Caveats: forward only; float32 (IEEE) and bfloat16; heads <= 16, head_dim 8..128, Qp and Vp
 1..16, pair_dim a multiple of 8 up to 128. Three kernel classes: `af2` (AlphaFold2's sizes
@@ -29,6 +32,7 @@ CTA, key/value rows read through L1). The first call of a process builds or load
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -77,6 +81,12 @@ def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
     if z_dtype == torch.bfloat16:
         return [FFMA_BIAS, MMA_PAIR_ROWS, MMA_HEAD_ROWS, TENSOR_CORES]
     return [FFMA_BIAS, MMA_HEAD_ROWS, TENSOR_CORES]
+
+
+def splits_fp32(klass: int, form: int) -> bool:
+    """Whether a float32 call of kernel class `klass` in pair-bias form `form` runs its
+    products as 3xTF32, and so its GEMMs around the kernel too (`split_gemms`)."""
+    return klass == AF2 and form in (MMA_HEAD_ROWS, TENSOR_CORES)
 
 
 def bias_form(klass: int, z_dtype: torch.dtype) -> int:
@@ -191,7 +201,7 @@ class CudaFused(Variant):
     description = "flash-style CUDA kernel: pair bias, point distances, online softmax fused"
     devices = ("cuda",)
     precisions = ("fp32", "bf16")
-    requires = ("cuda", "nvcc", "ninja")
+    requires = ("cuda", "nvcc", "ninja", "triton")  # triton: the 3xTF32 GEMMs (`cuda_ext`)
     # Every config inside these limits (and pair_dim a multiple of 8) fits a kernel class: the
     # C++ dispatch says so at the corners (tests/test_cuda.py).
     limits = {
@@ -203,17 +213,20 @@ class CudaFused(Variant):
     }
 
     def code_paths(self):
-        return [*super().code_paths(), *CODE_PATHS]
+        triton_dir = Path(__file__).resolve().parent / "triton"
+        return [*super().code_paths(), *CODE_PATHS, triton_dir / "linear.py",
+                triton_dir / "tf32.py"]
 
     def math_mode_label(self, precision, config=None):
         """The af2 class's forms that run fp32 products on TF32 say so: fp32 `fp32-3xtf32`
-        (MMA_HEAD_ROWS, TENSOR_CORES), bf16 `bf16-tf32` (TENSOR_CORES: p.v on TF32)."""
+        (MMA_HEAD_ROWS, TENSOR_CORES; the GEMMs around the kernel then are 3xTF32 too), bf16
+        `bf16-tf32` (TENSOR_CORES: p.v on TF32)."""
         precision = get_precision(precision)
         af2 = isinstance(config, IPAConfig) and class_fits(AF2, config)
         if not af2 or precision.math_mode != "ieee":
             return precision.math_mode
         form = bias_form(AF2, precision.dtype)
-        if precision.name == "fp32" and form in (MMA_HEAD_ROWS, TENSOR_CORES):
+        if precision.name == "fp32" and splits_fp32(AF2, form):
             return "fp32-3xtf32"
         if precision.name == "bf16" and form == TENSOR_CORES:
             return "bf16-tf32"
@@ -229,7 +242,7 @@ class CudaFused(Variant):
         precision = get_precision(precision)
         dtype = precision.dtype
         load_extension()  # the build time is paid here, never in a timed call
-        weights = Weights(state_dict, config, device)
+        weights = Weights(state_dict, config, device, dtype)
         klass = kernel_class(config)
         widths = Widths.for_lanes(config, LANES[klass])
         units = base2_units(weights.pair_bias, weights.head_weights, config.head_dim)
@@ -237,14 +250,15 @@ class CudaFused(Variant):
 
         def forward(node_repr, pair_repr, translations, rotations):
             check_call_inputs(config, device, dtype, node_repr, pair_repr, translations, rotations)
+            form = bias_form(klass, dtype)
+            split = dtype == torch.float32 and splits_fp32(klass, form)
             ops = project_on_gpu(weights, node_repr, translations, rotations, widths=widths,
-                                 q_scale=units.q_scale)
+                                 q_scale=units.q_scale, split_gemms=split)
             attended = fused_attention(
                 ops.q, ops.k, ops.v, pair_repr, units.pair_weight, units.point_weight,
-                klass=klass, dqp=widths.dqp, dv=widths.dv,
-                bias=bias_form(klass, pair_repr.dtype),
+                klass=klass, dqp=widths.dqp, dv=widths.dv, bias=form,
             )
-            return finish_on_gpu(weights, attended, ops, dtype)
+            return finish_on_gpu(weights, attended, ops, dtype, split_gemms=split)
 
         def kernel_info() -> str:
             return (f"kernel class {klass} (dqp={widths.dqp}, dv={widths.dv}), "

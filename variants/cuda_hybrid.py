@@ -9,9 +9,10 @@ aggregates [v | value points] with one batched matmul and finishes as the refere
 It is the straightforward point of comparison for cuda-fused, and its N x N memory (bias,
 permuted bias, probabilities) shows in the memory column on purpose.
 
-Differences from the reference: LayerNorm, projections, frame transforms and the aggregation
-run in float32 (bf16 inputs are upcast; the pair bias is computed in the input dtype, as the
-reference does); probabilities are float32 for both dtypes; the softmax runs in base 2.
+Differences from the reference: frame transforms and the aggregation run in float32; LayerNorm
+and the projections in float32 for float32 inputs, in bf16 on tensor cores for bf16 ones (the
+projection returned in float32, `variants.cuda_ext`); the pair bias is computed in the input
+dtype, as the reference does; probabilities are float32 for both dtypes; the softmax runs in base 2.
 
 Caveats: forward only; float32 (IEEE) and bfloat16; O(B H N^2) memory (about 2.4 GB at
 N = 4096, B = 1, H = 12 in float32). The first call of a process builds or loads the extension
@@ -71,7 +72,7 @@ class CudaHybrid(Variant):
         precision = get_precision(precision)
         dtype = precision.dtype
         load_extension()  # the build time is paid here, never in a timed call
-        weights = Weights(state_dict, config, device)
+        weights = Weights(state_dict, config, device, dtype)
         widths = Widths.for_lanes(config, 1)
         q_scale = 1.0 / config.head_dim**0.5
         pair_weight = weights.pair_bias.to(dtype)  # the bias GEMM runs in the input dtype

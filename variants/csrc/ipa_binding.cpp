@@ -311,9 +311,11 @@ std::vector<at::Tensor> prepare_operands(const at::Tensor& proj, const at::Tenso
 }
 
 // attended (B, N, H, pitch) float32, pitch >= d + 3*vp; rot (B, N, 3, 3); trans (B, N, 3).
-// Returns (B, N, H*d + 3*H*vp): [o_s | value points in each residue's local frame].
+// Returns (B, N, H*d + 3*H*vp) in out_dtype (float32, bfloat16 or float16): [o_s | value points
+// in each residue's local frame].
 at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
-                         const at::Tensor& trans, int64_t d, int64_t vp) {
+                         const at::Tensor& trans, int64_t d, int64_t vp,
+                         at::ScalarType out_dtype) {
   const char* fn = "ipa finish_frames";
   TORCH_CHECK(attended.dim() == 4, fn, ": argument 'attended': expected 4 dims (B, N, H, "
               "pitch), got shape ", shape_of(attended));
@@ -322,15 +324,24 @@ at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
   const at::Device dev = attended.device();
   TORCH_CHECK(d >= 1 && vp >= 1 && pitch >= d + 3 * vp, fn, ": expected d, vp >= 1 and pitch "
               "(attended dim 3) >= d + 3*vp, got d=", d, ", vp=", vp, ", pitch=", pitch);
+  int out_kind;
+  switch (out_dtype) {
+    case at::kFloat: out_kind = ipa::kFloat32Out; break;
+    case at::kBFloat16: out_kind = ipa::kBFloat16Out; break;
+    case at::kHalf: out_kind = ipa::kFloat16Out; break;
+    default:
+      TORCH_CHECK(false, fn, ": argument 'out_dtype': expected float32, bfloat16 or float16, "
+                  "got ", dtype_name(out_dtype));
+  }
   check_tensor(fn, "attended", attended, at::kFloat, {B, N, H, pitch}, dev);
   check_tensor(fn, "rot", rot, at::kFloat, {B, N, 3, 3}, dev);
   check_tensor(fn, "trans", trans, at::kFloat, {B, N, 3}, dev);
   const c10::cuda::CUDAGuard guard(dev);
-  at::Tensor out = at::empty({B, N, H * d + 3 * H * vp}, attended.options());
+  at::Tensor out = at::empty({B, N, H * d + 3 * H * vp}, attended.options().dtype(out_dtype));
   ipa::FinishArgs args{attended.data_ptr<float>(), rot.data_ptr<float>(),
-                       trans.data_ptr<float>(), out.data_ptr<float>(), static_cast<int>(B),
+                       trans.data_ptr<float>(), out.data_ptr(), static_cast<int>(B),
                        static_cast<int>(N), static_cast<int>(H), static_cast<int>(d),
-                       static_cast<int>(vp), static_cast<int>(pitch)};
+                       static_cast<int>(vp), static_cast<int>(pitch), out_kind};
   check_cuda(fn, ipa::finish_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }
@@ -358,5 +369,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("wv"), py::arg("q_scale"));
   m.def("finish_frames", &finish_frames,
         "attended [o_s | o_p (global)] -> [o_s | o_p in the local frames]", py::arg("attended"),
-        py::arg("rot"), py::arg("trans"), py::arg("head_dim"), py::arg("value_points"));
+        py::arg("rot"), py::arg("trans"), py::arg("head_dim"), py::arg("value_points"),
+        py::arg("out_dtype") = at::kFloat);
 }

@@ -3,7 +3,12 @@
 // took longer than the attention kernel itself up to N = 1024):
 //   prepare  projection output -> padded q / k / v operand rows, points moved to the global frame
 //   finish   attended [o_s | o_p (global)] -> [o_s | o_p in each residue's local frame]
-// Elementwise and memory-bound; one thread per output element.
+// Elementwise and memory-bound; one thread per output element. The element index is 32-bit
+// whenever the count allows (every shape the benchmarks run): with 64-bit indices the divisions
+// that split it into (b, h, n, column), emulated in ~70 instructions each, made prepare a
+// compute-bound 18 us at N = 1024 on an H100 (thirty-third session).
+#include <cuda_fp16.h>
+
 #include "ipa_common.cuh"
 #include "ipa_kernels.h"
 
@@ -17,19 +22,25 @@ __device__ __forceinline__ float to_global(const float* x, const float* R, const
   return fmaf(x[0], R[dd], fmaf(x[1], R[3 + dd], x[2] * R[6 + dd])) + t[dd];
 }
 
+__device__ __forceinline__ void store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void store(__half* p, float x) { *p = __float2half_rn(x); }
+
+// Index: int where total + one grid's stride fits in it (`fits_int`), else long long.
+template <typename Index>
 __global__ void __launch_bounds__(kFrameThreads) ipa_prepare_kernel(const PrepareArgs a) {
   const int H = a.H, N = a.N, d = a.d;
   const int wq = a.dqp + a.pqp, width = 2 * wq + a.wv;
-  const long long total = static_cast<long long>(a.B) * H * N * width;
+  const Index total = static_cast<Index>(a.B) * H * N * width;
   const int hd = H * d;
-  for (long long e = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long row = e / width;  // (b * H + h) * N + n
+  for (Index e = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index row = e / width;  // (b * H + h) * N + n
     int col = static_cast<int>(e - row * width);
     const int n = static_cast<int>(row % N);
-    const long long bh = row / N;
+    const Index bh = row / N;
     const int h = static_cast<int>(bh % H), b = static_cast<int>(bh / H);
-    const long long bn = static_cast<long long>(b) * N + n;
+    const Index bn = static_cast<Index>(b) * N + n;
     const float* x = a.proj + bn * a.features;
     const float* R = a.rot + bn * 9;
     const float* t = a.trans + bn * 3;
@@ -59,13 +70,16 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_prepare_kernel(const Prepar
   }
 }
 
+// Out: float, __nv_bfloat16 or __half (FinishArgs::out_kind).
+template <typename Index, typename Out>
 __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishArgs a) {
   const int H = a.H, d = a.d, hd = H * d;
   const int width = hd + 3 * H * a.vp;
-  const long long total = static_cast<long long>(a.B) * a.N * width;
-  for (long long e = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long bn = e / width;
+  const Index total = static_cast<Index>(a.B) * a.N * width;
+  Out* out = static_cast<Out*>(a.out);
+  for (Index e = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index bn = e / width;
     const int col = static_cast<int>(e - bn * width);
     const float* row = a.attended + bn * H * a.pitch;
     float val;
@@ -78,7 +92,7 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishA
       const float* t = a.trans + bn * 3;
       val = fmaf(g[0] - t[0], R[0], fmaf(g[1] - t[1], R[1], (g[2] - t[2]) * R[2]));
     }
-    a.out[e] = val;
+    store(out + e, val);
   }
 }
 
@@ -87,18 +101,46 @@ unsigned grid_for(long long total) {
   return static_cast<unsigned>(blocks < 65535 * 32 ? (blocks > 0 ? blocks : 1) : 65535 * 32);
 }
 
+// Whether a grid-stride loop over `total` elements can count in int: the last index plus one
+// stride (at most 65535 * 32 blocks of kFrameThreads threads) stays below INT_MAX.
+bool fits_int(long long total) {
+  return total + static_cast<long long>(grid_for(total)) * kFrameThreads < 0x7fffffffLL;
+}
+
+template <typename Index>
+cudaError_t finish_launch_as(const FinishArgs& a, long long total, cudaStream_t stream) {
+  switch (a.out_kind) {
+    case kFloat32Out:
+      ipa_finish_kernel<Index, float><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+      break;
+    case kBFloat16Out:
+      ipa_finish_kernel<Index, __nv_bfloat16><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+      break;
+    case kFloat16Out:
+      ipa_finish_kernel<Index, __half><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t prepare_launch(const PrepareArgs& a, cudaStream_t stream) {
   const long long total = static_cast<long long>(a.B) * a.H * a.N * (2 * (a.dqp + a.pqp) + a.wv);
-  ipa_prepare_kernel<<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+  if (fits_int(total)) {
+    ipa_prepare_kernel<int><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+  } else {
+    ipa_prepare_kernel<long long><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t finish_launch(const FinishArgs& a, cudaStream_t stream) {
   const long long total = static_cast<long long>(a.B) * a.N * a.H * (a.d + 3 * a.vp);
-  ipa_finish_kernel<<<grid_for(total), kFrameThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return fits_int(total) ? finish_launch_as<int>(a, total, stream)
+                         : finish_launch_as<long long>(a, total, stream);
 }
 
 }  // namespace ipa

@@ -178,7 +178,8 @@ cudaError_t hybrid_launch(const HybridArgs& args, bool bias_bf16, cudaStream_t s
 //   rot (B, N, 3, 3), trans (B, N, 3): frames, p_global = p_local @ R + t
 //   prepare -> q, k (B, H, N, dqp + pqp) as in FusedArgs (q scaled by q_scale), v (B, H, N, wv)
 //   finish: attended (B, N, H, pitch) [o_s | o_p (global)] -> out (B, N, H*d + 3*H*vp)
-//           [o_s | (o_p - t) @ R^T], every element written
+//           [o_s | (o_p - t) @ R^T], every element written, as float32, bfloat16 or float16
+//           (out_kind: the 16-bit output projection reads it in the input dtype)
 // ---------------------------------------------------------------------------------------------
 struct PrepareArgs {
   const float* proj;
@@ -192,12 +193,15 @@ struct PrepareArgs {
   float q_scale;
 };
 
+enum FinishOut { kFloat32Out = 0, kBFloat16Out = 1, kFloat16Out = 2 };
+
 struct FinishArgs {
   const float* attended;
   const float* rot;
   const float* trans;
-  float* out;
+  void* out;  // of FinishOut out_kind's type
   int B, N, H, d, vp, pitch;
+  int out_kind;
 };
 
 cudaError_t prepare_launch(const PrepareArgs& args, cudaStream_t stream);
