@@ -3,12 +3,14 @@
 # tensor cores throughout 3; issue #17): the forms' oracle tests (tests/test_cuda.py -k TESTS),
 # `check` of the variant under each of CHECK_FORMS at CHECK_LENGTHS (97 1000), the A/B of
 # AB_FORMS_BF16 / AB_FORMS_FP32 at AB_CELLS (profile_call.py --ab, CUDA-graph replay, one
-# process), and with NCU_FORM set Nsight Compute on that form's kernel at bf16 N = 4096 (ncu_session.sh's sections).
+# process; with AB_SETTINGS, profile_call.py's --ab settings instead of the forms), and with NCU_FORM set Nsight Compute on that form's kernel at bf16 N = 4096 (ncu_session.sh's sections).
 # Logs under $OUT. Each stage has a limit: LIM_TEST, LIM_CHECK (one check), LIM_AB (one cell),
 # LIM_NCU; 0 skips a stage.
 #   twenty-eighth session: CHECK_FORMS="BF16_BIAS=1 BF16_BIAS=2 FP32_BIAS=2" and the A/B of 0/2/1
 #   twenty-ninth session (the defaults): the tensor-core kernel (3) against bf16's default (head
 #   rows, 2) and fp32's (FFMA, 0), both dtypes
+#   thirty-third session: TESTS="frames or tensor_core_gemms or tensor_core_kernel"
+#   AB_SETTINGS=variants.cuda_ext:TENSOR_CORE_GEMMS (the GEMMs around the kernel, off and on)
 #
 #   OUT=DIR bash gpu_diagnostics/bias_forms_session.sh
 source gpu_diagnostics/session_env.sh
@@ -41,8 +43,8 @@ for cell in ${AB_CELLS:-4096:bf16 4096:fp32 1024:bf16 1024:fp32}; do
     n=${cell%:*} dtype=${cell#*:}
     if [ "$dtype" = bf16 ]; then prefix=BF16 choices=${AB_FORMS_BF16:-2 3}
     else prefix=FP32 choices=${AB_FORMS_FP32:-0 3}; fi
-    forms=""
-    for f in $choices; do forms="$forms $m:${prefix}_BIAS=$f"; done
+    forms=${AB_SETTINGS:-}
+    [ -n "$forms" ] || for f in $choices; do forms="$forms $m:${prefix}_BIAS=$f"; done
     echo "== A/B N = $n $dtype (replayed ms):$forms"
     # shellcheck disable=SC2086
     timeout "${LIM_AB:-90}" python3 gpu_diagnostics/profile_call.py "$n" "$dtype" cuda-fused \

@@ -32,43 +32,45 @@ def _rows_kernel(Q, K, V, QP, KP, VP, QR, KR, VR, N, N_PAD,
                  stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
                  stride_vb, stride_vn, stride_vh,
                  H: tl.constexpr, SPLIT_K: tl.constexpr, ROUND_V: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 BLOCK: tl.constexpr, C: tl.constexpr, P3: tl.constexpr, VP3: tl.constexpr,
+                 Q_WIDTH: tl.constexpr, K_WIDTH_SPLIT: tl.constexpr, V_PITCH: tl.constexpr,
+                 V_BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h, b = tl.program_id(1), tl.program_id(2)
     bh = b * H + h
     r = rows[:, None]
     in_n, in_pad = r < N, r < N_PAD
-    c = tl.arange(0, 16)[None, :]  # 16 columns: the values, or the 12 query / key points
-    pt = c < 12
-    c32 = tl.arange(0, 32)[None, :]  # the 24 value points and the 4 zeros after them
+    c = tl.arange(0, C)[None, :]  # C columns: the values, or the P3 query / key points
+    pt = c < P3
+    cv = tl.arange(0, V_BLOCK)[None, :]  # the VP3 value points and the zeros up to V_PITCH
     # q rows
     q = tl.load(Q + b * stride_qb + r * stride_qn + h * stride_qh + c, mask=in_n).to(tl.float32)
-    q_row = QR + (bh * N + r) * 28
+    q_row = QR + (bh * N + r) * Q_WIDTH
     tl.store(q_row + c, q, mask=in_n)
-    tl.store(q_row + 16 + c, tl.load(QP + (bh * 12 + c) * N + r, mask=in_n & pt), mask=in_n & pt)
+    tl.store(q_row + C + c, tl.load(QP + (bh * P3 + c) * N + r, mask=in_n & pt), mask=in_n & pt)
     # k rows (zero past N)
     k = tl.load(K + b * stride_kb + r * stride_kn + h * stride_kh + c, mask=in_n,
                 other=0.0).to(tl.float32)
-    k_pts = tl.load(KP + (bh * 12 + c) * N + r, mask=in_n & pt, other=0.0)
+    k_pts = tl.load(KP + (bh * P3 + c) * N + r, mask=in_n & pt, other=0.0)
     if SPLIT_K:
-        k_row = KR + (bh * N_PAD + r) * 44
+        k_row = KR + (bh * N_PAD + r) * K_WIDTH_SPLIT
         k_hi = tf32_hi(k)
         tl.store(k_row + c, k_hi, mask=in_pad)
-        tl.store(k_row + 16 + c, tf32_hi(k - k_hi), mask=in_pad)
-        tl.store(k_row + 32 + c, k_pts, mask=in_pad & pt)
+        tl.store(k_row + C + c, tf32_hi(k - k_hi), mask=in_pad)
+        tl.store(k_row + 2 * C + c, k_pts, mask=in_pad & pt)
     else:
-        k_row = KR + (bh * N_PAD + r) * 28
+        k_row = KR + (bh * N_PAD + r) * Q_WIDTH
         tl.store(k_row + c, k, mask=in_pad)
-        tl.store(k_row + 16 + c, k_pts, mask=in_pad & pt)
+        tl.store(k_row + C + c, k_pts, mask=in_pad & pt)
     # v rows (zero past N and after the points)
     v = tl.load(V + b * stride_vb + r * stride_vn + h * stride_vh + c, mask=in_n,
                 other=0.0).to(tl.float32)
     if ROUND_V:
         v = tf32_hi(v)
-    v_row = VR + (bh * N_PAD + r) * 44
+    v_row = VR + (bh * N_PAD + r) * V_PITCH
     tl.store(v_row + c, v, mask=in_pad)
-    v_pts = tl.load(VP + (bh * N + r) * 24 + c32, mask=in_n & (c32 < 24), other=0.0)
-    tl.store(v_row + 16 + c32, v_pts, mask=in_pad & (c32 < 28))
+    v_pts = tl.load(VP + (bh * N + r) * VP3 + cv, mask=in_n & (cv < VP3), other=0.0)
+    tl.store(v_row + C + cv, v_pts, mask=in_pad & (cv < V_PITCH - C))
 
 
 def operand_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pts: torch.Tensor,
@@ -87,5 +89,7 @@ def operand_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pts: torch
         q, k, v, q_pts, k_pts, v_pts, q_rows, k_rows, v_rows, N, n_pad,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        H=H, SPLIT_K=split_k, ROUND_V=round_v, BLOCK=BLOCK_ROWS, num_warps=4)
+        H=H, SPLIT_K=split_k, ROUND_V=round_v, BLOCK=BLOCK_ROWS, C=C, P3=P3, VP3=VP3,
+        Q_WIDTH=Q_WIDTH, K_WIDTH_SPLIT=K_WIDTH_SPLIT, V_PITCH=V_PITCH,
+        V_BLOCK=triton.next_power_of_2(V_PITCH - C), num_warps=4)
     return q_rows, k_rows, v_rows
