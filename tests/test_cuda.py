@@ -449,12 +449,16 @@ def test_frames_kernels_match_the_pytorch_steps(config, lanes):
 
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tensor-cores", "sgemm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_tensor_core_gemms_match_the_pytorch_steps(dtype):
-    """The GEMMs around the kernels on tensor cores (`cuda_ext.TENSOR_CORE_GEMMS`) against
-    `project` / `finish` in float32 on the same values: 16-bit inputs differ only by the
-    LayerNorm output and finish's output rounded to the dtype (so at most its epsilon, and not
-    zero: the 16-bit path ran); float32's 3xTF32 GEMMs (`split_gemms`) as close as an SGEMM."""
+def test_gemms_and_frames_match_the_pytorch_steps(monkeypatch, dtype, tensor_cores):
+    """project_on_gpu / finish_on_gpu on inputs of each dtype (the frames read in it) against
+    `project` / `finish` in float32 on the same values. With the GEMMs on tensor cores
+    (`cuda_ext.TENSOR_CORE_GEMMS`), 16-bit inputs differ only by the LayerNorm output and
+    finish's output rounded to the dtype (so at most its epsilon, and not zero: the 16-bit path
+    ran) and float32's 3xTF32 GEMMs (`split_gemms`) are as close as an SGEMM; without, only the
+    output's rounding differs."""
+    monkeypatch.setattr("variants.cuda_ext.TENSOR_CORE_GEMMS", tensor_cores)
     config = IPAConfig(node_dim=120, heads=5, pair_dim=8, value_points=3)
     state_dict = {k: v.to(dtype) for k, v in init_state_dict(config).items()}
     weights, weights32 = (Weights(state_dict, config, "cuda", t) for t in (dtype, torch.float32))
@@ -465,17 +469,19 @@ def test_tensor_core_gemms_match_the_pytorch_steps(dtype):
                    widths=widths, q_scale=0.3)
     got = project_on_gpu(weights, inputs.node_repr, *frames, widths=widths, q_scale=0.3,
                          split_gemms=dtype == torch.float32)
-    bound = 1e-6 if dtype == torch.float32 else torch.finfo(dtype).eps
+    half = dtype != torch.float32
+    bound = torch.finfo(dtype).eps if half and tensor_cores else 1e-6
     for name in ("q", "k", "v"):
         a, b = getattr(got, name), getattr(want, name)
         assert a.dtype == torch.float32, name
         err = ((a - b).norm() / b.norm()).item()
         assert err < bound, f"{name}: rel {err:.2e} (bound {bound:.1e})"
-        assert dtype == torch.float32 or err > 0, f"{name}: the float32 path ran"
+        assert not (half and tensor_cores) or err > 0, f"{name}: the float32 path ran"
     attended = torch.randn(2, 37, config.heads, widths.wv, device="cuda") * 50
     want_out = finish(weights32, attended, want, torch.float32)
     got_out = finish_on_gpu(weights, attended, got, dtype, split_gemms=dtype == torch.float32)
     assert got_out.dtype == dtype
+    bound = torch.finfo(dtype).eps if half else 1e-6
     err = ((got_out.float() - want_out).norm() / want_out.norm()).item()
     assert err < 2 * bound, f"finish: rel {err:.2e} (bound {2 * bound:.1e})"
 

@@ -245,8 +245,8 @@ class Operands:
     q: torch.Tensor  # (B, H, N, wq): [q * q_scale, pad | query points (global), pad]
     k: torch.Tensor  # (B, H, N, wq): [k, pad | key points (global), pad]
     v: torch.Tensor  # (B, H, N, wv): [v | value points (global) | pad]
-    rotations: torch.Tensor  # (B, N, 3, 3) float32
-    translations: torch.Tensor  # (B, N, 3) float32
+    rotations: torch.Tensor  # (B, N, 3, 3) float32 (`project`), or the inputs' (`project_on_gpu`)
+    translations: torch.Tensor  # (B, N, 3), as rotations
     widths: Widths
 
 
@@ -330,9 +330,10 @@ def project_on_gpu(
 ) -> Operands:
     """`project` in three launches: LayerNorm, the projection GEMM (on tensor cores: module
     doc; `split_gemms`: float32 as 3xTF32), the extension's prepare_operands (q scale,
-    local -> global points, padded rows)."""
+    local -> global points, padded rows; it reads the frames in their dtype, as finish_frames
+    does: no casts)."""
     cfg = weights.config
-    rot, trans = rotations.float().contiguous(), translations.float().contiguous()
+    rot, trans = rotations.contiguous(), translations.contiguous()
     q, k, v = load_extension().prepare_operands(
         _projection_on_gpu(weights, node_repr, split_gemms), rot, trans, cfg.heads,
         cfg.head_dim, cfg.query_points, cfg.value_points, widths.dqp, widths.pqp, widths.wv,

@@ -276,8 +276,27 @@ void hybrid_probs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
                                     c10::cuda::getCurrentCUDAStream().stream()));
 }
 
-// proj (B, N, F) float32, F = 3*H*d + 6*H*qp + 3*H*vp; rot (B, N, 3, 3); trans (B, N, 3).
-// Returns [q, k] (B, H, N, dqp + pqp) and v (B, H, N, wv), every element written.
+// A frames or output dtype as ipa::ValueKind; `name` is the argument a refusal names.
+int value_kind(const char* fn, const char* name, at::ScalarType t) {
+  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, fn, ": argument '", name,
+              "': expected dtype float32, bfloat16 or float16, got ", dtype_name(t));
+  return t == at::kFloat ? ipa::kFloat32Values
+                         : t == at::kBFloat16 ? ipa::kBFloat16Values : ipa::kFloat16Values;
+}
+
+// rot (B, N, 3, 3) and trans (B, N, 3), both of one dtype (float32, bfloat16 or float16):
+// checked, their ValueKind returned.
+int check_frames(const char* fn, const at::Tensor& rot, const at::Tensor& trans, int64_t B,
+                 int64_t N, const at::Device& dev) {
+  const int kind = value_kind(fn, "rot", rot.scalar_type());
+  check_tensor(fn, "rot", rot, rot.scalar_type(), {B, N, 3, 3}, dev);
+  check_tensor(fn, "trans", trans, rot.scalar_type(), {B, N, 3}, dev);
+  return kind;
+}
+
+// proj (B, N, F) float32, F = 3*H*d + 6*H*qp + 3*H*vp; rot (B, N, 3, 3); trans (B, N, 3) (the
+// frames float32, bfloat16 or float16). Returns [q, k] (B, H, N, dqp + pqp) and v (B, H, N, wv)
+// float32, every element written.
 std::vector<at::Tensor> prepare_operands(const at::Tensor& proj, const at::Tensor& rot,
                                          const at::Tensor& trans, int64_t H, int64_t d,
                                          int64_t qp, int64_t vp, int64_t dqp, int64_t pqp,
@@ -292,27 +311,29 @@ std::vector<at::Tensor> prepare_operands(const at::Tensor& proj, const at::Tenso
   TORCH_CHECK(dqp >= d && pqp >= 3 * qp && wv >= d + 3 * vp, fn,
               ": expected dqp >= d, pqp >= 3*qp, wv >= d + 3*vp, got dqp=", dqp, ", pqp=", pqp,
               ", wv=", wv, " (d=", d, ", qp=", qp, ", vp=", vp, ")");
+  TORCH_CHECK(dqp % 4 == 0 && pqp % 4 == 0 && wv % 4 == 0, fn,
+              ": expected dqp, pqp and wv multiples of 4 (16-byte rows), got dqp=", dqp,
+              ", pqp=", pqp, ", wv=", wv);
   check_tensor(fn, "proj", proj, at::kFloat, {B, N, 3 * H * d + 6 * H * qp + 3 * H * vp}, dev);
-  check_tensor(fn, "rot", rot, at::kFloat, {B, N, 3, 3}, dev);
-  check_tensor(fn, "trans", trans, at::kFloat, {B, N, 3}, dev);
+  const int frame_kind = check_frames(fn, rot, trans, B, N, dev);
   const c10::cuda::CUDAGuard guard(dev);
   at::Tensor q = at::empty({B, H, N, dqp + pqp}, proj.options());
   at::Tensor k = at::empty({B, H, N, dqp + pqp}, proj.options());
   at::Tensor v = at::empty({B, H, N, wv}, proj.options());
-  ipa::PrepareArgs args{proj.data_ptr<float>(), rot.data_ptr<float>(), trans.data_ptr<float>(),
+  ipa::PrepareArgs args{proj.data_ptr<float>(), rot.data_ptr(), trans.data_ptr(),
                         q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
                         static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
                         static_cast<int>(d), static_cast<int>(qp), static_cast<int>(vp),
                         static_cast<int>(proj.size(2)), static_cast<int>(dqp),
                         static_cast<int>(pqp), static_cast<int>(wv),
-                        static_cast<float>(q_scale)};
+                        static_cast<float>(q_scale), frame_kind};
   check_cuda(fn, ipa::prepare_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
   return {q, k, v};
 }
 
-// attended (B, N, H, pitch) float32, pitch >= d + 3*vp; rot (B, N, 3, 3); trans (B, N, 3).
-// Returns (B, N, H*d + 3*H*vp) in out_dtype (float32, bfloat16 or float16): [o_s | value points
-// in each residue's local frame].
+// attended (B, N, H, pitch) float32, pitch >= d + 3*vp; rot (B, N, 3, 3); trans (B, N, 3) (the
+// frames float32, bfloat16 or float16). Returns (B, N, H*d + 3*H*vp) in out_dtype (float32 or
+// the frames' dtype): [o_s | value points in each residue's local frame].
 at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
                          const at::Tensor& trans, int64_t d, int64_t vp,
                          at::ScalarType out_dtype) {
@@ -324,24 +345,18 @@ at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
   const at::Device dev = attended.device();
   TORCH_CHECK(d >= 1 && vp >= 1 && pitch >= d + 3 * vp, fn, ": expected d, vp >= 1 and pitch "
               "(attended dim 3) >= d + 3*vp, got d=", d, ", vp=", vp, ", pitch=", pitch);
-  int out_kind;
-  switch (out_dtype) {
-    case at::kFloat: out_kind = ipa::kFloat32Out; break;
-    case at::kBFloat16: out_kind = ipa::kBFloat16Out; break;
-    case at::kHalf: out_kind = ipa::kFloat16Out; break;
-    default:
-      TORCH_CHECK(false, fn, ": argument 'out_dtype': expected float32, bfloat16 or float16, "
-                  "got ", dtype_name(out_dtype));
-  }
   check_tensor(fn, "attended", attended, at::kFloat, {B, N, H, pitch}, dev);
-  check_tensor(fn, "rot", rot, at::kFloat, {B, N, 3, 3}, dev);
-  check_tensor(fn, "trans", trans, at::kFloat, {B, N, 3}, dev);
+  const int frame_kind = check_frames(fn, rot, trans, B, N, dev);
+  const int out_kind = value_kind(fn, "out_dtype", out_dtype);
+  TORCH_CHECK(out_dtype == at::kFloat || out_dtype == rot.scalar_type(), fn,
+              ": argument 'out_dtype': expected float32 or the frames' dtype ",
+              dtype_name(rot.scalar_type()), ", got ", dtype_name(out_dtype));
   const c10::cuda::CUDAGuard guard(dev);
   at::Tensor out = at::empty({B, N, H * d + 3 * H * vp}, attended.options().dtype(out_dtype));
-  ipa::FinishArgs args{attended.data_ptr<float>(), rot.data_ptr<float>(),
-                       trans.data_ptr<float>(), out.data_ptr(), static_cast<int>(B),
-                       static_cast<int>(N), static_cast<int>(H), static_cast<int>(d),
-                       static_cast<int>(vp), static_cast<int>(pitch), out_kind};
+  ipa::FinishArgs args{attended.data_ptr<float>(), rot.data_ptr(), trans.data_ptr(),
+                       out.data_ptr(), static_cast<int>(B), static_cast<int>(N),
+                       static_cast<int>(H), static_cast<int>(d), static_cast<int>(vp),
+                       static_cast<int>(pitch), out_kind, frame_kind};
   check_cuda(fn, ipa::finish_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -51,5 +52,6 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4 r, float (&f)[8]) {
 
 __device__ __forceinline__ float to_float(const float x) { return x; }
 __device__ __forceinline__ float to_float(const __nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(const __half x) { return __half2float(x); }
 
 }  // namespace ipa

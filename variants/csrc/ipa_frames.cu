@@ -3,12 +3,13 @@
 // took longer than the attention kernel itself up to N = 1024):
 //   prepare  projection output -> padded q / k / v operand rows, points moved to the global frame
 //   finish   attended [o_s | o_p (global)] -> [o_s | o_p in each residue's local frame]
-// Elementwise and memory-bound; one thread per output element. The element index is 32-bit
-// whenever the count allows (every shape the benchmarks run): with 64-bit indices the divisions
-// that split it into (b, h, n, column), emulated in ~70 instructions each, made prepare a
-// compute-bound 18 us at N = 1024 on an H100 (thirty-third session).
-#include <cuda_fp16.h>
-
+// Both read the frames in the inputs' dtype (no cast launches for bf16 / fp16 inputs) and compute
+// in float32. Latency-bound, not bandwidth-bound, at the sizes that matter: with one output
+// element a thread, prepare ran 1.4 M threads in ~5 waves of dependent loads (index, projection,
+// frame) and took 15 us at N = 1024 on an H100 for ~10 MB of traffic (thirty-third session). So a
+// thread owns four consecutive columns of one row: its loads are independent of each other, the
+// frame is read once for the four, and prepare's stores are 16 bytes. The element index is
+// 32-bit whenever the count allows (64-bit divisions are emulated in ~70 instructions each).
 #include "ipa_common.cuh"
 #include "ipa_kernels.h"
 
@@ -17,82 +18,131 @@ namespace {
 
 constexpr int kFrameThreads = 256;
 
-// p @ R + t (row-vector convention), coordinate dd of point x (3 floats) at residue (R, t).
-__device__ __forceinline__ float to_global(const float* x, const float* R, const float* t, int dd) {
-  return fmaf(x[0], R[dd], fmaf(x[1], R[3 + dd], x[2] * R[6 + dd])) + t[dd];
-}
-
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void store(__half* p, float x) { *p = __float2half_rn(x); }
 
+// The frame (R, t) of residue bn, in float32.
+template <typename Frame, typename Index>
+__device__ __forceinline__ void load_frame(const void* rot, const void* trans, Index bn,
+                                           float (&R)[9], float (&t)[3]) {
+  const Frame* r = static_cast<const Frame*>(rot) + bn * 9;
+  const Frame* tr = static_cast<const Frame*>(trans) + bn * 3;
+#pragma unroll
+  for (int i = 0; i < 9; ++i) R[i] = to_float(r[i]);
+#pragma unroll
+  for (int i = 0; i < 3; ++i) t[i] = to_float(tr[i]);
+}
+
+// Coordinate dd of p @ R + t (row-vector convention) for point x (3 floats) at residue (R, t).
+// All three are computed and one selected: indexing R by dd would put R in local memory.
+__device__ __forceinline__ float to_global(const float* x, const float (&R)[9], const float (&t)[3],
+                                           int dd) {
+  float g[3];
+#pragma unroll
+  for (int c = 0; c < 3; ++c) g[c] = fmaf(x[0], R[c], fmaf(x[1], R[3 + c], x[2] * R[6 + c])) + t[c];
+  return dd == 0 ? g[0] : dd == 1 ? g[1] : g[2];
+}
+
+// Coordinate dd of (p - t) @ R^T, point p (3 floats, global frame) back to residue (R, t)'s frame.
+__device__ __forceinline__ float to_local(const float* p, const float (&R)[9], const float (&t)[3],
+                                          int dd) {
+  float l[3];
+#pragma unroll
+  for (int r = 0; r < 3; ++r)
+    l[r] = fmaf(p[0] - t[0], R[3 * r], fmaf(p[1] - t[1], R[3 * r + 1], (p[2] - t[2]) * R[3 * r + 2]));
+  return dd == 0 ? l[0] : dd == 1 ? l[1] : l[2];
+}
+
 // Index: int where total + one grid's stride fits in it (`fits_int`), else long long.
-template <typename Index>
+// Thread e: row (b * H + h) * N + n of the three operands' concatenated columns [q | k | v]
+// (2 wq + wv wide, every part a multiple of 4), columns 4 c .. 4 c + 3 of it.
+template <typename Index, typename Frame>
 __global__ void __launch_bounds__(kFrameThreads) ipa_prepare_kernel(const PrepareArgs a) {
   const int H = a.H, N = a.N, d = a.d;
-  const int wq = a.dqp + a.pqp, width = 2 * wq + a.wv;
-  const Index total = static_cast<Index>(a.B) * H * N * width;
+  const int wq = a.dqp + a.pqp, chunks = (2 * wq + a.wv) / 4;
+  const Index total = static_cast<Index>(a.B) * H * N * chunks;
   const int hd = H * d;
   for (Index e = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const Index row = e / width;  // (b * H + h) * N + n
-    int col = static_cast<int>(e - row * width);
+    const Index row = e / chunks;
+    int col = 4 * static_cast<int>(e - row * chunks);
     const int n = static_cast<int>(row % N);
     const Index bh = row / N;
     const int h = static_cast<int>(bh % H), b = static_cast<int>(bh / H);
     const Index bn = static_cast<Index>(b) * N + n;
     const float* x = a.proj + bn * a.features;
-    const float* R = a.rot + bn * 9;
-    const float* t = a.trans + bn * 3;
-    float val = 0.f;
+    float R[9], t[3];
+    float val[4];
     float* dst;
     if (col < 2 * wq) {  // q or k: [scalar (d), pad to dqp | points (3 qp), pad]
       const bool is_k = col >= wq;
       col -= is_k ? wq : 0;
       dst = (is_k ? a.k : a.q) + row * wq + col;
-      if (col < d) {
-        val = x[(is_k ? hd : 0) + h * d + col] * (is_k ? 1.f : a.q_scale);
-      } else if (col >= a.dqp && col < a.dqp + 3 * a.qp) {
-        const int c = col - a.dqp, p = c / 3;
-        val = to_global(x + 3 * hd + (is_k ? 3 * H * a.qp : 0) + 3 * (h * a.qp + p), R, t, c % 3);
+      const int pts_end = a.dqp + 3 * a.qp;
+      if (col + 4 > a.dqp && col < pts_end) load_frame<Frame>(a.rot, a.trans, bn, R, t);
+      const float* xp = x + 3 * hd + (is_k ? 3 * H * a.qp : 0) + 3 * h * a.qp;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = col + j;
+        val[j] = 0.f;
+        if (c < d) {
+          val[j] = x[(is_k ? hd : 0) + h * d + c] * (is_k ? 1.f : a.q_scale);
+        } else if (c >= a.dqp && c < pts_end) {
+          const int pc = c - a.dqp;
+          val[j] = to_global(xp + 3 * (pc / 3), R, t, pc % 3);
+        }
       }
     } else {  // v: [scalar (d) | points (3 vp) | pad]
       col -= 2 * wq;
       dst = a.v + row * a.wv + col;
-      if (col < d) {
-        val = x[2 * hd + h * d + col];
-      } else if (col < d + 3 * a.vp) {
-        const int c = col - d, p = c / 3;
-        val = to_global(x + 3 * hd + 6 * H * a.qp + 3 * (h * a.vp + p), R, t, c % 3);
+      const int pts_end = d + 3 * a.vp;
+      if (col + 4 > d && col < pts_end) load_frame<Frame>(a.rot, a.trans, bn, R, t);
+      const float* xp = x + 3 * hd + 6 * H * a.qp + 3 * h * a.vp;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = col + j;
+        val[j] = 0.f;
+        if (c < d) {
+          val[j] = x[2 * hd + h * d + c];
+        } else if (c < pts_end) {
+          const int pc = c - d;
+          val[j] = to_global(xp + 3 * (pc / 3), R, t, pc % 3);
+        }
       }
     }
-    *dst = val;
+    *reinterpret_cast<float4*>(dst) = make_float4(val[0], val[1], val[2], val[3]);
   }
 }
 
-// Out: float, __nv_bfloat16 or __half (FinishArgs::out_kind).
-template <typename Index, typename Out>
+// Thread e: residue bn, columns 4 c .. 4 c + 3 (those below the width) of its output row
+// [o_s (H d) | local value points (3 H vp)], written as Out.
+template <typename Index, typename Out, typename Frame>
 __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishArgs a) {
   const int H = a.H, d = a.d, hd = H * d;
-  const int width = hd + 3 * H * a.vp;
-  const Index total = static_cast<Index>(a.B) * a.N * width;
+  const int width = hd + 3 * H * a.vp, chunks = (width + 3) / 4;
+  const Index total = static_cast<Index>(a.B) * a.N * chunks;
   Out* out = static_cast<Out*>(a.out);
   for (Index e = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const Index bn = e / width;
-    const int col = static_cast<int>(e - bn * width);
+    const Index bn = e / chunks;
+    const int col = 4 * static_cast<int>(e - bn * chunks);
     const float* row = a.attended + bn * H * a.pitch;
-    float val;
-    if (col < hd) {
-      val = row[(col / d) * a.pitch + col % d];
-    } else {  // (g - t) @ R^T: local[dd] = sum_c (g_c - t_c) R[dd][c]
-      const int c = col - hd, point = c / 3, dd = c % 3;
-      const float* g = row + (point / a.vp) * a.pitch + d + 3 * (point % a.vp);
-      const float* R = a.rot + bn * 9 + 3 * dd;
-      const float* t = a.trans + bn * 3;
-      val = fmaf(g[0] - t[0], R[0], fmaf(g[1] - t[1], R[1], (g[2] - t[2]) * R[2]));
+    float R[9], t[3];
+    if (col + 4 > hd) load_frame<Frame>(a.rot, a.trans, bn, R, t);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int cc = col + j;
+      if (cc >= width) break;
+      float val;
+      if (cc < hd) {
+        val = row[(cc / d) * a.pitch + cc % d];
+      } else {
+        const int c = cc - hd, point = c / 3;
+        val = to_local(row + (point / a.vp) * a.pitch + d + 3 * (point % a.vp), R, t, c % 3);
+      }
+      store(out + bn * width + cc, val);
     }
-    store(out + e, val);
   }
 }
 
@@ -107,20 +157,22 @@ bool fits_int(long long total) {
   return total + static_cast<long long>(grid_for(total)) * kFrameThreads < 0x7fffffffLL;
 }
 
-template <typename Index>
-cudaError_t finish_launch_as(const FinishArgs& a, long long total, cudaStream_t stream) {
-  switch (a.out_kind) {
-    case kFloat32Out:
-      ipa_finish_kernel<Index, float><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
-      break;
-    case kBFloat16Out:
-      ipa_finish_kernel<Index, __nv_bfloat16><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
-      break;
-    case kFloat16Out:
-      ipa_finish_kernel<Index, __half><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
-      break;
-    default:
-      return cudaErrorInvalidValue;
+template <typename Frame>
+cudaError_t prepare_as(const PrepareArgs& a, long long total, cudaStream_t stream) {
+  if (fits_int(total)) {
+    ipa_prepare_kernel<int, Frame><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+  } else {
+    ipa_prepare_kernel<long long, Frame><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+template <typename Out, typename Frame>
+cudaError_t finish_as(const FinishArgs& a, long long total, cudaStream_t stream) {
+  if (fits_int(total)) {
+    ipa_finish_kernel<int, Out, Frame><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+  } else {
+    ipa_finish_kernel<long long, Out, Frame><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
@@ -128,19 +180,33 @@ cudaError_t finish_launch_as(const FinishArgs& a, long long total, cudaStream_t 
 }  // namespace
 
 cudaError_t prepare_launch(const PrepareArgs& a, cudaStream_t stream) {
-  const long long total = static_cast<long long>(a.B) * a.H * a.N * (2 * (a.dqp + a.pqp) + a.wv);
-  if (fits_int(total)) {
-    ipa_prepare_kernel<int><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
-  } else {
-    ipa_prepare_kernel<long long><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
+  if (a.dqp % 4 || a.pqp % 4 || a.wv % 4) return cudaErrorInvalidValue;
+  const long long total = static_cast<long long>(a.B) * a.H * a.N * ((2 * (a.dqp + a.pqp) + a.wv) / 4);
+  switch (a.frame_kind) {
+    case kFloat32Values: return prepare_as<float>(a, total, stream);
+    case kBFloat16Values: return prepare_as<__nv_bfloat16>(a, total, stream);
+    case kFloat16Values: return prepare_as<__half>(a, total, stream);
+    default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 cudaError_t finish_launch(const FinishArgs& a, cudaStream_t stream) {
-  const long long total = static_cast<long long>(a.B) * a.N * a.H * (a.d + 3 * a.vp);
-  return fits_int(total) ? finish_launch_as<int>(a, total, stream)
-                         : finish_launch_as<long long>(a, total, stream);
+  const long long total = static_cast<long long>(a.B) * a.N * ((a.H * (a.d + 3 * a.vp) + 3) / 4);
+  // out: float32, or the frames' 16-bit dtype (the inputs')
+  if (a.out_kind == kFloat32Values) {
+    switch (a.frame_kind) {
+      case kFloat32Values: return finish_as<float, float>(a, total, stream);
+      case kBFloat16Values: return finish_as<float, __nv_bfloat16>(a, total, stream);
+      case kFloat16Values: return finish_as<float, __half>(a, total, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  if (a.out_kind != a.frame_kind) return cudaErrorInvalidValue;
+  switch (a.frame_kind) {
+    case kBFloat16Values: return finish_as<__nv_bfloat16, __nv_bfloat16>(a, total, stream);
+    case kFloat16Values: return finish_as<__half, __half>(a, total, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace ipa

@@ -172,36 +172,40 @@ constexpr int kHybridMaxQueryWidth = 256;  // wq limit (head_dim 128 + 3 * 16 po
 cudaError_t hybrid_launch(const HybridArgs& args, bool bias_bf16, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
-// The O(N) steps around the attention kernels (ipa_frames.cu), float32, contiguous.
-//   proj   (B, N, features)  the fused projection [q | k | v | q points | k points | v points],
-//                            H*d, H*d, H*d, 3*H*qp, 3*H*qp, 3*H*vp wide, points in local frames
-//   rot (B, N, 3, 3), trans (B, N, 3): frames, p_global = p_local @ R + t
-//   prepare -> q, k (B, H, N, dqp + pqp) as in FusedArgs (q scaled by q_scale), v (B, H, N, wv)
-//   finish: attended (B, N, H, pitch) [o_s | o_p (global)] -> out (B, N, H*d + 3*H*vp)
-//           [o_s | (o_p - t) @ R^T], every element written, as float32, bfloat16 or float16
+// The O(N) steps around the attention kernels (ipa_frames.cu), contiguous tensors.
+//   proj   (B, N, features)  float32, the fused projection [q | k | v | q points | k points |
+//                            v points], H*d, H*d, H*d, 3*H*qp, 3*H*qp, 3*H*vp wide, points in
+//                            local frames
+//   rot (B, N, 3, 3), trans (B, N, 3): frames, p_global = p_local @ R + t, in the inputs' dtype
+//                            (frame_kind: float32, bfloat16 or float16; read as float32)
+//   prepare -> q, k (B, H, N, dqp + pqp) as in FusedArgs (q scaled by q_scale), v (B, H, N, wv),
+//           float32; dqp, pqp and wv multiples of 4
+//   finish: attended (B, N, H, pitch) float32 [o_s | o_p (global)] -> out (B, N, H*d + 3*H*vp)
+//           [o_s | (o_p - t) @ R^T], every element written, as float32 or the frames' dtype
 //           (out_kind: the 16-bit output projection reads it in the input dtype)
 // ---------------------------------------------------------------------------------------------
+enum ValueKind { kFloat32Values = 0, kBFloat16Values = 1, kFloat16Values = 2 };
+
 struct PrepareArgs {
   const float* proj;
-  const float* rot;
-  const float* trans;
+  const void* rot;  // of ValueKind frame_kind's type, as trans
+  const void* trans;
   float* q;
   float* k;
   float* v;
   int B, N, H, d, qp, vp, features;
   int dqp, pqp, wv;
   float q_scale;
+  int frame_kind;
 };
-
-enum FinishOut { kFloat32Out = 0, kBFloat16Out = 1, kFloat16Out = 2 };
 
 struct FinishArgs {
   const float* attended;
-  const float* rot;
-  const float* trans;
-  void* out;  // of FinishOut out_kind's type
+  const void* rot;  // of ValueKind frame_kind's type, as trans
+  const void* trans;
+  void* out;  // of ValueKind out_kind's type: float32 or frame_kind
   int B, N, H, d, vp, pitch;
-  int out_kind;
+  int out_kind, frame_kind;
 };
 
 cudaError_t prepare_launch(const PrepareArgs& args, cudaStream_t stream);
