@@ -48,6 +48,7 @@ from variants.cuda_fused import (
     MMA_PAIR_ROWS,
     SMALL,
     TENSOR_CORES,
+    Finish,
     fused_attention,
     kernel_class,
 )
@@ -143,6 +144,35 @@ def test_fused_split_k_matches_one_split_and_overwrites_poison(config, klass, dt
         assert err < 1e-6, f"splits={splits} differs from one split by {err:.2e}"
     again = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=1, **kw)
     assert torch.equal(again, one), "cuda-fused is not deterministic at a fixed split"
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("config, klass", [(IPAConfig(), AF2), (IPAConfig(heads=16), GENERIC)],
+                         ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_finish_in_the_kernel_call_equals_combine_then_finish(config, klass, out_dtype):
+    """fused_attention(finish=...) (finish_frames in the same extension call, the key-range
+    splits merged by it) gives finish_frames of the combined output to the bit, at one split
+    and several, into poisoned buffers, with the frames in the output's dtype."""
+    ops, pair, wb, pw, klass, widths = _fused_operands(config, 130, 2, torch.float32,
+                                                       klass=klass)
+    rot, trans = ops.rotations.to(out_dtype), ops.translations.to(out_dtype)
+    frames_out = Finish(rot, trans, config.value_points, out_dtype)
+    kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
+    for splits in (1, 3, 0):
+        attended = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=splits, **kw)
+        want = load_extension().finish_frames(attended, rot, trans, config.head_dim,
+                                              config.value_points, out_dtype)
+        workspace = torch.full((1 << 22,), float("nan"), device="cuda")
+        got = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=splits,
+                              workspace=workspace, finish=frames_out, **kw)
+        assert got.dtype == out_dtype and got.shape == want.shape
+        assert torch.equal(got, want), (
+            f"splits={splits}: differs by {(got.float() - want.float()).abs().max().item():.2e}")
+    with pytest.raises(RuntimeError, match="fused_forward: argument 'finished'"):
+        fused_attention(ops.q, ops.k, ops.v, pair, wb, pw,
+                        finish=Finish(rot, trans, config.value_points, torch.float16), **kw)
 
 
 @pytest.mark.gpu

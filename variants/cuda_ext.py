@@ -342,23 +342,32 @@ def project_on_gpu(
     return Operands(q=q, k=k, v=v, rotations=rot, translations=trans, widths=widths)
 
 
-def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype,
-                  split_gemms: bool = False):
-    """`finish` in two launches: the extension's finish_frames, then the output projection
-    (on tensor cores: module doc; `split_gemms`: float32 as 3xTF32).
-    attended: (B, N, H, >= dv) float32, contiguous."""
-    cfg = weights.config
-    half = weights.half if TENSOR_CORE_GEMMS else None
-    if half is not None and half.out_weight.dtype == dtype:
-        local = load_extension().finish_frames(
-            attended, ops.rotations, ops.translations, cfg.head_dim, cfg.value_points, dtype)
-        return F.linear(local, half.out_weight, half.out_bias)
-    local = load_extension().finish_frames(
-        attended, ops.rotations, ops.translations, cfg.head_dim, cfg.value_points
-    )
+def local_dtype(weights: Weights, dtype: torch.dtype) -> torch.dtype:
+    """The dtype finish_frames writes for a call in `dtype`: the output projection's input,
+    16-bit where that GEMM runs on tensor cores in the input dtype (module doc)."""
+    return dtype if TENSOR_CORE_GEMMS and weights.half is not None else torch.float32
+
+
+def output_projection(weights: Weights, local: torch.Tensor, dtype: torch.dtype,
+                      split_gemms: bool = False) -> torch.Tensor:
+    """out_proj of finish_frames' output `local` (in `local_dtype`) -> (B, N, node_dim) in
+    `dtype`: on tensor cores (module doc; `split_gemms`: float32 as 3xTF32) or an SGEMM."""
+    if local.dtype != torch.float32:
+        return F.linear(local, weights.half.out_weight, weights.half.out_bias)
     if TENSOR_CORE_GEMMS and split_gemms:
         return _split_linear()(local, weights.out_weight, weights.out_bias)
     return F.linear(local, weights.out_weight, weights.out_bias).to(dtype)
+
+
+def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype,
+                  split_gemms: bool = False):
+    """`finish` in two launches: the extension's finish_frames, then `output_projection`.
+    attended: (B, N, H, >= dv) float32, contiguous."""
+    cfg = weights.config
+    local = load_extension().finish_frames(attended, ops.rotations, ops.translations,
+                                           cfg.head_dim, cfg.value_points,
+                                           local_dtype(weights, dtype))
+    return output_projection(weights, local, dtype, split_gemms)
 
 
 def finish(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype):

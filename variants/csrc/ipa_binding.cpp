@@ -56,17 +56,41 @@ void check_cuda(const char* fn, cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, fn, ": CUDA error: ", cudaGetErrorString(err));
 }
 
+// A frames or output dtype as ipa::ValueKind; `name` is the argument a refusal names.
+int value_kind(const char* fn, const char* name, at::ScalarType t) {
+  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, fn, ": argument '", name,
+              "': expected dtype float32, bfloat16 or float16, got ", dtype_name(t));
+  return t == at::kFloat ? ipa::kFloat32Values
+                         : t == at::kBFloat16 ? ipa::kBFloat16Values : ipa::kFloat16Values;
+}
+
+// rot (B, N, 3, 3) and trans (B, N, 3), both of one dtype (float32, bfloat16 or float16):
+// checked, their ValueKind returned.
+int check_frames(const char* fn, const at::Tensor& rot, const at::Tensor& trans, int64_t B,
+                 int64_t N, const at::Device& dev) {
+  const int kind = value_kind(fn, "rot", rot.scalar_type());
+  check_tensor(fn, "rot", rot, rot.scalar_type(), {B, N, 3, 3}, dev);
+  check_tensor(fn, "trans", trans, rot.scalar_type(), {B, N, 3}, dev);
+  return kind;
+}
+
 // q, k (B, H, N, wq) float32; v (B, H, N, wv) float32; z (B, N, N, C) float32 or bfloat16;
-// wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
+// wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten (unless
+// `finished`).
 // workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
 // splits: key-range splits, 0 = automatic. bias: ipa::FusedBias, the af2 class's pair bias
 // form (0 FFMA; 1 and 2 on tensor cores, 1 for bf16 z only; 3 the tensor-core kernel). Returns
 // the plan for the record: [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
+// With `finished` (B, N, H*d + 3*H*vp) float32 or the frames' dtype, d = dv - 3*value_points, and
+// the frames rot (B, N, 3, 3), trans (B, N, 3): finish_frames' output is written there by the
+// same call, the split-K partials merged on the way when the plan splits (`out` then unwritten).
 std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                                    at::Tensor out, int64_t klass, int64_t dqp, int64_t dv,
                                    int64_t splits, c10::optional<at::Tensor> workspace,
-                                   int64_t bias) {
+                                   int64_t bias, c10::optional<at::Tensor> rot,
+                                   c10::optional<at::Tensor> trans, int64_t value_points,
+                                   c10::optional<at::Tensor> finished) {
   const char* fn = "ipa fused_forward";
   TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
               shape_of(q));
@@ -121,6 +145,31 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
               "heads as rows), 3 (tensor cores throughout) or, for a bfloat16 z, 1 (pairs as ",
               "rows), got bias=", bias, ", klass=", klass, ", z ", dtype_name(z.scalar_type()));
 
+  ipa::FinishArgs finish{};
+  const bool finishing = finished.has_value() && finished->defined();
+  if (finishing) {
+    TORCH_CHECK(rot.has_value() && trans.has_value(), fn,
+                ": arguments 'rot' and 'trans': expected the frames with 'finished'");
+    TORCH_CHECK(value_points >= 1 && 3 * value_points < dv, fn, ": argument 'value_points': ",
+                "expected >= 1 and 3 * value_points < dv=", dv, ", got ", value_points);
+    finish.frame_kind = check_frames(fn, *rot, *trans, B, N, dev);
+    const int64_t d = dv - 3 * value_points;
+    finish.out_kind = value_kind(fn, "finished", finished->scalar_type());
+    TORCH_CHECK(finished->scalar_type() == at::kFloat ||
+                    finished->scalar_type() == rot->scalar_type(), fn,
+                ": argument 'finished': expected dtype float32 or the frames' ",
+                dtype_name(rot->scalar_type()), ", got ", dtype_name(finished->scalar_type()));
+    check_tensor(fn, "finished", *finished, finished->scalar_type(), {B, N, H * dv}, dev);
+    finish.rot = rot->data_ptr();
+    finish.trans = trans->data_ptr();
+    finish.out = finished->data_ptr();
+    finish.B = static_cast<int>(B);
+    finish.N = static_cast<int>(N);
+    finish.H = static_cast<int>(H);
+    finish.d = static_cast<int>(d);
+    finish.vp = static_cast<int>(value_points);
+  }
+
   const c10::cuda::CUDAGuard guard(dev);
   ipa::FusedPlan plan{};
   const bool bf16 = z.scalar_type() == at::kBFloat16;
@@ -159,6 +208,7 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   args.dqp = static_cast<int>(dqp);
   args.wv = static_cast<int>(wv);
   args.dv = static_cast<int>(dv);
+  args.finish = finishing ? &finish : nullptr;
   check_cuda(fn, ipa::fused_launch(args, plan, c10::cuda::getCurrentCUDAStream().stream()));
   return {plan.splits, plan.key_tile, static_cast<int64_t>(plan.smem_bytes), plan.blocks_per_sm,
           static_cast<int64_t>(plan.workspace_floats)};
@@ -276,24 +326,6 @@ void hybrid_probs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
                                     c10::cuda::getCurrentCUDAStream().stream()));
 }
 
-// A frames or output dtype as ipa::ValueKind; `name` is the argument a refusal names.
-int value_kind(const char* fn, const char* name, at::ScalarType t) {
-  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, fn, ": argument '", name,
-              "': expected dtype float32, bfloat16 or float16, got ", dtype_name(t));
-  return t == at::kFloat ? ipa::kFloat32Values
-                         : t == at::kBFloat16 ? ipa::kBFloat16Values : ipa::kFloat16Values;
-}
-
-// rot (B, N, 3, 3) and trans (B, N, 3), both of one dtype (float32, bfloat16 or float16):
-// checked, their ValueKind returned.
-int check_frames(const char* fn, const at::Tensor& rot, const at::Tensor& trans, int64_t B,
-                 int64_t N, const at::Device& dev) {
-  const int kind = value_kind(fn, "rot", rot.scalar_type());
-  check_tensor(fn, "rot", rot, rot.scalar_type(), {B, N, 3, 3}, dev);
-  check_tensor(fn, "trans", trans, rot.scalar_type(), {B, N, 3}, dev);
-  return kind;
-}
-
 // proj (B, N, F) float32, F = 3*H*d + 6*H*qp + 3*H*vp; rot (B, N, 3, 3); trans (B, N, 3) (the
 // frames float32, bfloat16 or float16). Returns [q, k] (B, H, N, dqp + pqp) and v (B, H, N, wv)
 // float32, every element written.
@@ -368,7 +400,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_forward", &fused_forward, "flash-style fused IPA attention (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"),
         py::arg("out"), py::arg("klass"), py::arg("dqp"), py::arg("dv"), py::arg("splits") = 0,
-        py::arg("workspace") = py::none(), py::arg("bias") = 0);
+        py::arg("workspace") = py::none(), py::arg("bias") = 0, py::arg("rot") = py::none(),
+        py::arg("trans") = py::none(), py::arg("value_points") = 0,
+        py::arg("finished") = py::none());
   m.def("openfold_forward", &openfold_forward,
         "problem openfold's fused core: o, o_pair and o_pt (see ipa_kernels.h)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"), py::arg("mask"),
