@@ -368,7 +368,8 @@ std::vector<at::Tensor> prepare_operands(const at::Tensor& proj, const at::Tenso
 // the frames' dtype): [o_s | value points in each residue's local frame].
 at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
                          const at::Tensor& trans, int64_t d, int64_t vp,
-                         at::ScalarType out_dtype) {
+                         c10::optional<at::ScalarType> out_dtype_arg) {
+  const at::ScalarType out_dtype = out_dtype_arg.value_or(at::kFloat);
   const char* fn = "ipa finish_frames";
   TORCH_CHECK(attended.dim() == 4, fn, ": argument 'attended': expected 4 dims (B, N, H, "
               "pitch), got shape ", shape_of(attended));
@@ -385,10 +386,20 @@ at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
               dtype_name(rot.scalar_type()), ", got ", dtype_name(out_dtype));
   const c10::cuda::CUDAGuard guard(dev);
   at::Tensor out = at::empty({B, N, H * d + 3 * H * vp}, attended.options().dtype(out_dtype));
-  ipa::FinishArgs args{attended.data_ptr<float>(), rot.data_ptr(), trans.data_ptr(),
-                       out.data_ptr(), static_cast<int>(B), static_cast<int>(N),
-                       static_cast<int>(H), static_cast<int>(d), static_cast<int>(vp),
-                       static_cast<int>(pitch), out_kind, frame_kind};
+  ipa::FinishArgs args{};
+  args.attended = attended.data_ptr<float>();
+  args.rot = rot.data_ptr();
+  args.trans = trans.data_ptr();
+  args.out = out.data_ptr();
+  args.B = static_cast<int>(B);
+  args.N = static_cast<int>(N);
+  args.H = static_cast<int>(H);
+  args.d = static_cast<int>(d);
+  args.vp = static_cast<int>(vp);
+  args.pitch = static_cast<int>(pitch);
+  args.out_kind = out_kind;
+  args.frame_kind = frame_kind;
+  args.splits = 1;
   check_cuda(fn, ipa::finish_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }
@@ -419,5 +430,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("finish_frames", &finish_frames,
         "attended [o_s | o_p (global)] -> [o_s | o_p in the local frames]", py::arg("attended"),
         py::arg("rot"), py::arg("trans"), py::arg("head_dim"), py::arg("value_points"),
-        py::arg("out_dtype") = at::kFloat);
+        py::arg("out_dtype") = py::none());
 }
