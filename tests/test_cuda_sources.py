@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import types
 from dataclasses import dataclass
@@ -143,6 +144,41 @@ def test_kernel_compiles_for_sm90_without_spills(source: Path, tmp_path: Path):
         if e.spill_stores or e.spill_loads
     ]
     assert not spilling, "register spills:\n" + "\n".join(spilling)
+
+
+def cuda_runtime_include() -> Path | None:
+    """A folder holding cuda_runtime.h: nvcc's toolkit's, else the copy Triton ships."""
+    candidates = [Path(NVCC).resolve().parent.parent / "include"] if NVCC else []
+    if (triton := importlib.util.find_spec("triton")) and triton.origin:
+        candidates.append(Path(triton.origin).parent / "backends" / "nvidia" / "include")
+    return next((c for c in candidates if (c / "cuda_runtime.h").is_file()), None)
+
+
+def test_binding_compiles_against_this_torch(tmp_path: Path):
+    """ipa_binding.cpp, which torch's cpp_extension builds only where a GPU is, parses and
+    type-checks against this torch's headers (`g++ -fsyntax-only`), with the CUDA runtime's
+    headers and a stub for the one header a CPU build of torch lacks
+    (c10/cuda/impl/cuda_cmake_macros.h). A wrong argument type found here would otherwise cost
+    a GPU session (the thirty-third session's: an aggregate initialiser shifted by a new field)."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    cuda_include = cuda_runtime_include()
+    missing = [what for what, found in (("a C++ compiler", cxx), ("cuda_runtime.h", cuda_include))
+               if found is None]
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{' and '.join(missing)} not found; CI must check the binding")
+        pytest.skip(f"{' and '.join(missing)} not found")
+    stub = tmp_path / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    stub.parent.mkdir(parents=True)
+    stub.write_text("#pragma once\n")
+    torch_include = Path(torch.__file__).parent / "include"
+    cmd = [cxx, "-std=c++17", "-fsyntax-only", "-I", str(tmp_path), "-I", str(torch_include),
+           "-I", str(torch_include / "torch" / "csrc" / "api" / "include"), "-I", str(cuda_include),
+           "-I", sysconfig.get_paths()["include"], "-DTORCH_EXTENSION_NAME=ipa_bench_check",
+           str(CSRC / "ipa_binding.cpp")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n" + "\n".join(errors[:20])
 
 
 def test_extension_builds_every_kernel_source():
