@@ -79,8 +79,10 @@ FP32_BIAS = TENSOR_CORES
 KEY_SPLITS = 0
 # Read at each call (an A/B switch): finish_frames inside the kernel's extension call, which
 # then merges the key-range splits itself (no combine launch); False: the combine, then
-# finish_frames as a call of its own (before the thirty-third session).
-FINISH_IN_CALL = True
+# finish_frames as a call of its own. Off until a GPU has run it: written in the thirty-third
+# session, whose device time ran out first (GPU test: test_finish_in_the_kernel_call_equals_
+# combine_then_finish; A/B: profile_call.py --ab variants.cuda_fused:FINISH_IN_CALL).
+FINISH_IN_CALL = False
 
 
 def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
