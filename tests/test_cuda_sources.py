@@ -32,10 +32,12 @@ import torch
 from variants.base import _nvcc_path
 from variants.cuda_ext import (
     SOURCES,
+    Weights,
     Widths,
     build_directory,
     cache_root,
     check_call_inputs,
+    gemms_label,
     ninja_on_path,
 )
 from variants.cuda_fused import (
@@ -54,6 +56,7 @@ from variants.cuda_fused import (
 )
 from variants.cuda_hybrid import CudaHybrid
 from variants.problem import IPAConfig, IPAInputError, make_inputs
+from variants.reference import init_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
 CSRC = REPO / "variants" / "csrc"
@@ -290,6 +293,21 @@ def test_rows_name_the_tf32_forms(monkeypatch, forms, dtype, config, label):
     for name, value in forms.items():
         monkeypatch.setattr(f"variants.cuda_fused.{name}", value)
     assert CudaFused().math_mode_label(dtype, config) == label
+
+
+@pytest.mark.parametrize("tensor_cores", [True, False])
+@pytest.mark.parametrize("dtype, split, label", [
+    (torch.bfloat16, False, "bfloat16 tensor cores"),
+    (torch.float16, False, "float16 tensor cores"),
+    (torch.float32, True, "3xTF32 (Triton)"),
+    (torch.float32, False, "cuBLAS SGEMM"),
+], ids=str)
+def test_rows_name_the_gemms_around_the_kernel(monkeypatch, dtype, split, label, tensor_cores):
+    """kernel_info's `GEMMs ...`: how the projections ran (`cuda_ext.TENSOR_CORE_GEMMS`)."""
+    monkeypatch.setattr("variants.cuda_ext.TENSOR_CORE_GEMMS", tensor_cores)
+    config = IPAConfig(node_dim=32, heads=2, pair_dim=8)
+    weights = Weights(init_state_dict(config), config, "cpu", dtype)
+    assert gemms_label(weights, split) == (label if tensor_cores else "cuBLAS SGEMM")
 
 
 @pytest.mark.parametrize(

@@ -342,6 +342,14 @@ def project_on_gpu(
     return Operands(q=q, k=k, v=v, rotations=rot, translations=trans, widths=widths)
 
 
+def gemms_label(weights: Weights, split_gemms: bool) -> str:
+    """How a call's two GEMMs around the kernels run now (module doc), for the rows'
+    `kernel_info`."""
+    if TENSOR_CORE_GEMMS and weights.half is not None:
+        return f"{str(weights.half.projection.dtype).removeprefix('torch.')} tensor cores"
+    return "3xTF32 (Triton)" if TENSOR_CORE_GEMMS and split_gemms else "cuBLAS SGEMM"
+
+
 def local_dtype(weights: Weights, dtype: torch.dtype) -> torch.dtype:
     """The dtype finish_frames writes for a call in `dtype`: the output projection's input,
     16-bit where that GEMM runs on tensor cores in the input dtype (module doc)."""

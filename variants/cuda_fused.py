@@ -44,6 +44,7 @@ from variants.cuda_ext import (
     Widths,
     check_call_inputs,
     finish_on_gpu,
+    gemms_label,
     load_extension,
     local_dtype,
     output_projection,
@@ -298,8 +299,10 @@ class CudaFused(Variant):
             return output_projection(weights, local, dtype, split_gemms=split)
 
         def kernel_info() -> str:
+            form = bias_form(klass, dtype)
+            split = dtype == torch.float32 and splits_fp32(klass, form)
             return (f"kernel class {klass} (dqp={widths.dqp}, dv={widths.dv}), "
-                    f"pair bias {BIAS_NAMES[bias_form(klass, dtype)]}")
+                    f"pair bias {BIAS_NAMES[form]}, GEMMs {gemms_label(weights, split)}")
 
         forward.kernel_info = kernel_info
         return forward
