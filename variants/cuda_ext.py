@@ -250,11 +250,11 @@ class Operands:
     widths: Widths
 
 
-def _projection(weights: Weights, node_repr: torch.Tensor) -> torch.Tensor:
-    """LayerNorm, then the one projection GEMM: (B, N, features) float32."""
+def _projection(weights: Weights, node_repr: torch.Tensor, linear=F.linear) -> torch.Tensor:
+    """LayerNorm, then the one projection GEMM (`linear`): (B, N, features) float32."""
     cfg = weights.config
     x = F.layer_norm(node_repr.float(), (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
-    return F.linear(x, weights.projection)
+    return linear(x, weights.projection)
 
 
 def project(
@@ -313,8 +313,7 @@ def _projection_on_gpu(weights: Weights, node_repr: torch.Tensor, split_gemms: b
         rows = torch.mm(x.view(-1, cfg.node_dim), half.projection.t(), out_dtype=torch.float32)
         return rows.view(*node_repr.shape[:-1], rows.shape[-1])
     if TENSOR_CORE_GEMMS and split_gemms:
-        x = F.layer_norm(node_repr.float(), (cfg.node_dim,), weights.ln_weight, weights.ln_bias)
-        return _split_linear()(x, weights.projection)
+        return _projection(weights, node_repr, _split_linear())
     return _projection(weights, node_repr)
 
 

@@ -95,10 +95,10 @@ def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
     return [FFMA_BIAS, MMA_HEAD_ROWS, TENSOR_CORES]
 
 
-def splits_fp32(klass: int, form: int) -> bool:
-    """Whether a float32 call of kernel class `klass` in pair-bias form `form` runs its
+def splits_fp32(klass: int, form: int, dtype: torch.dtype) -> bool:
+    """Whether a call in `dtype` of kernel class `klass` in pair-bias form `form` runs float32
     products as 3xTF32, and so its GEMMs around the kernel too (`split_gemms`)."""
-    return klass == AF2 and form in (MMA_HEAD_ROWS, TENSOR_CORES)
+    return dtype == torch.float32 and klass == AF2 and form in (MMA_HEAD_ROWS, TENSOR_CORES)
 
 
 def bias_form(klass: int, z_dtype: torch.dtype) -> int:
@@ -259,7 +259,7 @@ class CudaFused(Variant):
         if not af2 or precision.math_mode != "ieee":
             return precision.math_mode
         form = bias_form(AF2, precision.dtype)
-        if precision.name == "fp32" and splits_fp32(AF2, form):
+        if precision.name == "fp32" and splits_fp32(AF2, form, precision.dtype):
             return "fp32-3xtf32"
         if precision.name == "bf16" and form == TENSOR_CORES:
             return "bf16-tf32"
@@ -284,7 +284,7 @@ class CudaFused(Variant):
         def forward(node_repr, pair_repr, translations, rotations):
             check_call_inputs(config, device, dtype, node_repr, pair_repr, translations, rotations)
             form = bias_form(klass, dtype)
-            split = dtype == torch.float32 and splits_fp32(klass, form)
+            split = splits_fp32(klass, form, dtype)
             ops = project_on_gpu(weights, node_repr, translations, rotations, widths=widths,
                                  q_scale=units.q_scale, split_gemms=split)
             kernel = dict(klass=klass, dqp=widths.dqp, dv=widths.dv, bias=form,
@@ -300,7 +300,7 @@ class CudaFused(Variant):
 
         def kernel_info() -> str:
             form = bias_form(klass, dtype)
-            split = dtype == torch.float32 and splits_fp32(klass, form)
+            split = splits_fp32(klass, form, dtype)
             return (f"kernel class {klass} (dqp={widths.dqp}, dv={widths.dv}), "
                     f"pair bias {BIAS_NAMES[form]}, GEMMs {gemms_label(weights, split)}")
 
