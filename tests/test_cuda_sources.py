@@ -184,6 +184,16 @@ def test_binding_compiles_against_this_torch(tmp_path: Path):
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n" + "\n".join(errors[:20])
 
 
+def test_binding_messages_never_stream_through_torch_check():
+    """Every refusal in the binding goes through IPA_CHECK, whose message is one string built
+    with std::to_string: a TORCH_CHECK that streamed a number itself segfaulted instead of
+    raising on the GPU machine's torch 2.11 (thirty-fourth session). Comments aside, the one
+    TORCH_CHECK left is IPA_CHECK's definition."""
+    code = [line.split("//")[0] for line in (CSRC / "ipa_binding.cpp").read_text().splitlines()]
+    uses = [line.strip() for line in code if "TORCH_CHECK" in line or "AT_ERROR" in line]
+    assert uses == ["#define IPA_CHECK(cond, ...) TORCH_CHECK(cond, message(__VA_ARGS__))"], uses
+
+
 def test_extension_builds_every_kernel_source():
     """cuda_ext.SOURCES, what the extension compiles and links, names every .cu in csrc/."""
     assert sorted(KERNEL_UNITS) == KERNEL_SOURCES
@@ -341,9 +351,7 @@ def fused_classes_program(tmp_path_factory) -> Path:
     C++ class ids, limits and picks as JSON, and runs without a GPU."""
     nvcc = require_nvcc()
     out = tmp_path_factory.mktemp("classes") / "fused_classes"
-    # ipa_frames.cu: fused_launch's finish (finish_launch)
-    fused = [str(p) for p in KERNEL_UNITS
-             if p.name.startswith("ipa_fused") or p.name == "ipa_frames.cu"]
+    fused = [str(p) for p in KERNEL_UNITS if p.name.startswith("ipa_fused")]
     cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-I", str(CSRC), "-o", str(out),
            str(CLASS_PROGRAM_SOURCE), *fused]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

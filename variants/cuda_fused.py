@@ -46,8 +46,6 @@ from variants.cuda_ext import (
     finish_on_gpu,
     gemms_label,
     load_extension,
-    local_dtype,
-    output_projection,
     project_on_gpu,
 )
 from variants.problem import IPAConfig, IPAInputError, Precision, get_precision
@@ -78,12 +76,6 @@ FP32_BIAS = TENSOR_CORES
 # Key-range splits of a call, read at each call (an A/B switch): 0 lets the launch plan choose
 # (enough CTAs to fill the SMs: at B = 1, 2 at N = 1024 and 8 at N = 256 for the af2 class).
 KEY_SPLITS = 0
-# Read at each call (an A/B switch): finish_frames inside the kernel's extension call, which
-# then merges the key-range splits itself (no combine launch); False: the combine, then
-# finish_frames as a call of its own. Off until a GPU has run it: written in the thirty-third
-# session, whose device time ran out first (GPU test: test_finish_in_the_kernel_call_equals_
-# combine_then_finish; A/B: profile_call.py --ab variants.cuda_fused:FINISH_IN_CALL).
-FINISH_IN_CALL = False
 
 
 def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
@@ -178,7 +170,6 @@ def fused_attention(
     splits: int = 0,
     workspace: torch.Tensor | None = None,
     bias: int = FFMA_BIAS,
-    finish: Finish | None = None,
 ) -> torch.Tensor:
     """The kernel alone: softmax-weighted [v | value points] per (batch, query, head).
 
@@ -190,12 +181,9 @@ def fused_attention(
     buffer). splits: key-range splits (0 = chosen from the GPU's size); workspace: optional
     float32 buffer for the split partials (allocated when absent or too small). bias: the `af2`
     class's pair-bias form (FFMA_BIAS, MMA_HEAD_ROWS, TENSOR_CORES, or for bf16 pair_repr
-    MMA_PAIR_ROWS). finish: returns finish_frames' output instead ((B, N, H * dv) in
-    `finish.dtype`), written by the same call, which merges the key-range splits on the way
-    (one launch fewer; `out` is then scratch).
+    MMA_PAIR_ROWS).
     """
-    # The binding refuses these too, but its refusal segfaulted on the GPU machine's torch 2.11
-    # (twenty-eighth session, not yet diagnosed): refused here first.
+    # The binding refuses these too; here the refusal lists the forms that fit.
     forms = bias_forms(klass, pair_repr.dtype)
     if bias not in forms:
         raise IPAInputError(
@@ -204,29 +192,11 @@ def fused_attention(
     b, h, n, _ = q.shape
     if out is None:
         out = torch.empty(b, n, h, dv, device=q.device, dtype=torch.float32)
-    if finish is None:
-        load_extension().fused_forward(
-            q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits,
-            workspace, bias,
-        )
-        return out
-    finished = torch.empty(b, n, h * dv, device=q.device, dtype=finish.dtype)
     load_extension().fused_forward(
         q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace,
-        bias, finish.rotations, finish.translations, finish.value_points, finished,
+        bias,
     )
-    return finished
-
-
-@dataclass(frozen=True)
-class Finish:
-    """What `fused_attention` needs to return finish_frames' output: the frames (as the
-    operands hold them), Vp and the output's dtype (`cuda_ext.local_dtype`)."""
-
-    rotations: torch.Tensor
-    translations: torch.Tensor
-    value_points: int
-    dtype: torch.dtype
+    return out
 
 
 class CudaFused(Variant):
@@ -290,13 +260,8 @@ class CudaFused(Variant):
             kernel = dict(klass=klass, dqp=widths.dqp, dv=widths.dv, bias=form,
                           splits=KEY_SPLITS)
             operands = (ops.q, ops.k, ops.v, pair_repr, units.pair_weight, units.point_weight)
-            if not FINISH_IN_CALL:
-                return finish_on_gpu(weights, fused_attention(*operands, **kernel), ops, dtype,
-                                     split_gemms=split)
-            finish = Finish(ops.rotations, ops.translations, config.value_points,
-                            local_dtype(weights, dtype))
-            local = fused_attention(*operands, **kernel, finish=finish)
-            return output_projection(weights, local, dtype, split_gemms=split)
+            return finish_on_gpu(weights, fused_attention(*operands, **kernel), ops, dtype,
+                                 split_gemms=split)
 
         def kernel_info() -> str:
             form = bias_form(klass, dtype)

@@ -6,15 +6,40 @@
 #include <torch/extension.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ipa_kernels.h"
 
 namespace {
 
-// A dtype as Python spells it, for the messages. c10::toString is not used: a check whose message
-// called it segfaulted instead of raising on the GPU machine's torch 2.11 (twenty-eighth session;
-// the checks without it raise there), a cause not yet confirmed.
+// The refusals' messages are built here, from strings and std::to_string, and reach TORCH_CHECK
+// as one string: never through its own std::ostream formatting. On the GPU machine's torch 2.11
+// a refusal whose message streamed an integer segfaulted instead of raising, while those that
+// streamed only strings raised (thirty-fourth session; test_binding_refusals_raise covers both).
+std::string piece(const char* s) { return s; }
+std::string piece(const std::string& s) { return s; }
+std::string piece(const at::Device& device) { return device.str(); }
+std::string piece(at::IntArrayRef dims) {
+  std::string s = "(";
+  for (size_t d = 0; d < dims.size(); ++d) s += (d ? ", " : "") + std::to_string(dims[d]);
+  return s + ")";
+}
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+std::string piece(T value) {
+  return std::to_string(value);
+}
+
+template <typename... Parts>
+std::string message(const Parts&... parts) {
+  std::string s;
+  ((s += piece(parts)), ...);
+  return s;
+}
+
+#define IPA_CHECK(cond, ...) TORCH_CHECK(cond, message(__VA_ARGS__))
+
+// A dtype as Python spells it, for the messages.
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "float32";
@@ -28,38 +53,30 @@ const char* dtype_name(at::ScalarType t) {
   }
 }
 
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "(";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-  return s + ")";
-}
-
 void check_tensor(const char* fn, const char* name, const at::Tensor& t, at::ScalarType dtype,
                   const std::vector<int64_t>& shape, const at::Device& device) {
-  TORCH_CHECK(t.is_cuda(), fn, ": argument '", name, "': expected a CUDA tensor, got device ",
-              t.device());
-  TORCH_CHECK(t.device() == device, fn, ": argument '", name, "': expected device ", device,
-              " (as the first argument), got ", t.device());
-  TORCH_CHECK(t.scalar_type() == dtype, fn, ": argument '", name, "': expected dtype ",
-              dtype_name(dtype), ", got ", dtype_name(t.scalar_type()));
+  IPA_CHECK(t.is_cuda(), fn, ": argument '", name, "': expected a CUDA tensor, got device ",
+            t.device());
+  IPA_CHECK(t.device() == device, fn, ": argument '", name, "': expected device ", device,
+            " (as the first argument), got ", t.device());
+  IPA_CHECK(t.scalar_type() == dtype, fn, ": argument '", name, "': expected dtype ",
+            dtype_name(dtype), ", got ", dtype_name(t.scalar_type()));
   bool same = t.dim() == static_cast<int64_t>(shape.size());
   for (size_t d = 0; same && d < shape.size(); ++d) same = t.size(d) == shape[d];
-  std::string want = "(";
-  for (size_t d = 0; d < shape.size(); ++d) want += (d ? ", " : "") + std::to_string(shape[d]);
-  want += ")";
-  TORCH_CHECK(same, fn, ": argument '", name, "': expected shape ", want, ", got ", shape_of(t));
-  TORCH_CHECK(t.is_contiguous(), fn, ": argument '", name,
-              "': expected a contiguous tensor, got strides ", t.strides());
+  IPA_CHECK(same, fn, ": argument '", name, "': expected shape ", at::IntArrayRef(shape), ", got ",
+            t.sizes());
+  IPA_CHECK(t.is_contiguous(), fn, ": argument '", name,
+            "': expected a contiguous tensor, got strides ", t.strides());
 }
 
 void check_cuda(const char* fn, cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, fn, ": CUDA error: ", cudaGetErrorString(err));
+  IPA_CHECK(err == cudaSuccess, fn, ": CUDA error: ", cudaGetErrorString(err));
 }
 
 // A frames or output dtype as ipa::ValueKind; `name` is the argument a refusal names.
 int value_kind(const char* fn, const char* name, at::ScalarType t) {
-  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, fn, ": argument '", name,
-              "': expected dtype float32, bfloat16 or float16, got ", dtype_name(t));
+  IPA_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, fn, ": argument '", name,
+            "': expected dtype float32, bfloat16 or float16, got ", dtype_name(t));
   return t == at::kFloat ? ipa::kFloat32Values
                          : t == at::kBFloat16 ? ipa::kBFloat16Values : ipa::kFloat16Values;
 }
@@ -75,100 +92,69 @@ int check_frames(const char* fn, const at::Tensor& rot, const at::Tensor& trans,
 }
 
 // q, k (B, H, N, wq) float32; v (B, H, N, wv) float32; z (B, N, N, C) float32 or bfloat16;
-// wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten (unless
-// `finished`).
+// wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
 // workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
 // splits: key-range splits, 0 = automatic. bias: ipa::FusedBias, the af2 class's pair bias
 // form (0 FFMA; 1 and 2 on tensor cores, 1 for bf16 z only; 3 the tensor-core kernel). Returns
 // the plan for the record: [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
-// With `finished` (B, N, H*d + 3*H*vp) float32 or the frames' dtype, d = dv - 3*value_points, and
-// the frames rot (B, N, 3, 3), trans (B, N, 3): finish_frames' output is written there by the
-// same call, the split-K partials merged on the way when the plan splits (`out` then unwritten).
 std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                                    at::Tensor out, int64_t klass, int64_t dqp, int64_t dv,
                                    int64_t splits, c10::optional<at::Tensor> workspace,
-                                   int64_t bias, c10::optional<at::Tensor> rot,
-                                   c10::optional<at::Tensor> trans, int64_t value_points,
-                                   c10::optional<at::Tensor> finished) {
+                                   int64_t bias) {
   const char* fn = "ipa fused_forward";
-  TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
-              shape_of(q));
-  TORCH_CHECK(z.dim() == 4, fn, ": argument 'z': expected 4 dims (B, N, N, C), got shape ",
-              shape_of(z));
-  TORCH_CHECK(v.dim() == 4, fn, ": argument 'v': expected 4 dims (B, H, N, wv), got shape ",
-              shape_of(v));
+  IPA_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
+            q.sizes());
+  IPA_CHECK(z.dim() == 4, fn, ": argument 'z': expected 4 dims (B, N, N, C), got shape ",
+            z.sizes());
+  IPA_CHECK(v.dim() == 4, fn, ": argument 'v': expected 4 dims (B, H, N, wv), got shape ",
+            v.sizes());
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), wq = q.size(3);
   const int64_t wv = v.size(3), C = z.size(3);
   const at::Device dev = q.device();
-  TORCH_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
+  IPA_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
   check_tensor(fn, "q", q, at::kFloat, {B, H, N, wq}, dev);
   check_tensor(fn, "k", k, at::kFloat, {B, H, N, wq}, dev);
   check_tensor(fn, "v", v, at::kFloat, {B, H, N, wv}, dev);
-  TORCH_CHECK(z.scalar_type() == at::kFloat || z.scalar_type() == at::kBFloat16, fn,
-              ": argument 'z': expected dtype float32 or bfloat16, got ",
-              dtype_name(z.scalar_type()));
+  IPA_CHECK(z.scalar_type() == at::kFloat || z.scalar_type() == at::kBFloat16, fn,
+            ": argument 'z': expected dtype float32 or bfloat16, got ",
+            dtype_name(z.scalar_type()));
   check_tensor(fn, "z", z, z.scalar_type(), {B, N, N, C}, dev);
   check_tensor(fn, "wb", wb, at::kFloat, {H, C}, dev);
   check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
   check_tensor(fn, "out", out, at::kFloat, {B, N, H, dv}, dev);
-  TORCH_CHECK(klass == ipa::kFusedSmall || klass == ipa::kFusedGeneric || klass == ipa::kFusedAF2,
-              fn, ": argument 'klass': expected 0 (small), 1 (generic) or 2 (af2), got ", klass);
+  IPA_CHECK(klass == ipa::kFusedSmall || klass == ipa::kFusedGeneric || klass == ipa::kFusedAF2, fn,
+            ": argument 'klass': expected 0 (small), 1 (generic) or 2 (af2), got ", klass);
   const ipa::FusedClassLimits lim = ipa::fused_class_limits(static_cast<int>(klass));
   const int64_t width = 4 * lim.lanes_per_row;
-  TORCH_CHECK(H >= 1 && H <= lim.max_heads && (!lim.even_heads || H % 2 == 0), fn,
-              ": argument 'q': expected heads (dim 1) in [1, ", lim.max_heads, "]",
-              lim.even_heads ? " and even" : "", " for kernel class ", klass, ", got ", H);
-  TORCH_CHECK(C >= 8 && C <= ipa::kMaxPairDim && C % 8 == 0, fn,
-              ": argument 'z': expected pair_dim (dim 3) a multiple of 8 in [8, ",
-              ipa::kMaxPairDim, "], got ", C);
-  TORCH_CHECK(dqp > 0 && dqp % width == 0 && dqp <= lim.max_dqp && dqp < wq, fn,
-              ": argument 'dqp': expected a multiple of ", width, " in [", width, ", ",
-              lim.max_dqp, "] and below wq=", wq, ", got ", dqp);
-  TORCH_CHECK((wq - dqp) % width == 0 && wq - dqp <= lim.max_pqp, fn,
-              ": argument 'q': expected point width wq - dqp a multiple of ", width, " <= ",
-              lim.max_pqp, ", got ", wq - dqp);
-  TORCH_CHECK(wv % width == 0 && wv <= lim.max_wv && dv >= 1 && dv <= wv, fn,
-              ": argument 'v': expected width (dim 3) a multiple of ", width, " <= ", lim.max_wv,
-              " and >= dv=", dv, ", got ", wv);
-  TORCH_CHECK(!lim.exact || (dqp == lim.max_dqp && wq - dqp == lim.max_pqp && wv == lim.max_wv &&
-                             C == lim.pair_dim),
-              fn, ": kernel class ", klass, " takes exactly dqp=", lim.max_dqp, ", wq - dqp=",
-              lim.max_pqp, ", wv=", lim.max_wv, " and pair_dim=", lim.pair_dim, ", got dqp=", dqp,
-              ", wq - dqp=", wq - dqp, ", wv=", wv, ", pair_dim=", C);
-  TORCH_CHECK(splits >= 0, fn, ": argument 'splits': expected >= 0 (0 = automatic), got ", splits);
-  TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
-  TORCH_CHECK(bias == static_cast<int>(bias) &&
-                  ipa::fused_bias_fits(static_cast<int>(klass), z.scalar_type() == at::kBFloat16,
-                                       static_cast<int>(bias)),
-              fn, ": argument 'bias': expected 0 (FFMA), or with klass 2 (af2) 2 (tensor cores, ",
-              "heads as rows), 3 (tensor cores throughout) or, for a bfloat16 z, 1 (pairs as ",
-              "rows), got bias=", bias, ", klass=", klass, ", z ", dtype_name(z.scalar_type()));
-
-  ipa::FinishArgs finish{};
-  const bool finishing = finished.has_value() && finished->defined();
-  if (finishing) {
-    TORCH_CHECK(rot.has_value() && trans.has_value(), fn,
-                ": arguments 'rot' and 'trans': expected the frames with 'finished'");
-    TORCH_CHECK(value_points >= 1 && 3 * value_points < dv, fn, ": argument 'value_points': ",
-                "expected >= 1 and 3 * value_points < dv=", dv, ", got ", value_points);
-    finish.frame_kind = check_frames(fn, *rot, *trans, B, N, dev);
-    const int64_t d = dv - 3 * value_points;
-    finish.out_kind = value_kind(fn, "finished", finished->scalar_type());
-    TORCH_CHECK(finished->scalar_type() == at::kFloat ||
-                    finished->scalar_type() == rot->scalar_type(), fn,
-                ": argument 'finished': expected dtype float32 or the frames' ",
-                dtype_name(rot->scalar_type()), ", got ", dtype_name(finished->scalar_type()));
-    check_tensor(fn, "finished", *finished, finished->scalar_type(), {B, N, H * dv}, dev);
-    finish.rot = rot->data_ptr();
-    finish.trans = trans->data_ptr();
-    finish.out = finished->data_ptr();
-    finish.B = static_cast<int>(B);
-    finish.N = static_cast<int>(N);
-    finish.H = static_cast<int>(H);
-    finish.d = static_cast<int>(d);
-    finish.vp = static_cast<int>(value_points);
-  }
+  IPA_CHECK(H >= 1 && H <= lim.max_heads && (!lim.even_heads || H % 2 == 0), fn,
+            ": argument 'q': expected heads (dim 1) in [1, ", lim.max_heads, "]",
+            lim.even_heads ? " and even" : "", " for kernel class ", klass, ", got ", H);
+  IPA_CHECK(C >= 8 && C <= ipa::kMaxPairDim && C % 8 == 0, fn,
+            ": argument 'z': expected pair_dim (dim 3) a multiple of 8 in [8, ", ipa::kMaxPairDim,
+            "], got ", C);
+  IPA_CHECK(dqp > 0 && dqp % width == 0 && dqp <= lim.max_dqp && dqp < wq, fn,
+            ": argument 'dqp': expected a multiple of ", width, " in [", width, ", ", lim.max_dqp,
+            "] and below wq=", wq, ", got ", dqp);
+  IPA_CHECK((wq - dqp) % width == 0 && wq - dqp <= lim.max_pqp, fn,
+            ": argument 'q': expected point width wq - dqp a multiple of ", width,
+            " <= ", lim.max_pqp, ", got ", wq - dqp);
+  IPA_CHECK(wv % width == 0 && wv <= lim.max_wv && dv >= 1 && dv <= wv, fn,
+            ": argument 'v': expected width (dim 3) a multiple of ", width, " <= ", lim.max_wv,
+            " and >= dv=", dv, ", got ", wv);
+  IPA_CHECK(!lim.exact || (dqp == lim.max_dqp && wq - dqp == lim.max_pqp && wv == lim.max_wv &&
+                           C == lim.pair_dim),
+            fn, ": kernel class ", klass, " takes exactly dqp=", lim.max_dqp,
+            ", wq - dqp=", lim.max_pqp, ", wv=", lim.max_wv, " and pair_dim=", lim.pair_dim,
+            ", got dqp=", dqp, ", wq - dqp=", wq - dqp, ", wv=", wv, ", pair_dim=", C);
+  IPA_CHECK(splits >= 0, fn, ": argument 'splits': expected >= 0 (0 = automatic), got ", splits);
+  IPA_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
+  IPA_CHECK(bias == static_cast<int>(bias) &&
+                ipa::fused_bias_fits(static_cast<int>(klass), z.scalar_type() == at::kBFloat16,
+                                     static_cast<int>(bias)),
+            fn, ": argument 'bias': expected 0 (FFMA), or with klass 2 (af2) 2 (tensor cores, ",
+            "heads as rows), 3 (tensor cores throughout) or, for a bfloat16 z, 1 (pairs as ",
+            "rows), got bias=", bias, ", klass=", klass, ", z ", dtype_name(z.scalar_type()));
 
   const c10::cuda::CUDAGuard guard(dev);
   ipa::FusedPlan plan{};
@@ -183,9 +169,9 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   if (plan.workspace_floats > 0) {
     if (workspace.has_value() && workspace->defined() &&
         workspace->numel() >= static_cast<int64_t>(plan.workspace_floats)) {
-      TORCH_CHECK(workspace->is_cuda() && workspace->device() == dev &&
-                      workspace->scalar_type() == at::kFloat && workspace->is_contiguous(),
-                  fn, ": argument 'workspace': expected a contiguous float32 tensor on ", dev);
+      IPA_CHECK(workspace->is_cuda() && workspace->device() == dev &&
+                    workspace->scalar_type() == at::kFloat && workspace->is_contiguous(),
+                fn, ": argument 'workspace': expected a contiguous float32 tensor on ", dev);
       ws = *workspace;
     } else {
       ws = at::empty({static_cast<int64_t>(plan.workspace_floats)}, q.options());
@@ -208,7 +194,6 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   args.dqp = static_cast<int>(dqp);
   args.wv = static_cast<int>(wv);
   args.dv = static_cast<int>(dv);
-  args.finish = finishing ? &finish : nullptr;
   check_cuda(fn, ipa::fused_launch(args, plan, c10::cuda::getCurrentCUDAStream().stream()));
   return {plan.splits, plan.key_tile, static_cast<int64_t>(plan.smem_bytes), plan.blocks_per_sm,
           static_cast<int64_t>(plan.workspace_floats)};
@@ -225,43 +210,45 @@ void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const at::Tensor& mask, at::Tensor cat, at::Tensor o_pt, double q_scale,
                       double inf, bool balanced_roles) {
   const char* fn = "ipa openfold_forward";
-  TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, 28), got shape ",
-              shape_of(q));
-  TORCH_CHECK(z.dim() == 4, fn, ": argument 'z': expected 4 dims (B, N, N, c_z), got shape ",
-              shape_of(z));
-  TORCH_CHECK(cat.dim() == 3, fn, ": argument 'cat': expected 3 dims (B, N, features), got shape ",
-              shape_of(cat));
+  IPA_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, 28), got shape ",
+            q.sizes());
+  IPA_CHECK(z.dim() == 4, fn, ": argument 'z': expected 4 dims (B, N, N, c_z), got shape ",
+            z.sizes());
+  IPA_CHECK(cat.dim() == 3, fn, ": argument 'cat': expected 3 dims (B, N, features), got shape ",
+            cat.sizes());
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), C = z.size(3);
   const at::Device dev = q.device();
-  TORCH_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
-  TORCH_CHECK(ipa::openfold_fits(static_cast<int>(H), 16, q.size(3) == 28 ? 4 : -1,
-                                 v.dim() == 4 && v.size(3) == 44 ? 8 : -1, static_cast<int>(C)),
-              fn, ": expected OpenFold's sizes (q width 28 = c_hidden 16 + 3 * 4 query points, "
-              "k 28, or 44 = 2 * 16 + 12 for bfloat16 z, v 44 = 16 + 3 * 8 value points + 4 zeros, "
-              "c_z 128) and 1 <= heads <= ",
-              ipa::kOpenFoldMaxHeads, ", got q ", shape_of(q), ", v ", shape_of(v), ", z ",
-              shape_of(z));
+  IPA_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
+  IPA_CHECK(ipa::openfold_fits(static_cast<int>(H), 16, q.size(3) == 28 ? 4 : -1,
+                               v.dim() == 4 && v.size(3) == 44 ? 8 : -1, static_cast<int>(C)),
+            fn,
+            ": expected OpenFold's sizes (q width 28 = c_hidden 16 + 3 * 4 query points, "
+            "k 28, or 44 = 2 * 16 + 12 for bfloat16 z, v 44 = 16 + 3 * 8 value points + 4 zeros, "
+            "c_z 128) and 1 <= heads <= ",
+            ipa::kOpenFoldMaxHeads, ", got q ", q.sizes(), ", v ", v.sizes(), ", z ", z.sizes());
   check_tensor(fn, "q", q, at::kFloat, {B, H, N, 28}, dev);
   constexpr int64_t tile = ipa::kOpenFoldKeyTile;
   const int64_t n_pad = (N + tile - 1) / tile * tile;
   check_tensor(fn, "k", k, at::kFloat, {B, H, n_pad, z.scalar_type() == at::kBFloat16 ? 44 : 28},
                dev);
   check_tensor(fn, "v", v, at::kFloat, {B, H, n_pad, 44}, dev);
-  TORCH_CHECK(B * H * n_pad * 44 < (int64_t{1} << 31), fn, ": expected B * heads * N * 44 < 2^31 "
-              "(the kernel's 32-bit offsets), got B = ", B, ", heads = ", H, ", N = ", N);
-  TORCH_CHECK(z.scalar_type() == at::kFloat || z.scalar_type() == at::kBFloat16, fn,
-              ": argument 'z': expected dtype float32 or bfloat16, got ",
-              dtype_name(z.scalar_type()));
+  IPA_CHECK(B * H * n_pad * 44 < (int64_t{1} << 31), fn,
+            ": expected B * heads * N * 44 < 2^31 "
+            "(the kernel's 32-bit offsets), got B = ",
+            B, ", heads = ", H, ", N = ", N);
+  IPA_CHECK(z.scalar_type() == at::kFloat || z.scalar_type() == at::kBFloat16, fn,
+            ": argument 'z': expected dtype float32 or bfloat16, got ",
+            dtype_name(z.scalar_type()));
   check_tensor(fn, "z", z, z.scalar_type(), {B, N, N, C}, dev);
   check_tensor(fn, "wb", wb, at::kFloat, {H, C}, dev);
   check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
   check_tensor(fn, "mask", mask, at::kFloat, {B, N}, dev);
   const int64_t features = cat.size(2), pair_offset = features - H * C;
-  TORCH_CHECK(pair_offset >= H * 16, fn, ": argument 'cat': expected at least ", H * (16 + C),
-              " features (o, then o_pair last), got ", features);
+  IPA_CHECK(pair_offset >= H * 16, fn, ": argument 'cat': expected at least ", H * (16 + C),
+            " features (o, then o_pair last), got ", features);
   check_tensor(fn, "cat", cat, at::kFloat, {B, N, features}, dev);
   check_tensor(fn, "o_pt", o_pt, at::kFloat, {B, N, H, 24}, dev);
-  TORCH_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
+  IPA_CHECK(B <= 65535, fn, ": argument 'q': expected batch (dim 0) <= 65535, got ", B);
   const c10::cuda::CUDAGuard guard(dev);
   ipa::OpenFoldArgs args{};
   args.q = q.data_ptr<float>();
@@ -291,25 +278,25 @@ void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 void hybrid_probs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias,
                   const at::Tensor& pw, at::Tensor probs, int64_t dqp) {
   const char* fn = "ipa hybrid_probs";
-  TORCH_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
-              shape_of(q));
+  IPA_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
+            q.sizes());
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), wq = q.size(3);
   const at::Device dev = q.device();
-  TORCH_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
+  IPA_CHECK(q.is_cuda(), fn, ": argument 'q': expected a CUDA tensor, got device ", dev);
   check_tensor(fn, "q", q, at::kFloat, {B, H, N, wq}, dev);
   check_tensor(fn, "k", k, at::kFloat, {B, H, N, wq}, dev);
-  TORCH_CHECK(bias.scalar_type() == at::kFloat || bias.scalar_type() == at::kBFloat16, fn,
-              ": argument 'bias': expected dtype float32 or bfloat16, got ",
-              dtype_name(bias.scalar_type()));
+  IPA_CHECK(bias.scalar_type() == at::kFloat || bias.scalar_type() == at::kBFloat16, fn,
+            ": argument 'bias': expected dtype float32 or bfloat16, got ",
+            dtype_name(bias.scalar_type()));
   check_tensor(fn, "bias", bias, bias.scalar_type(), {B, H, N, N}, dev);
   check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
   check_tensor(fn, "probs", probs, at::kFloat, {B, H, N, N}, dev);
-  TORCH_CHECK(wq % 4 == 0 && wq <= ipa::kHybridMaxQueryWidth, fn,
-              ": argument 'q': expected width (dim 3) a multiple of 4 <= ",
-              ipa::kHybridMaxQueryWidth, ", got ", wq);
-  TORCH_CHECK(dqp % 4 == 0 && dqp >= 0 && dqp <= wq, fn,
-              ": argument 'dqp': expected a multiple of 4 in [0, wq=", wq, "], got ", dqp);
-  TORCH_CHECK(H <= 65535 && B <= 65535, fn, ": expected H, B <= 65535, got H=", H, ", B=", B);
+  IPA_CHECK(wq % 4 == 0 && wq <= ipa::kHybridMaxQueryWidth, fn,
+            ": argument 'q': expected width (dim 3) a multiple of 4 <= ", ipa::kHybridMaxQueryWidth,
+            ", got ", wq);
+  IPA_CHECK(dqp % 4 == 0 && dqp >= 0 && dqp <= wq, fn,
+            ": argument 'dqp': expected a multiple of 4 in [0, wq=", wq, "], got ", dqp);
+  IPA_CHECK(H <= 65535 && B <= 65535, fn, ": expected H, B <= 65535, got H=", H, ", B=", B);
   const c10::cuda::CUDAGuard guard(dev);
   ipa::HybridArgs args{};
   args.q = q.data_ptr<float>();
@@ -334,18 +321,20 @@ std::vector<at::Tensor> prepare_operands(const at::Tensor& proj, const at::Tenso
                                          int64_t qp, int64_t vp, int64_t dqp, int64_t pqp,
                                          int64_t wv, double q_scale) {
   const char* fn = "ipa prepare_operands";
-  TORCH_CHECK(proj.dim() == 3, fn, ": argument 'proj': expected 3 dims (B, N, features), got "
-              "shape ", shape_of(proj));
+  IPA_CHECK(proj.dim() == 3, fn,
+            ": argument 'proj': expected 3 dims (B, N, features), got "
+            "shape ",
+            proj.sizes());
   const int64_t B = proj.size(0), N = proj.size(1);
   const at::Device dev = proj.device();
-  TORCH_CHECK(H >= 1 && d >= 1 && qp >= 1 && vp >= 1, fn,
-              ": expected H, d, qp, vp >= 1, got H=", H, ", d=", d, ", qp=", qp, ", vp=", vp);
-  TORCH_CHECK(dqp >= d && pqp >= 3 * qp && wv >= d + 3 * vp, fn,
-              ": expected dqp >= d, pqp >= 3*qp, wv >= d + 3*vp, got dqp=", dqp, ", pqp=", pqp,
-              ", wv=", wv, " (d=", d, ", qp=", qp, ", vp=", vp, ")");
-  TORCH_CHECK(dqp % 4 == 0 && pqp % 4 == 0 && wv % 4 == 0, fn,
-              ": expected dqp, pqp and wv multiples of 4 (16-byte rows), got dqp=", dqp,
-              ", pqp=", pqp, ", wv=", wv);
+  IPA_CHECK(H >= 1 && d >= 1 && qp >= 1 && vp >= 1, fn, ": expected H, d, qp, vp >= 1, got H=", H,
+            ", d=", d, ", qp=", qp, ", vp=", vp);
+  IPA_CHECK(dqp >= d && pqp >= 3 * qp && wv >= d + 3 * vp, fn,
+            ": expected dqp >= d, pqp >= 3*qp, wv >= d + 3*vp, got dqp=", dqp, ", pqp=", pqp,
+            ", wv=", wv, " (d=", d, ", qp=", qp, ", vp=", vp, ")");
+  IPA_CHECK(dqp % 4 == 0 && pqp % 4 == 0 && wv % 4 == 0, fn,
+            ": expected dqp, pqp and wv multiples of 4 (16-byte rows), got dqp=", dqp,
+            ", pqp=", pqp, ", wv=", wv);
   check_tensor(fn, "proj", proj, at::kFloat, {B, N, 3 * H * d + 6 * H * qp + 3 * H * vp}, dev);
   const int frame_kind = check_frames(fn, rot, trans, B, N, dev);
   const c10::cuda::CUDAGuard guard(dev);
@@ -371,19 +360,23 @@ at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
                          c10::optional<at::ScalarType> out_dtype_arg) {
   const at::ScalarType out_dtype = out_dtype_arg.value_or(at::kFloat);
   const char* fn = "ipa finish_frames";
-  TORCH_CHECK(attended.dim() == 4, fn, ": argument 'attended': expected 4 dims (B, N, H, "
-              "pitch), got shape ", shape_of(attended));
+  IPA_CHECK(attended.dim() == 4, fn,
+            ": argument 'attended': expected 4 dims (B, N, H, "
+            "pitch), got shape ",
+            attended.sizes());
   const int64_t B = attended.size(0), N = attended.size(1), H = attended.size(2);
   const int64_t pitch = attended.size(3);
   const at::Device dev = attended.device();
-  TORCH_CHECK(d >= 1 && vp >= 1 && pitch >= d + 3 * vp, fn, ": expected d, vp >= 1 and pitch "
-              "(attended dim 3) >= d + 3*vp, got d=", d, ", vp=", vp, ", pitch=", pitch);
+  IPA_CHECK(d >= 1 && vp >= 1 && pitch >= d + 3 * vp, fn,
+            ": expected d, vp >= 1 and pitch "
+            "(attended dim 3) >= d + 3*vp, got d=",
+            d, ", vp=", vp, ", pitch=", pitch);
   check_tensor(fn, "attended", attended, at::kFloat, {B, N, H, pitch}, dev);
   const int frame_kind = check_frames(fn, rot, trans, B, N, dev);
   const int out_kind = value_kind(fn, "out_dtype", out_dtype);
-  TORCH_CHECK(out_dtype == at::kFloat || out_dtype == rot.scalar_type(), fn,
-              ": argument 'out_dtype': expected float32 or the frames' dtype ",
-              dtype_name(rot.scalar_type()), ", got ", dtype_name(out_dtype));
+  IPA_CHECK(out_dtype == at::kFloat || out_dtype == rot.scalar_type(), fn,
+            ": argument 'out_dtype': expected float32 or the frames' dtype ",
+            dtype_name(rot.scalar_type()), ", got ", dtype_name(out_dtype));
   const c10::cuda::CUDAGuard guard(dev);
   at::Tensor out = at::empty({B, N, H * d + 3 * H * vp}, attended.options().dtype(out_dtype));
   ipa::FinishArgs args{};
@@ -399,7 +392,6 @@ at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
   args.pitch = static_cast<int>(pitch);
   args.out_kind = out_kind;
   args.frame_kind = frame_kind;
-  args.splits = 1;
   check_cuda(fn, ipa::finish_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }
@@ -411,9 +403,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_forward", &fused_forward, "flash-style fused IPA attention (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"),
         py::arg("out"), py::arg("klass"), py::arg("dqp"), py::arg("dv"), py::arg("splits") = 0,
-        py::arg("workspace") = py::none(), py::arg("bias") = 0, py::arg("rot") = py::none(),
-        py::arg("trans") = py::none(), py::arg("value_points") = 0,
-        py::arg("finished") = py::none());
+        py::arg("workspace") = py::none(), py::arg("bias") = 0);
   m.def("openfold_forward", &openfold_forward,
         "problem openfold's fused core: o, o_pair and o_pt (see ipa_kernels.h)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"), py::arg("mask"),

@@ -44,36 +44,14 @@ __device__ __forceinline__ float to_global(const float* x, const float (&R)[9], 
   return dd == 0 ? g[0] : dd == 1 ? g[1] : g[2];
 }
 
-// Coordinate dd of (p - t) @ R^T, point p (global frame) back to residue (R, t)'s frame.
-__device__ __forceinline__ float to_local(const float (&p)[3], const float (&R)[9],
-                                          const float (&t)[3], int dd) {
+// Coordinate dd of (p - t) @ R^T, point p (3 floats, global frame) back to residue (R, t)'s frame.
+__device__ __forceinline__ float to_local(const float* p, const float (&R)[9], const float (&t)[3],
+                                          int dd) {
   float l[3];
 #pragma unroll
   for (int r = 0; r < 3; ++r)
     l[r] = fmaf(p[0] - t[0], R[3 * r], fmaf(p[1] - t[1], R[3 * r + 1], (p[2] - t[2]) * R[3 * r + 2]));
   return dd == 0 ? l[0] : dd == 1 ? l[1] : l[2];
-}
-
-// Feature f of head h's attended row at residue bn = b N + n: the fused kernel's output or, when
-// it split the key range, its partials merged: sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,
-// as ipa_fused.cu's combine merges them.
-template <typename Index>
-__device__ __forceinline__ float attended_value(const FinishArgs& a, Index bn, int h, int f) {
-  if (a.splits <= 1) return a.attended[(bn * a.H + h) * a.pitch + f];
-  const Index rows = static_cast<Index>(a.B) * a.H * a.N;
-  const Index b = bn / a.N;
-  const Index row = (b * a.H + h) * a.N + (bn - b * a.N);
-  const float* ml = a.part + a.splits * rows * a.pitch;
-  float mx = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) mx = fmaxf(mx, ml[(s * rows + row) * 2]);
-  float den = 0.f, num = 0.f;
-  for (int s = 0; s < a.splits; ++s) {
-    const float ms = ml[(s * rows + row) * 2];
-    const float w = ms == -INFINITY ? 0.f : exp2f(ms - mx);
-    den = fmaf(w, ml[(s * rows + row) * 2 + 1], den);
-    num = fmaf(w, a.part[(s * rows + row) * a.pitch + f], num);
-  }
-  return num / den;
 }
 
 // Index: int where total + one grid's stride fits in it (`fits_int`), else long long.
@@ -138,8 +116,7 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_prepare_kernel(const Prepar
 }
 
 // Thread e: residue bn, columns 4 c .. 4 c + 3 (those below the width) of its output row
-// [o_s (H d) | local value points (3 H vp)], written as Out; with a.splits > 1 the fused
-// kernel's partials merged on the way (`attended_value`).
+// [o_s (H d) | local value points (3 H vp)], written as Out.
 template <typename Index, typename Out, typename Frame>
 __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishArgs a) {
   const int H = a.H, d = a.d, hd = H * d;
@@ -150,6 +127,7 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishA
        e += static_cast<Index>(gridDim.x) * blockDim.x) {
     const Index bn = e / chunks;
     const int col = 4 * static_cast<int>(e - bn * chunks);
+    const float* row = a.attended + bn * H * a.pitch;
     float R[9], t[3];
     if (col + 4 > hd) load_frame<Frame>(a.rot, a.trans, bn, R, t);
 #pragma unroll
@@ -158,12 +136,10 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishA
       if (cc >= width) break;
       float val;
       if (cc < hd) {
-        val = attended_value(a, bn, cc / d, cc % d);
+        val = row[(cc / d) * a.pitch + cc % d];
       } else {
-        const int c = cc - hd, point = c / 3, h = point / a.vp, f = d + 3 * (point % a.vp);
-        const float g[3] = {attended_value(a, bn, h, f), attended_value(a, bn, h, f + 1),
-                            attended_value(a, bn, h, f + 2)};
-        val = to_local(g, R, t, c % 3);
+        const int c = cc - hd, point = c / 3;
+        val = to_local(row + (point / a.vp) * a.pitch + d + 3 * (point % a.vp), R, t, c % 3);
       }
       store(out + bn * width + cc, val);
     }

@@ -180,16 +180,7 @@ cudaError_t fused_launch(const FusedArgs& args_in, const FusedPlan& plan, cudaSt
   const dim3 grid((args.N + qt - 1) / qt, plan.splits, args.B);
   select_kernel(plan.klass, plan.z_bf16, plan.bias)<<<grid, plan.threads, plan.smem_bytes, stream>>>(args);
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  if (args.finish) {
-    FinishArgs finish = *args.finish;
-    finish.splits = plan.splits;
-    finish.attended = args.out;
-    finish.part = args.part;
-    finish.pitch = plan.splits > 1 ? args.wv : args.dv;
-    return finish_launch(finish, stream);
-  }
-  if (plan.splits == 1) return err;
+  if (err != cudaSuccess || plan.splits == 1) return err;
   const int elements = args.B * args.H * args.N * args.dv;
   ipa_fused_combine_kernel<<<(elements + kCombineThreads - 1) / kCombineThreads, kCombineThreads,
                              0, stream>>>(

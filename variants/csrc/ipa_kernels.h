@@ -70,8 +70,6 @@ bool fused_class_fits(int klass, int H, int C, int dqp, int pqp, int wv);
 // when none does. Host only, no CUDA call: tests/csrc/fused_classes.cu prints it without a GPU.
 int fused_kernel_class(int H, int head_dim, int query_points, int value_points, int pair_dim);
 
-struct FinishArgs;
-
 struct FusedArgs {
   const float* q;
   const float* k;
@@ -84,11 +82,6 @@ struct FusedArgs {
   int B, N, H, C;
   int wq, dqp, wv, dv;
   int splits, tiles_per_split;
-  // Optional (nullptr: none): `finish_launch` of these after the kernel, reading its output
-  // (`out`, pitch dv) or, when the plan splits, merging the partials itself in place of the
-  // combine (one launch fewer; `out` is then not written). Its attended, part, pitch and
-  // splits are set by fused_launch.
-  const FinishArgs* finish;
 };
 
 struct FusedPlan {
@@ -110,8 +103,7 @@ struct FusedPlan {
 cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int wq, int wv,
                        int forced_splits, FusedPlan* plan, int bias = kFfmaBias);
 
-// Launch the fused kernel (and the split-K combine when plan.splits > 1, or args.finish) on
-// `stream`.
+// Launch the fused kernel (and the split-K combine when plan.splits > 1) on `stream`.
 cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
@@ -190,10 +182,7 @@ cudaError_t hybrid_launch(const HybridArgs& args, bool bias_bf16, cudaStream_t s
 //           float32; dqp, pqp and wv multiples of 4
 //   finish: attended (B, N, H, pitch) float32 [o_s | o_p (global)] -> out (B, N, H*d + 3*H*vp)
 //           [o_s | (o_p - t) @ R^T], every element written, as float32 or the frames' dtype
-//           (out_kind: the 16-bit output projection reads it in the input dtype); with
-//           splits > 1 the attended rows are the fused kernel's split-K partials instead
-//           (`part`: splits x (B, H, N, pitch) rows, then splits x (B, H, N) (max, sum) pairs),
-//           merged as the combine merges them
+//           (out_kind: the 16-bit output projection reads it in the input dtype)
 // ---------------------------------------------------------------------------------------------
 enum ValueKind { kFloat32Values = 0, kBFloat16Values = 1, kFloat16Values = 2 };
 
@@ -211,14 +200,12 @@ struct PrepareArgs {
 };
 
 struct FinishArgs {
-  const float* attended;  // when splits <= 1
-  const float* part;      // when splits > 1
+  const float* attended;
   const void* rot;  // of ValueKind frame_kind's type, as trans
   const void* trans;
   void* out;  // of ValueKind out_kind's type: float32 or frame_kind
   int B, N, H, d, vp, pitch;
   int out_kind, frame_kind;
-  int splits;
 };
 
 cudaError_t prepare_launch(const PrepareArgs& args, cudaStream_t stream);
