@@ -48,35 +48,40 @@ def replayed_us(launch, launches: int = 20, replays: int = 30) -> float:
     return statistics.median(times)
 
 
+def time_shape(n: int, k: int, n_out: int) -> dict[str, float]:
+    """label: us per launch, for cuBLAS (fp32, bf16) and each of CONFIGS at (n x k) @ (k x n_out);
+    a config's label carries its CTA count and its rel_l2 error against float64."""
+    x = torch.randn(n, k, device="cuda")
+    w = torch.randn(n_out, k, device="cuda")
+    b = torch.randn(n_out, device="cuda")
+    out = torch.empty(n, n_out, device="cuda")
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double()).float()
+    xb, wb = x.bfloat16(), w.bfloat16()
+    row = {"cuBLAS fp32": replayed_us(lambda: torch.nn.functional.linear(x, w, b)),
+           "cuBLAS bf16": replayed_us(lambda: torch.nn.functional.linear(xb, wb))}
+    for bm, bn, bk, warps, stages in CONFIGS:
+        grid = (triton.cdiv(n, bm), triton.cdiv(n_out, bn))
+
+        def launch(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, grid=grid):
+            linear._linear_kernel[grid](x, w, b, out, n, n_out, k, 0, k, 1, 0, k, 1, 64,
+                                        HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                        num_warps=warps, num_stages=stages)
+        label = f"{bm}x{bn}x{bk} w{warps} s{stages} ({grid[0] * grid[1]} CTAs"
+        try:
+            us = replayed_us(launch)
+        except Exception as exc:  # noqa: BLE001 - a config that fails is data
+            row[f"{label}, failed: {type(exc).__name__})"] = float("inf")
+            continue
+        row[f"{label}, rel {((out - want).norm() / want.norm()).item():.1e})"] = us
+    return row
+
+
 def main(argv: list[str]) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
     for n in [int(a) for a in argv] or [256, 1024, 4096]:
         for name, (k, n_out) in SHAPES.items():
-            x = torch.randn(n, k, device="cuda")
-            w = torch.randn(n_out, k, device="cuda")
-            b = torch.randn(n_out, device="cuda")
-            out = torch.empty(n, n_out, device="cuda")
-            want = torch.nn.functional.linear(x.double(), w.double(), b.double()).float()
-            xb, wb = x.bfloat16(), w.bfloat16()
-            row = {"cuBLAS fp32": replayed_us(lambda: torch.nn.functional.linear(x, w, b)),
-                   "cuBLAS bf16": replayed_us(lambda: torch.nn.functional.linear(xb, wb))}
-            for bm, bn, bk, warps, stages in CONFIGS:
-                grid = (triton.cdiv(n, bm), triton.cdiv(n_out, bn))
-
-                def launch(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, grid=grid):
-                    linear._linear_kernel[grid](
-                        x, w, b, out, n, n_out, k, 0, k, 1, 0, k, 1, 64, HAS_BIAS=True,
-                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-                        num_stages=stages)
-                try:
-                    us = replayed_us(launch)
-                except Exception as exc:  # noqa: BLE001 - a config that fails is data
-                    print(f"N={n} {name} {(bm, bn, bk, warps, stages)}: {type(exc).__name__}")
-                    continue
-                err = ((out - want).norm() / want.norm()).item()
-                row[f"{bm}x{bn}x{bk} w{warps} s{stages} ({grid[0] * grid[1]} CTAs, "
-                    f"rel {err:.1e})"] = us
+            row = time_shape(n, k, n_out)
             print(f"== N={n} {name} (M={n}, K={k}, N_OUT={n_out}), us per launch:")
             for label, us in sorted(row.items(), key=lambda item: item[1]):
                 print(f"  {us:7.2f}  {label}")
