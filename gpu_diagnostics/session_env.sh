@@ -20,7 +20,7 @@ export COLUMNS=${COLUMNS:-240}
 # Memory bounds SHARDS: the training tests at N = 1000-2048 hold float64 oracles and their
 # gradients, and 8 shards of the Triton tests ran the H200's 140 GB out (tenth session); 4 fit.
 sharded_pytest() {
-    local shards=$1 limit=$2 log=$3 ids
+    local shards=$1 limit=$2 log=$3 ids tests
     shift 3
     ids=$(mktemp -d)
     python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep '::' \
@@ -31,9 +31,10 @@ sharded_pytest() {
     fi
     split -n "r/$shards" "$ids/all" "$ids/shard."
     for shard in "$ids"/shard.*; do
-        # shellcheck disable=SC2046  # one argument per test id
+        # one argument per line: a test id may hold spaces (a config's repr)
+        mapfile -t tests < "$shard"
         timeout -s INT "$limit" python3 -m pytest -q -p no:cacheprovider -rfEpxX --tb=short \
-            $(cat "$shard") > "$shard.log" 2>&1 &
+            "${tests[@]}" > "$shard.log" 2>&1 &
     done
     wait
     for shard in "$ids"/shard.*.log; do
