@@ -20,14 +20,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
                : "memory");
 }
 
-// The CTA-wide barrier of warp-specialised kernels, whose roles reach it at different
-// instructions: PTX's non-aligned `barrier.sync 0`. __syncthreads() is `bar.sync 0`, i.e.
-// `barrier.sync.aligned 0`, which requires every thread of the CTA to execute the same
-// instruction; at two (the af2 TC kernel's roles) compute-sanitizer's racecheck reported the
-// bias slots written by one role and read by the other as races (thirty-fourth session, H100).
-// (ipa_openfold.cu keeps __syncthreads: there this barrier cost 24 bytes of spills.)
-__device__ __forceinline__ void role_barrier() { asm volatile("barrier.sync 0;\n" ::: "memory"); }
-
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
       __syncwarp();
     }
     issue_z(kZStages);
-    role_barrier();  // bias tile 0 published
+    __syncthreads();  // bias tile 0 published
 #pragma unroll 1
     for (int it = 0; it < ntiles; ++it) {
       if (it + 1 < ntiles) {
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
         __syncwarp();  // the stage is read: refill it
       }
       issue_z(it + 1 + kZStages);
-      role_barrier();  // bias tile it + 1 published; tile it's slot free
+      __syncthreads();  // bias tile it + 1 published; tile it's slot free
     }
     cp_async_wait<0>();
     return;
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
 #pragma unroll
   for (int n = 0; n < kWv / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // per row; l: this lane's keys
-  role_barrier();  // bias tile 0 published
+  __syncthreads();  // bias tile 0 published
 
 #pragma unroll 1
   for (int it = 0; it < ntiles; ++it) {
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(af2tc::kThreads, 1) ipa_fused_af2_tc_kernel(co
     }
     __syncwarp();  // every lane is done with this stage's k/v rows before they are refilled
     issue_kv(it + kKvStages);
-    role_barrier();  // this bias slot is read; the next tile's is published
+    __syncthreads();  // this bias slot is read; the next tile's is published
   }
   cp_async_wait<0>();
 
