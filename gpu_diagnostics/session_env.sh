@@ -41,7 +41,7 @@ sharded_pytest() {
         echo "== $(basename "$shard" .log): $(wc -l < "${shard%.log}") tests"
         # by name: what passed, then what its limit cut (no outcome line), then the summary
         grep -E "^(PASSED|XFAIL|XPASS) " "$shard"
-        grep -oE "^(PASSED|FAILED|ERROR|XFAIL|XPASS) [^ ]+" "$shard" | cut -d" " -f2 \
+        sed -nE "s/^(PASSED|FAILED|ERROR|XFAIL|XPASS) (.*)$/\2/p" "$shard" | sed "s/ - .*$//" \
             | grep -vxFf - "${shard%.log}" | sed "s/^/NOT RUN /"
         grep -vE "^(PASSED|XFAIL|XPASS) " "$shard" | tail -15
     done > "$log"
