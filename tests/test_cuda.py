@@ -221,13 +221,16 @@ def test_sanitizer_driver_compiles(sanitizer_driver: Path):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("target", ["driver", "torch"])
-@pytest.mark.parametrize("kernels", ["hybrid", "fused"])
+@pytest.mark.parametrize("kernels, target", [
+    pytest.param(kernels, target, id=f"{kernels}-{target}")
+    for kernels in ("hybrid", "fused", "openfold") for target in ("driver", "torch")
+    if (kernels, target) != ("openfold", "torch")])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_compute_sanitizer_clean(tool, kernels, target, tmp_path, request):
     """One sanitizer run per variant's kernels, so a failure names them. `driver` runs the kernels
     from tests/csrc/sanitize_driver.cu with no torch in the process; `torch` through the
-    variants (the same kernels, with PyTorch's own kernels around them left uninstrumented)."""
+    variants (the same kernels, with PyTorch's own kernels around them left uninstrumented;
+    problem openfold's kernel in the driver only)."""
     if (tool, kernels, target) == ("racecheck", "hybrid", "torch"):
         request.node.add_marker(pytest.mark.xfail(strict=False, reason=(
             "H200, CUDA 13.0 (2026-12-02): racecheck stops with 'Internal Sanitizer Error: failed "

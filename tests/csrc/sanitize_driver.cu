@@ -1,11 +1,12 @@
 // Drives the IPA kernels with no torch in the process: the target for compute-sanitizer
 // (tests/test_cuda.py::test_compute_sanitizer_clean). Small and ragged shapes (tails in the
-// query and the key tiles), both kernel classes, float32 and bfloat16 z, one split and forced
-// split-K. Operands are random: the sanitizer checks accesses, the other GPU tests check values.
+// query and the key tiles), every kernel class, float32 and bfloat16 z, one split and forced
+// split-K; problem openfold's kernel with masked residues and an odd head count. Operands are
+// random: the sanitizer checks accesses, the other GPU tests check values.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -lineinfo -I variants/csrc -o driver \
 //        tests/csrc/sanitize_driver.cu variants/csrc/*.cu
-//   compute-sanitizer --tool racecheck ./driver fused      (or: hybrid)
+//   compute-sanitizer --tool racecheck ./driver fused      (or: hybrid, openfold)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -112,17 +113,62 @@ void run_hybrid(const Shape& s, bool bias_bf16) {
     check(cudaFree(const_cast<void*>(p)), "cudaFree");
 }
 
+// Problem openfold's kernel at OpenFold's sizes (c_hidden 16, 4 / 8 points, c_z 128), operands
+// as variants/openfold/cuda_fused.py lays them out: k and v padded to whole key tiles, linear_out's
+// input `cat` with o first and o_pair last, a residue mask with every third residue masked.
+void run_openfold(int B, int N, int H, bool z_bf16) {
+  constexpr int kC = 128, kWq = 28, kWv = 44, kPv = 8;
+  const int n_pad = round_up(N, ipa::kOpenFoldKeyTile), wk = z_bf16 ? 44 : kWq;
+  const int features = H * (16 + 4 * kPv + kC);  // [o | the points' columns | o_pair]
+  std::vector<float> mask(static_cast<size_t>(B) * N);
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = i % 3 == 2 ? 0.f : 1.f;
+  ipa::OpenFoldArgs a{};
+  a.q = upload_random<float>(static_cast<size_t>(B) * H * N * kWq, 1.f);
+  a.k = upload_random<float>(static_cast<size_t>(B) * H * n_pad * wk, 1.f);
+  a.v = upload_random<float>(static_cast<size_t>(B) * H * n_pad * kWv, 1.f);
+  const size_t zn = static_cast<size_t>(B) * N * N * kC;
+  a.z = z_bf16 ? static_cast<const void*>(upload_random<__nv_bfloat16>(zn, 1.f))
+               : static_cast<const void*>(upload_random<float>(zn, 1.f));
+  a.wb = upload_random<float>(static_cast<size_t>(H) * kC, 0.1f);
+  a.pw = upload_random<float>(H, 0.1f);
+  float* mask_dev = device_floats(mask.size());
+  check(cudaMemcpy(mask_dev, mask.data(), mask.size() * sizeof(float), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  a.mask = mask_dev;
+  a.cat = device_floats(static_cast<size_t>(B) * N * features);
+  a.o_pt = device_floats(static_cast<size_t>(B) * N * H * 3 * kPv);
+  a.B = B, a.N = N, a.H = H, a.cat_pitch = features, a.pair_offset = features - H * kC;
+  a.attending = ipa::openfold_roles(H, z_bf16, true);
+  a.q_scale = 0.25f;
+  a.inf2 = 1e5f * 1.4426950408889634f;
+  check(ipa::openfold_launch(a, z_bf16, nullptr), "openfold_launch");
+  check(cudaDeviceSynchronize(), "openfold kernel");
+  std::printf("openfold z_bf16=%d B=%d N=%d H=%d: ok\n", z_bf16, B, N, H);
+  for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
+                        static_cast<const void*>(a.v), a.z, static_cast<const void*>(a.wb),
+                        static_cast<const void*>(a.pw), static_cast<const void*>(a.mask),
+                        static_cast<const void*>(a.cat), static_cast<const void*>(a.o_pt)})
+    check(cudaFree(const_cast<void*>(p)), "cudaFree");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 || (std::strcmp(argv[1], "fused") && std::strcmp(argv[1], "hybrid"))) {
-    std::fprintf(stderr, "usage: %s fused|hybrid\n", argv[0]);
+  const char* which = argc == 2 ? argv[1] : "";
+  if (std::strcmp(which, "fused") && std::strcmp(which, "hybrid") &&
+      std::strcmp(which, "openfold")) {
+    std::fprintf(stderr, "usage: %s fused|hybrid|openfold\n", argv[0]);
     return 1;
   }
-  const bool fused = std::strcmp(argv[1], "fused") == 0;
+  const bool fused = std::strcmp(which, "fused") == 0;
   for (const int n : {16, 37}) {
     for (const bool bf16 : {false, true}) {
       const Shape base{2, n, 12, 128, 32, 4, 8};  // AlphaFold2's sizes
+      if (std::strcmp(which, "openfold") == 0) {
+        run_openfold(2, n, 12, bf16);
+        run_openfold(2, n, 5, bf16);  // an odd head: an attention warp's second head unused
+        continue;
+      }
       if (!fused) {
         run_hybrid(base, bf16);
         run_hybrid(Shape{2, n, 3, 72, 24, 16, 16}, bf16);
