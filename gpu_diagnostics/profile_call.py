@@ -136,8 +136,8 @@ def main(argv: list[str]) -> int:
             print_host_states(call, sync, cuda)
             return 0
         if args.ab:
+            print_tuning()  # first: the A/B's medians end the output, where a log's tail keeps them
             print_ab(args.ab, call, sync, latency=args.latency, graph=args.graph)
-            print_tuning()
             return 0
         if args.host:
             start = time.perf_counter()
