@@ -349,32 +349,22 @@ def gemms_label(weights: Weights, split_gemms: bool) -> str:
     return "3xTF32 (Triton)" if TENSOR_CORE_GEMMS and split_gemms else "cuBLAS SGEMM"
 
 
-def local_dtype(weights: Weights, dtype: torch.dtype) -> torch.dtype:
-    """The dtype finish_frames writes for a call in `dtype`: the output projection's input,
-    16-bit where that GEMM runs on tensor cores in the input dtype (module doc)."""
-    return dtype if TENSOR_CORE_GEMMS and weights.half is not None else torch.float32
-
-
-def output_projection(weights: Weights, local: torch.Tensor, dtype: torch.dtype,
-                      split_gemms: bool = False) -> torch.Tensor:
-    """out_proj of finish_frames' output `local` (in `local_dtype`) -> (B, N, node_dim) in
-    `dtype`: on tensor cores (module doc; `split_gemms`: float32 as 3xTF32) or an SGEMM."""
-    if local.dtype != torch.float32:
-        return F.linear(local, weights.half.out_weight, weights.half.out_bias)
+def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype,
+                  split_gemms: bool = False):
+    """`finish` in two launches: the extension's finish_frames, then out_proj: on tensor cores
+    in the input dtype where `weights.half` holds 16-bit weights (finish_frames then writes that
+    dtype), as 3xTF32 with `split_gemms`, else an SGEMM (module doc).
+    attended: (B, N, H, >= dv) float32, contiguous."""
+    cfg = weights.config
+    half = weights.half if TENSOR_CORE_GEMMS else None
+    local = load_extension().finish_frames(attended, ops.rotations, ops.translations,
+                                           cfg.head_dim, cfg.value_points,
+                                           torch.float32 if half is None else dtype)
+    if half is not None:
+        return F.linear(local, half.out_weight, half.out_bias)
     if TENSOR_CORE_GEMMS and split_gemms:
         return _split_linear()(local, weights.out_weight, weights.out_bias)
     return F.linear(local, weights.out_weight, weights.out_bias).to(dtype)
-
-
-def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype,
-                  split_gemms: bool = False):
-    """`finish` in two launches: the extension's finish_frames, then `output_projection`.
-    attended: (B, N, H, >= dv) float32, contiguous."""
-    cfg = weights.config
-    local = load_extension().finish_frames(attended, ops.rotations, ops.translations,
-                                           cfg.head_dim, cfg.value_points,
-                                           local_dtype(weights, dtype))
-    return output_projection(weights, local, dtype, split_gemms)
 
 
 def finish(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype):
