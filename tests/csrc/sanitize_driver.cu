@@ -32,14 +32,20 @@ int round_up(int x, int m) { return (x + m - 1) / m * m; }
 std::mt19937 rng(7);
 
 template <typename T>
+T* upload(const std::vector<T>& host) {
+  T* dev = nullptr;
+  check(cudaMalloc(&dev, host.size() * sizeof(T)), "cudaMalloc");
+  check(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  return dev;
+}
+
+template <typename T>
 T* upload_random(size_t n, float scale) {
   std::uniform_real_distribution<float> dist(-scale, scale);
   std::vector<T> host(n);
   for (auto& x : host) x = static_cast<T>(dist(rng));
-  T* dev = nullptr;
-  check(cudaMalloc(&dev, n * sizeof(T)), "cudaMalloc");
-  check(cudaMemcpy(dev, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
-  return dev;
+  return upload(host);
 }
 
 float* device_floats(size_t n) {
@@ -131,10 +137,7 @@ void run_openfold(int B, int N, int H, bool z_bf16) {
                : static_cast<const void*>(upload_random<float>(zn, 1.f));
   a.wb = upload_random<float>(static_cast<size_t>(H) * kC, 0.1f);
   a.pw = upload_random<float>(H, 0.1f);
-  float* mask_dev = device_floats(mask.size());
-  check(cudaMemcpy(mask_dev, mask.data(), mask.size() * sizeof(float), cudaMemcpyHostToDevice),
-        "cudaMemcpy");
-  a.mask = mask_dev;
+  a.mask = upload(mask);
   a.cat = device_floats(static_cast<size_t>(B) * N * features);
   a.o_pt = device_floats(static_cast<size_t>(B) * N * H * 3 * kPv);
   a.B = B, a.N = N, a.H = H, a.cat_pitch = features, a.pair_offset = features - H * kC;
