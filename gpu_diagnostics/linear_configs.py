@@ -16,6 +16,7 @@ import sys
 import torch
 import triton
 
+from harness.measure import capture_cuda_graph
 from variants.triton import linear
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
@@ -27,21 +28,14 @@ SHAPES = {"projection": (384, 1152), "out_proj": (480, 384)}
 
 
 def replayed_us(launch, launches: int = 20, replays: int = 30) -> float:
-    """Median us per launch of `launch` captured `launches` times in one CUDA graph."""
-    launch()  # compile outside the capture
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(launches):
-            launch()
+    """Median us per launch of `launch` captured `launches` times in one CUDA graph (the
+    harness's capture, after its warm-up calls)."""
+    replay = capture_cuda_graph(lambda: [launch() for _ in range(launches)])
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / launches)
