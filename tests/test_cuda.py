@@ -147,6 +147,46 @@ def test_fused_split_k_matches_one_split_and_overwrites_poison(config, klass, dt
 
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize(
+    "config, klass", [(IPAConfig(), AF2), (IPAConfig(heads=16), GENERIC),
+                      (IPAConfig(node_dim=120, heads=5, pair_dim=8, value_points=3), GENERIC)],
+    ids=str,
+)
+@pytest.mark.parametrize("frames_dtype, local_dtype", [
+    (torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+    (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)], ids=str)
+def test_merged_finish_is_the_combine_then_finish(config, klass, frames_dtype, local_dtype):
+    """A call given `local` (its partials merged in finish's launch when split) writes the bits
+    the combine then finish_frames write, at every split, on poisoned buffers; one split runs
+    the kernel then the plain finish."""
+    ops, pair, wb, pw, klass, widths = _fused_operands(config, 130, 2, torch.float32,
+                                                       klass=klass)
+    rot = ops.rotations.to(frames_dtype)
+    trans = (ops.translations + 20).to(frames_dtype)  # off the origin: to_local's t matters
+    kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
+    ext = load_extension()
+    for splits in (1, 3, 0):
+        attended = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=splits, **kw)
+        want = ext.finish_frames(attended, rot, trans, config.head_dim, config.value_points,
+                                 local_dtype)
+        local = torch.full_like(want, float("nan"))
+        got = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=splits, local=local,
+                              frames=(rot, trans), value_points=config.value_points,
+                              workspace=torch.full((1 << 22,), float("nan"), device="cuda"), **kw)
+        assert got is local
+        assert torch.equal(got, want), (
+            f"splits={splits}: {(got.float() - want.float()).abs().max().item():.3e} max abs "
+            f"from the combine then finish ({torch.isnan(got).sum().item()} NaN)")
+    with pytest.raises(RuntimeError, match="fused_forward: argument 'local': expected shape"):
+        fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, local=local[:, :-1], frames=(rot, trans),
+                        value_points=config.value_points, **kw)
+    with pytest.raises(RuntimeError, match="fused_forward: argument 'local': expected rot"):
+        fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, local=local, frames=(rot, trans),
+                        value_points=0, **kw)
+
+
+@pytest.mark.gpu
+@requires_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_hybrid_probabilities_overwrite_poison(dtype):
     config = IPAConfig()

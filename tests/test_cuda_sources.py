@@ -351,7 +351,9 @@ def fused_classes_program(tmp_path_factory) -> Path:
     C++ class ids, limits and picks as JSON, and runs without a GPU."""
     nvcc = require_nvcc()
     out = tmp_path_factory.mktemp("classes") / "fused_classes"
-    fused = [str(p) for p in KERNEL_UNITS if p.name.startswith("ipa_fused")]
+    # ipa_frames.cu: fused_launch ends in its merging finish
+    fused = [str(p) for p in KERNEL_UNITS
+             if p.name.startswith("ipa_fused") or p.name == "ipa_frames.cu"]
     cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-I", str(CSRC), "-o", str(out),
            str(CLASS_PROGRAM_SOURCE), *fused]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -14,7 +14,8 @@ Around the kernels: LayerNorm, one fused projection GEMM for q, k, v and the thr
 the local -> global frame transform and padding into float32 operand rows, and after the kernel
 the global -> local transform of the aggregated points and the output projection. `project` /
 `finish` write these steps in PyTorch, in float32 (the specification, tested on CPU);
-`project_on_gpu` / `finish_on_gpu`, which the variants run, do the same in five launches with
+`project_on_gpu` / `finish_on_gpu`, which the variants run (cuda-fused has its kernel call end
+in finish_frames' output: `cuda_fused.fused_attention`'s `local`), do the same in five launches with
 the extension's `ipa_frames.cu` instead of ~30 small ops (eager PyTorch ops cost the host 20-40
 us each on the H200, more than the attention kernel itself up to N ~ 1000), with the two GEMMs
 on tensor cores (`TENSOR_CORE_GEMMS`): for bf16/fp16 inputs in the input dtype (the
@@ -349,22 +350,32 @@ def gemms_label(weights: Weights, split_gemms: bool) -> str:
     return "3xTF32 (Triton)" if TENSOR_CORE_GEMMS and split_gemms else "cuBLAS SGEMM"
 
 
-def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype,
-                  split_gemms: bool = False):
-    """`finish` in two launches: the extension's finish_frames, then out_proj: on tensor cores
-    in the input dtype where `weights.half` holds 16-bit weights (finish_frames then writes that
-    dtype), as 3xTF32 with `split_gemms`, else an SGEMM (module doc).
-    attended: (B, N, H, >= dv) float32, contiguous."""
-    cfg = weights.config
-    half = weights.half if TENSOR_CORE_GEMMS else None
-    local = load_extension().finish_frames(attended, ops.rotations, ops.translations,
-                                           cfg.head_dim, cfg.value_points,
-                                           torch.float32 if half is None else dtype)
-    if half is not None:
-        return F.linear(local, half.out_weight, half.out_bias)
+def local_dtype(weights: Weights, dtype: torch.dtype) -> torch.dtype:
+    """The dtype finish_frames writes for a call in `dtype`: the output projection's input,
+    16-bit where that GEMM runs on tensor cores in the input dtype (module doc)."""
+    return dtype if TENSOR_CORE_GEMMS and weights.half is not None else torch.float32
+
+
+def output_projection(weights: Weights, local: torch.Tensor, dtype: torch.dtype,
+                      split_gemms: bool = False) -> torch.Tensor:
+    """out_proj of finish_frames' output `local` (in `local_dtype`) -> (B, N, node_dim) in
+    `dtype`: on tensor cores (module doc; `split_gemms`: float32 as 3xTF32) or an SGEMM."""
+    if local.dtype != torch.float32:
+        return F.linear(local, weights.half.out_weight, weights.half.out_bias)
     if TENSOR_CORE_GEMMS and split_gemms:
         return _split_linear()(local, weights.out_weight, weights.out_bias)
     return F.linear(local, weights.out_weight, weights.out_bias).to(dtype)
+
+
+def finish_on_gpu(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype,
+                  split_gemms: bool = False):
+    """`finish` in two launches: the extension's finish_frames, then `output_projection`.
+    attended: (B, N, H, >= dv) float32, contiguous."""
+    cfg = weights.config
+    local = load_extension().finish_frames(attended, ops.rotations, ops.translations,
+                                           cfg.head_dim, cfg.value_points,
+                                           local_dtype(weights, dtype))
+    return output_projection(weights, local, dtype, split_gemms)
 
 
 def finish(weights: Weights, attended: torch.Tensor, ops: Operands, dtype: torch.dtype):

@@ -46,6 +46,8 @@ from variants.cuda_ext import (
     finish_on_gpu,
     gemms_label,
     load_extension,
+    local_dtype,
+    output_projection,
     project_on_gpu,
 )
 from variants.problem import IPAConfig, IPAInputError, Precision, get_precision
@@ -76,6 +78,10 @@ FP32_BIAS = TENSOR_CORES
 # Key-range splits of a call, read at each call (an A/B switch): 0 lets the launch plan choose
 # (enough CTAs to fill the SMs: at B = 1, 2 at N = 1024 and 8 at N = 256 for the af2 class).
 KEY_SPLITS = 0
+# Whether a split call merges its partials in finish_frames' launch (`fused_attention`'s
+# `local`), read at each call (an A/B switch): one launch fewer than the combine and then the
+# finish, the same bits.
+MERGED_FINISH = True
 
 
 def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
@@ -170,6 +176,9 @@ def fused_attention(
     splits: int = 0,
     workspace: torch.Tensor | None = None,
     bias: int = FFMA_BIAS,
+    local: torch.Tensor | None = None,
+    frames: tuple[torch.Tensor, torch.Tensor] | None = None,
+    value_points: int = 0,
 ) -> torch.Tensor:
     """The kernel alone: softmax-weighted [v | value points] per (batch, query, head).
 
@@ -182,6 +191,12 @@ def fused_attention(
     float32 buffer for the split partials (allocated when absent or too small). bias: the `af2`
     class's pair-bias form (FFMA_BIAS, MMA_HEAD_ROWS, TENSOR_CORES, or for bf16 pair_repr
     MMA_PAIR_ROWS).
+
+    local: the call ends in finish_frames' output instead (`variants.cuda_ext.finish_on_gpu`),
+    written there and returned: (B, N, H * head_dim + 3 * H * value_points) float32 or the
+    frames' dtype, with `frames` = (rotations (B, N, 3, 3), translations (B, N, 3)) and
+    `value_points` (head_dim = dv - 3 value_points). A split call then merges its partials in
+    finish's launch and leaves `out` unwritten.
     """
     # The binding refuses these too; here the refusal lists the forms that fit.
     forms = bias_forms(klass, pair_repr.dtype)
@@ -192,11 +207,12 @@ def fused_attention(
     b, h, n, _ = q.shape
     if out is None:
         out = torch.empty(b, n, h, dv, device=q.device, dtype=torch.float32)
+    rotations, translations = frames if frames is not None else (None, None)
     load_extension().fused_forward(
         q, k, v, pair_repr, pair_weight, point_weight, out, klass, dqp, dv, splits, workspace,
-        bias,
+        bias, rotations, translations, value_points, local,
     )
-    return out
+    return out if local is None else local
 
 
 class CudaFused(Variant):
@@ -260,8 +276,16 @@ class CudaFused(Variant):
             kernel = dict(klass=klass, dqp=widths.dqp, dv=widths.dv, bias=form,
                           splits=KEY_SPLITS)
             operands = (ops.q, ops.k, ops.v, pair_repr, units.pair_weight, units.point_weight)
-            return finish_on_gpu(weights, fused_attention(*operands, **kernel), ops, dtype,
-                                 split_gemms=split)
+            if not MERGED_FINISH:
+                return finish_on_gpu(weights, fused_attention(*operands, **kernel), ops, dtype,
+                                     split_gemms=split)
+            b, n, _ = node_repr.shape
+            local = torch.empty(b, n, config.heads * widths.dv, device=device,
+                                dtype=local_dtype(weights, dtype))
+            fused_attention(*operands, **kernel, local=local,
+                            frames=(ops.rotations, ops.translations),
+                            value_points=config.value_points)
+            return output_projection(weights, local, dtype, split)
 
         def kernel_info() -> str:
             form = bias_form(klass, dtype)

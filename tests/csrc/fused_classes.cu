@@ -6,7 +6,8 @@
 //
 //   nvcc -std=c++17 -arch=sm_90 -I variants/csrc -o fused_classes tests/csrc/fused_classes.cu \
 //        variants/csrc/ipa_fused.cu variants/csrc/ipa_fused_af2.cu \
-//        variants/csrc/ipa_fused_small_generic.cu
+//        variants/csrc/ipa_fused_af2_tc.cu variants/csrc/ipa_fused_small_generic.cu \
+//        variants/csrc/ipa_frames.cu
 //   echo "12 32 4 8 128" | ./fused_classes
 #include <cstdio>
 

@@ -91,6 +91,21 @@ void run_fused(const Shape& s, int klass, bool z_bf16, int splits, int bias = ip
   check(cudaDeviceSynchronize(), "fused kernel");
   std::printf("fused klass=%d bias=%d z_bf16=%d B=%d N=%d H=%d splits=%d: ok\n", klass, bias,
               z_bf16, s.B, s.N, s.H, plan.splits);
+  if (plan.splits > 1) {  // the same call ending in the merging finish (ipa_frames.cu)
+    const size_t residues = static_cast<size_t>(s.B) * s.N;
+    ipa::FinishArgs f{};
+    f.attended = a.out;
+    f.rot = upload_random<float>(residues * 9, 1.f);
+    f.trans = upload_random<float>(residues * 3, 1.f);
+    f.out = device_floats(residues * s.H * w.dv);
+    f.B = s.B, f.N = s.N, f.H = s.H, f.d = s.d, f.vp = s.Vp, f.pitch = w.dv;
+    f.out_kind = f.frame_kind = ipa::kFloat32Values;
+    check(ipa::fused_launch(a, plan, nullptr, &f), "fused_launch with finish");
+    check(cudaDeviceSynchronize(), "fused kernel and merging finish");
+    std::printf("  merging finish: ok\n");
+    for (const void* p : {f.rot, f.trans, static_cast<const void*>(f.out)})
+      check(cudaFree(const_cast<void*>(p)), "cudaFree");
+  }
   for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
                         static_cast<const void*>(a.v), a.z, static_cast<const void*>(a.wb),
                         static_cast<const void*>(a.pw), static_cast<const void*>(a.out),

@@ -91,17 +91,59 @@ int check_frames(const char* fn, const at::Tensor& rot, const at::Tensor& trans,
   return kind;
 }
 
+// finish's operands checked, its arguments returned: attended (B, N, H, pitch) float32, pitch >=
+// d + 3*vp; rot (B, N, 3, 3), trans (B, N, 3) (float32, bfloat16 or float16); out (B, N,
+// H*d + 3*H*vp) float32 or the frames' dtype, contiguous (its argument's name: out_name).
+ipa::FinishArgs finish_args(const char* fn, const at::Tensor& attended, const at::Tensor& rot,
+                            const at::Tensor& trans, int64_t d, int64_t vp, const at::Tensor& out,
+                            const char* out_name) {
+  IPA_CHECK(attended.dim() == 4, fn,
+            ": argument 'attended': expected 4 dims (B, N, H, pitch), got shape ",
+            attended.sizes());
+  const int64_t B = attended.size(0), N = attended.size(1), H = attended.size(2);
+  const int64_t pitch = attended.size(3);
+  const at::Device dev = attended.device();
+  IPA_CHECK(d >= 1 && vp >= 1 && pitch >= d + 3 * vp, fn,
+            ": expected d, vp >= 1 and pitch (attended dim 3) >= d + 3*vp, got d=", d, ", vp=", vp,
+            ", pitch=", pitch);
+  check_tensor(fn, "attended", attended, at::kFloat, {B, N, H, pitch}, dev);
+  ipa::FinishArgs args{};
+  args.frame_kind = check_frames(fn, rot, trans, B, N, dev);
+  args.out_kind = value_kind(fn, out_name, out.scalar_type());
+  IPA_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == rot.scalar_type(), fn,
+            ": argument '", out_name, "': expected dtype float32 or the frames' dtype ",
+            dtype_name(rot.scalar_type()), ", got ", dtype_name(out.scalar_type()));
+  check_tensor(fn, out_name, out, out.scalar_type(), {B, N, H * d + 3 * H * vp}, dev);
+  args.attended = attended.data_ptr<float>();
+  args.rot = rot.data_ptr();
+  args.trans = trans.data_ptr();
+  args.out = out.data_ptr();
+  args.B = static_cast<int>(B);
+  args.N = static_cast<int>(N);
+  args.H = static_cast<int>(H);
+  args.d = static_cast<int>(d);
+  args.vp = static_cast<int>(vp);
+  args.pitch = static_cast<int>(pitch);
+  return args;
+}
+
 // q, k (B, H, N, wq) float32; v (B, H, N, wv) float32; z (B, N, N, C) float32 or bfloat16;
 // wb (H, C) float32; pw (H,) float32; out (B, N, H, dv) float32, fully overwritten.
 // workspace: optional float32 buffer for split-K partials (allocated when absent or too small).
 // splits: key-range splits, 0 = automatic. bias: ipa::FusedBias, the af2 class's pair bias
-// form (0 FFMA; 1 and 2 on tensor cores, 1 for bf16 z only; 3 the tensor-core kernel). Returns
-// the plan for the record: [splits, key_tile, smem_bytes, blocks_per_sm, workspace_floats].
+// form (0 FFMA; 1 and 2 on tensor cores, 1 for bf16 z only; 3 the tensor-core kernel). With
+// `local`, the call ends in finish_frames' output, written there ((B, N, H*d + 3*H*vp), d =
+// dv - 3*vp; float32 or the frames' dtype; rot and trans as finish_frames takes them): when the
+// key range is split, the partials are merged in finish's own launch and `out` is not written
+// (ipa::fused_launch). Returns the plan for the record: [splits, key_tile, smem_bytes,
+// blocks_per_sm, workspace_floats].
 std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                                    at::Tensor out, int64_t klass, int64_t dqp, int64_t dv,
                                    int64_t splits, c10::optional<at::Tensor> workspace,
-                                   int64_t bias) {
+                                   int64_t bias, c10::optional<at::Tensor> rot,
+                                   c10::optional<at::Tensor> trans, int64_t value_points,
+                                   c10::optional<at::Tensor> local) {
   const char* fn = "ipa fused_forward";
   IPA_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, wq), got shape ",
             q.sizes());
@@ -156,6 +198,16 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
             "heads as rows), 3 (tensor cores throughout) or, for a bfloat16 z, 1 (pairs as ",
             "rows), got bias=", bias, ", klass=", klass, ", z ", dtype_name(z.scalar_type()));
 
+  const bool finish = local.has_value() && local->defined();
+  IPA_CHECK(!finish || (rot.has_value() && trans.has_value() && value_points >= 1 &&
+                        3 * value_points < dv),
+            fn, ": argument 'local': expected rot, trans and value_points in [1, (dv - 1) / 3] ",
+            "with it, got value_points=", value_points, ", dv=", dv);
+  const ipa::FinishArgs finish_in =
+      finish
+          ? finish_args(fn, out, *rot, *trans, dv - 3 * value_points, value_points, *local, "local")
+          : ipa::FinishArgs{};
+
   const c10::cuda::CUDAGuard guard(dev);
   ipa::FusedPlan plan{};
   const bool bf16 = z.scalar_type() == at::kBFloat16;
@@ -194,7 +246,8 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
   args.dqp = static_cast<int>(dqp);
   args.wv = static_cast<int>(wv);
   args.dv = static_cast<int>(dv);
-  check_cuda(fn, ipa::fused_launch(args, plan, c10::cuda::getCurrentCUDAStream().stream()));
+  check_cuda(fn, ipa::fused_launch(args, plan, c10::cuda::getCurrentCUDAStream().stream(),
+                                   finish ? &finish_in : nullptr));
   return {plan.splits, plan.key_tile, static_cast<int64_t>(plan.smem_bytes), plan.blocks_per_sm,
           static_cast<int64_t>(plan.workspace_floats)};
 }
@@ -352,46 +405,24 @@ std::vector<at::Tensor> prepare_operands(const at::Tensor& proj, const at::Tenso
   return {q, k, v};
 }
 
-// attended (B, N, H, pitch) float32, pitch >= d + 3*vp; rot (B, N, 3, 3); trans (B, N, 3) (the
-// frames float32, bfloat16 or float16). Returns (B, N, H*d + 3*H*vp) in out_dtype (float32 or
-// the frames' dtype): [o_s | value points in each residue's local frame].
+// attended, rot, trans as finish_args takes them. Returns (B, N, H*d + 3*H*vp) in out_dtype
+// (float32 or the frames' dtype): [o_s | value points in each residue's local frame].
 at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
                          const at::Tensor& trans, int64_t d, int64_t vp,
                          c10::optional<at::ScalarType> out_dtype_arg) {
-  const at::ScalarType out_dtype = out_dtype_arg.value_or(at::kFloat);
   const char* fn = "ipa finish_frames";
-  IPA_CHECK(attended.dim() == 4, fn,
-            ": argument 'attended': expected 4 dims (B, N, H, "
-            "pitch), got shape ",
-            attended.sizes());
-  const int64_t B = attended.size(0), N = attended.size(1), H = attended.size(2);
-  const int64_t pitch = attended.size(3);
-  const at::Device dev = attended.device();
-  IPA_CHECK(d >= 1 && vp >= 1 && pitch >= d + 3 * vp, fn,
-            ": expected d, vp >= 1 and pitch "
-            "(attended dim 3) >= d + 3*vp, got d=",
-            d, ", vp=", vp, ", pitch=", pitch);
-  check_tensor(fn, "attended", attended, at::kFloat, {B, N, H, pitch}, dev);
-  const int frame_kind = check_frames(fn, rot, trans, B, N, dev);
-  const int out_kind = value_kind(fn, "out_dtype", out_dtype);
+  const at::ScalarType out_dtype = out_dtype_arg.value_or(at::kFloat);
+  value_kind(fn, "out_dtype", out_dtype);
   IPA_CHECK(out_dtype == at::kFloat || out_dtype == rot.scalar_type(), fn,
             ": argument 'out_dtype': expected float32 or the frames' dtype ",
             dtype_name(rot.scalar_type()), ", got ", dtype_name(out_dtype));
-  const c10::cuda::CUDAGuard guard(dev);
-  at::Tensor out = at::empty({B, N, H * d + 3 * H * vp}, attended.options().dtype(out_dtype));
-  ipa::FinishArgs args{};
-  args.attended = attended.data_ptr<float>();
-  args.rot = rot.data_ptr();
-  args.trans = trans.data_ptr();
-  args.out = out.data_ptr();
-  args.B = static_cast<int>(B);
-  args.N = static_cast<int>(N);
-  args.H = static_cast<int>(H);
-  args.d = static_cast<int>(d);
-  args.vp = static_cast<int>(vp);
-  args.pitch = static_cast<int>(pitch);
-  args.out_kind = out_kind;
-  args.frame_kind = frame_kind;
+  IPA_CHECK(attended.dim() == 4 && d >= 1 && vp >= 1, fn,
+            ": expected attended (B, N, H, pitch), d, vp >= 1, got attended shape ",
+            attended.sizes(), ", d=", d, ", vp=", vp);
+  const c10::cuda::CUDAGuard guard(attended.device());
+  at::Tensor out = at::empty({attended.size(0), attended.size(1), attended.size(2) * (d + 3 * vp)},
+                             attended.options().dtype(out_dtype));
+  const ipa::FinishArgs args = finish_args(fn, attended, rot, trans, d, vp, out, "out");
   check_cuda(fn, ipa::finish_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }
@@ -403,7 +434,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_forward", &fused_forward, "flash-style fused IPA attention (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"),
         py::arg("out"), py::arg("klass"), py::arg("dqp"), py::arg("dv"), py::arg("splits") = 0,
-        py::arg("workspace") = py::none(), py::arg("bias") = 0);
+        py::arg("workspace") = py::none(), py::arg("bias") = 0, py::arg("rot") = py::none(),
+        py::arg("trans") = py::none(), py::arg("value_points") = 0, py::arg("local") = py::none());
   m.def("openfold_forward", &openfold_forward,
         "problem openfold's fused core: o, o_pair and o_pt (see ipa_kernels.h)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"), py::arg("mask"),

@@ -1,10 +1,12 @@
-// Device helpers shared by the IPA kernels: asynchronous copies, 16-byte loads, bf16 unpacking.
+// Device helpers shared by the IPA kernels: asynchronous copies, 16-byte loads, bf16 unpacking,
+// the split-K merge's steps.
 // Compiles with nvcc alone (no torch headers), so CI can check every kernel with ptxas.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 namespace ipa {
@@ -53,5 +55,20 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4 r, float (&f)[8]) {
 __device__ __forceinline__ float to_float(const float x) { return x; }
 __device__ __forceinline__ float to_float(const __nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(const __half x) { return __half2float(x); }
+
+// The split-K merge of one output row (FusedArgs::part's layout: `ml` holds each split's
+// (max, sum) pair of every row, `rows` rows a split): out = sum_s w_s acc_s / sum_s w_s l_s with
+// w_s = 2^(m_s - max_s m_s). The combine and the merging finish both build it from these steps,
+// in the same order, so both give the same bits.
+__device__ __forceinline__ float split_max(const float* ml, int splits, int rows, int row) {
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ml[(s * rows + row) * 2]);
+  return mx;
+}
+
+__device__ __forceinline__ float split_weight(const float* ml, int s, int rows, int row, float mx) {
+  const float ms = ml[(s * rows + row) * 2];
+  return ms == -INFINITY ? 0.f : exp2f(ms - mx);
+}
 
 }  // namespace ipa

@@ -2,7 +2,9 @@
 // (on the H200 each eager op costs the host 20-40 us, so the PyTorch version of these steps
 // took longer than the attention kernel itself up to N = 1024):
 //   prepare  projection output -> padded q / k / v operand rows, points moved to the global frame
-//   finish   attended [o_s | o_p (global)] -> [o_s | o_p in each residue's local frame]
+//   finish   attended [o_s | o_p (global)] -> [o_s | o_p in each residue's local frame]; or, in
+//            the launch that follows a split fused call, the same from the split partials, merged
+//            in shared memory: the combine kernel's launch and its output's round trip saved
 // Both read the frames in the inputs' dtype (no cast launches for bf16 / fp16 inputs) and compute
 // in float32. Latency-bound, not bandwidth-bound, at the sizes that matter: with one output
 // element a thread, prepare ran 1.4 M threads in ~5 waves of dependent loads (index, projection,
@@ -146,6 +148,62 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishA
   }
 }
 
+// One CTA per residue bn (b N + n), `finish` with the split-K merge in front (SplitPartials): its
+// H rows merged into shared memory, [head][dv], then its output row written from there as
+// ipa_finish_kernel writes it. Int indices: a call splits only when its CTAs do not fill the GPU,
+// and `fused_plan` keeps splits * rows * (wv + 2) below INT_MAX.
+constexpr int kMergeThreads = 128;
+
+size_t merge_smem_bytes(const FinishArgs& a, const SplitPartials& p) {
+  return sizeof(float) * (static_cast<size_t>(a.H) * p.dv + 2 * a.H);
+}
+
+template <typename Out, typename Frame>
+__global__ void __launch_bounds__(kMergeThreads)
+    ipa_merge_finish_kernel(const FinishArgs a, const SplitPartials p) {
+  extern __shared__ float merged[];  // H * dv merged features, then each head's max and sum
+  float* head_max = merged + a.H * p.dv;
+  float* head_sum = head_max + a.H;
+  const int H = a.H, d = a.d, hd = H * d, dv = p.dv;
+  const int bn = blockIdx.x, b = bn / a.N, n = bn - b * a.N;
+  const int rows = a.B * H * a.N;
+  const float* ml = p.part + p.splits * rows * p.wv;
+  float R[9], t[3];
+  load_frame<Frame>(a.rot, a.trans, bn, R, t);
+  for (int h = threadIdx.x; h < H; h += kMergeThreads) {
+    const int row = (b * H + h) * a.N + n;
+    const float mx = split_max(ml, p.splits, rows, row);
+    float den = 0.f;
+    for (int s = 0; s < p.splits; ++s)
+      den = fmaf(split_weight(ml, s, rows, row, mx), ml[(s * rows + row) * 2 + 1], den);
+    head_max[h] = mx;
+    head_sum[h] = den;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < H * dv; e += kMergeThreads) {
+    const int h = e / dv, f = e - h * dv;
+    const int row = (b * H + h) * a.N + n;
+    float num = 0.f;
+    for (int s = 0; s < p.splits; ++s)
+      num = fmaf(split_weight(ml, s, rows, row, head_max[h]), p.part[(s * rows + row) * p.wv + f],
+                 num);
+    merged[e] = num / head_sum[h];
+  }
+  __syncthreads();
+  const int width = hd + 3 * H * a.vp;
+  Out* out = static_cast<Out*>(a.out) + static_cast<size_t>(bn) * width;
+  for (int cc = threadIdx.x; cc < width; cc += kMergeThreads) {
+    float val;
+    if (cc < hd) {
+      val = merged[(cc / d) * dv + cc % d];
+    } else {
+      const int c = cc - hd, point = c / 3;
+      val = to_local(merged + (point / a.vp) * dv + d + 3 * (point % a.vp), R, t, c % 3);
+    }
+    store(out + cc, val);
+  }
+}
+
 unsigned grid_for(long long total) {
   const long long blocks = (total + kFrameThreads - 1) / kFrameThreads;
   return static_cast<unsigned>(blocks < 65535 * 32 ? (blocks > 0 ? blocks : 1) : 65535 * 32);
@@ -168,8 +226,12 @@ cudaError_t prepare_as(const PrepareArgs& a, long long total, cudaStream_t strea
 }
 
 template <typename Out, typename Frame>
-cudaError_t finish_as(const FinishArgs& a, long long total, cudaStream_t stream) {
-  if (fits_int(total)) {
+cudaError_t finish_as(const FinishArgs& a, const SplitPartials* partials, long long total,
+                      cudaStream_t stream) {
+  if (partials != nullptr) {
+    ipa_merge_finish_kernel<Out, Frame>
+        <<<a.B * a.N, kMergeThreads, merge_smem_bytes(a, *partials), stream>>>(a, *partials);
+  } else if (fits_int(total)) {
     ipa_finish_kernel<int, Out, Frame><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
   } else {
     ipa_finish_kernel<long long, Out, Frame><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
@@ -190,21 +252,29 @@ cudaError_t prepare_launch(const PrepareArgs& a, cudaStream_t stream) {
   }
 }
 
-cudaError_t finish_launch(const FinishArgs& a, cudaStream_t stream) {
+cudaError_t finish_launch(const FinishArgs& a, cudaStream_t stream, const SplitPartials* partials) {
+  if (partials != nullptr && (partials->splits < 2 || partials->dv < a.d + 3 * a.vp ||
+                              merge_smem_bytes(a, *partials) > 48 * 1024))
+    return cudaErrorInvalidValue;
   const long long total = static_cast<long long>(a.B) * a.N * ((a.H * (a.d + 3 * a.vp) + 3) / 4);
   // out: float32, or the frames' 16-bit dtype (the inputs')
   if (a.out_kind == kFloat32Values) {
     switch (a.frame_kind) {
-      case kFloat32Values: return finish_as<float, float>(a, total, stream);
-      case kBFloat16Values: return finish_as<float, __nv_bfloat16>(a, total, stream);
-      case kFloat16Values: return finish_as<float, __half>(a, total, stream);
+      case kFloat32Values:
+        return finish_as<float, float>(a, partials, total, stream);
+      case kBFloat16Values:
+        return finish_as<float, __nv_bfloat16>(a, partials, total, stream);
+      case kFloat16Values:
+        return finish_as<float, __half>(a, partials, total, stream);
       default: return cudaErrorInvalidValue;
     }
   }
   if (a.out_kind != a.frame_kind) return cudaErrorInvalidValue;
   switch (a.frame_kind) {
-    case kBFloat16Values: return finish_as<__nv_bfloat16, __nv_bfloat16>(a, total, stream);
-    case kFloat16Values: return finish_as<__half, __half>(a, total, stream);
+    case kBFloat16Values:
+      return finish_as<__nv_bfloat16, __nv_bfloat16>(a, partials, total, stream);
+    case kFloat16Values:
+      return finish_as<__half, __half>(a, partials, total, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -47,12 +47,10 @@ __global__ void __launch_bounds__(kCombineThreads) ipa_fused_combine_kernel(
   if (e >= rows * dv) return;
   const int row = e / dv, f = e - row * dv;
   const float* ml = part + splits * rows * wv;
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ml[(s * rows + row) * 2]);
+  const float mx = split_max(ml, splits, rows, row);
   float den = 0.f, num = 0.f;
   for (int s = 0; s < splits; ++s) {
-    const float ms = ml[(s * rows + row) * 2];
-    const float w = ms == -INFINITY ? 0.f : exp2f(ms - mx);
+    const float w = split_weight(ml, s, rows, row, mx);
     den = fmaf(w, ml[(s * rows + row) * 2 + 1], den);
     num = fmaf(w, part[(s * rows + row) * wv + f], num);
   }
@@ -172,7 +170,8 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
   return cudaSuccess;
 }
 
-cudaError_t fused_launch(const FusedArgs& args_in, const FusedPlan& plan, cudaStream_t stream) {
+cudaError_t fused_launch(const FusedArgs& args_in, const FusedPlan& plan, cudaStream_t stream,
+                         const FinishArgs* finish) {
   FusedArgs args = args_in;
   args.splits = plan.splits;
   args.tiles_per_split = plan.tiles_per_split;
@@ -180,7 +179,12 @@ cudaError_t fused_launch(const FusedArgs& args_in, const FusedPlan& plan, cudaSt
   const dim3 grid((args.N + qt - 1) / qt, plan.splits, args.B);
   select_kernel(plan.klass, plan.z_bf16, plan.bias)<<<grid, plan.threads, plan.smem_bytes, stream>>>(args);
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || plan.splits == 1) return err;
+  if (err != cudaSuccess) return err;
+  if (finish != nullptr) {
+    const SplitPartials partials{args.part, plan.splits, args.wv, args.dv};
+    return finish_launch(*finish, stream, plan.splits > 1 ? &partials : nullptr);
+  }
+  if (plan.splits == 1) return err;
   const int elements = args.B * args.H * args.N * args.dv;
   ipa_fused_combine_kernel<<<(elements + kCombineThreads - 1) / kCombineThreads, kCombineThreads,
                              0, stream>>>(

@@ -103,8 +103,13 @@ struct FusedPlan {
 cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int wq, int wv,
                        int forced_splits, FusedPlan* plan, int bias = kFfmaBias);
 
-// Launch the fused kernel (and the split-K combine when plan.splits > 1) on `stream`.
-cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStream_t stream);
+// Launch the fused kernel (and the split-K combine when plan.splits > 1) on `stream`. With
+// `finish` (its `attended` = args.out, its pitch = args.dv), the call ends in the finish's output
+// instead: after the split-K partials' merge when plan.splits > 1, in the same launch (and
+// args.out is then not written), else after the kernel (see finish_launch).
+struct FinishArgs;
+cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStream_t stream,
+                         const FinishArgs* finish = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Problem openfold's cuda-fused (ipa_openfold.cu): the layer's O(N^2) core, z read once, OpenFold's
@@ -208,7 +213,18 @@ struct FinishArgs {
   int out_kind, frame_kind;
 };
 
+// The split-K partials of a fused call (FusedArgs::part): `splits` blocks of B*H*N rows `wv`
+// floats apart, of which the first `dv` are merged, then the (max, sum) pair of every row.
+struct SplitPartials {
+  const float* part;
+  int splits, wv, dv;
+};
+
 cudaError_t prepare_launch(const PrepareArgs& args, cudaStream_t stream);
-cudaError_t finish_launch(const FinishArgs& args, cudaStream_t stream);
+// With `partials`, finish reads no `attended`: one CTA a residue merges its H rows from the
+// partials (as the split-K combine does, operation for operation: the same bits) into shared
+// memory and writes its output row from there, the combine's launch and round trip saved.
+cudaError_t finish_launch(const FinishArgs& args, cudaStream_t stream,
+                          const SplitPartials* partials = nullptr);
 
 }  // namespace ipa
