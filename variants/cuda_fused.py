@@ -80,8 +80,9 @@ FP32_BIAS = TENSOR_CORES
 KEY_SPLITS = 0
 # Whether a split call merges its partials in finish_frames' launch (`fused_attention`'s
 # `local`), read at each call (an A/B switch): one launch fewer than the combine and then the
-# finish, the same bits.
-MERGED_FINISH = True
+# finish, the same bits. Off until it has run on a GPU (written in the thirty-fifth session,
+# which got no machine): docs/perf-notes.md has its prediction.
+MERGED_FINISH = False
 
 
 def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
