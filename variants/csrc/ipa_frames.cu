@@ -148,7 +148,8 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishA
   }
 }
 
-// One CTA per residue bn (b N + n), `finish` with the split-K merge in front (SplitPartials): its
+// One CTA per residue bn (b N + n), `finish` with the split-K merge in front (SplitPartials;
+// named ipa_fused_* as cuda-fused's kernels are, which the sanitizer tests select by name): its
 // H rows merged into shared memory, [head][dv], then its output row written from there as
 // ipa_finish_kernel writes it. Int indices: a call splits only when its CTAs do not fill the GPU,
 // and `fused_plan` keeps splits * rows * (wv + 2) below INT_MAX.
@@ -160,7 +161,7 @@ size_t merge_smem_bytes(const FinishArgs& a, const SplitPartials& p) {
 
 template <typename Out, typename Frame>
 __global__ void __launch_bounds__(kMergeThreads)
-    ipa_merge_finish_kernel(const FinishArgs a, const SplitPartials p) {
+    ipa_fused_merge_finish_kernel(const FinishArgs a, const SplitPartials p) {
   extern __shared__ float merged[];  // H * dv merged features, then each head's max and sum
   float* head_max = merged + a.H * p.dv;
   float* head_sum = head_max + a.H;
@@ -229,7 +230,7 @@ template <typename Out, typename Frame>
 cudaError_t finish_as(const FinishArgs& a, const SplitPartials* partials, long long total,
                       cudaStream_t stream) {
   if (partials != nullptr) {
-    ipa_merge_finish_kernel<Out, Frame>
+    ipa_fused_merge_finish_kernel<Out, Frame>
         <<<a.B * a.N, kMergeThreads, merge_smem_bytes(a, *partials), stream>>>(a, *partials);
   } else if (fits_int(total)) {
     ipa_finish_kernel<int, Out, Frame><<<grid_for(total), kFrameThreads, 0, stream>>>(a);
