@@ -183,6 +183,10 @@ def test_merged_finish_is_the_combine_then_finish(config, klass, frames_dtype, l
     with pytest.raises(RuntimeError, match="fused_forward: argument 'local': expected rot"):
         fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, local=local, frames=(rot, trans),
                         value_points=0, **kw)
+    other = torch.float16 if frames_dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(RuntimeError, match="finish_frames: argument 'out_dtype': expected float32 "
+                                           f"or the frames' dtype {str(frames_dtype)[6:]}"):
+        ext.finish_frames(attended, rot, trans, config.head_dim, config.value_points, other)
 
 
 @pytest.mark.gpu
