@@ -91,12 +91,11 @@ int check_frames(const char* fn, const at::Tensor& rot, const at::Tensor& trans,
   return kind;
 }
 
-// finish's operands checked, its arguments returned: attended (B, N, H, pitch) float32, pitch >=
-// d + 3*vp; rot (B, N, 3, 3), trans (B, N, 3) (float32, bfloat16 or float16); out (B, N,
-// H*d + 3*H*vp) float32 or the frames' dtype, contiguous (its argument's name: out_name).
+// finish's inputs checked, its arguments returned (the output's left unset: `finish_output`):
+// attended (B, N, H, pitch) float32, pitch >= d + 3*vp; rot (B, N, 3, 3), trans (B, N, 3)
+// (float32, bfloat16 or float16).
 ipa::FinishArgs finish_args(const char* fn, const at::Tensor& attended, const at::Tensor& rot,
-                            const at::Tensor& trans, int64_t d, int64_t vp, const at::Tensor& out,
-                            const char* out_name) {
+                            const at::Tensor& trans, int64_t d, int64_t vp) {
   IPA_CHECK(attended.dim() == 4, fn,
             ": argument 'attended': expected 4 dims (B, N, H, pitch), got shape ",
             attended.sizes());
@@ -109,15 +108,9 @@ ipa::FinishArgs finish_args(const char* fn, const at::Tensor& attended, const at
   check_tensor(fn, "attended", attended, at::kFloat, {B, N, H, pitch}, dev);
   ipa::FinishArgs args{};
   args.frame_kind = check_frames(fn, rot, trans, B, N, dev);
-  args.out_kind = value_kind(fn, out_name, out.scalar_type());
-  IPA_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == rot.scalar_type(), fn,
-            ": argument '", out_name, "': expected dtype float32 or the frames' dtype ",
-            dtype_name(rot.scalar_type()), ", got ", dtype_name(out.scalar_type()));
-  check_tensor(fn, out_name, out, out.scalar_type(), {B, N, H * d + 3 * H * vp}, dev);
   args.attended = attended.data_ptr<float>();
   args.rot = rot.data_ptr();
   args.trans = trans.data_ptr();
-  args.out = out.data_ptr();
   args.B = static_cast<int>(B);
   args.N = static_cast<int>(N);
   args.H = static_cast<int>(H);
@@ -125,6 +118,19 @@ ipa::FinishArgs finish_args(const char* fn, const at::Tensor& attended, const at
   args.vp = static_cast<int>(vp);
   args.pitch = static_cast<int>(pitch);
   return args;
+}
+
+// finish's output checked and set in `args`: out (B, N, H*d + 3*H*vp) on `dev`, float32 or the
+// frames' dtype (`frames`: rot's), contiguous; `name` is the argument a refusal names.
+void finish_output(const char* fn, ipa::FinishArgs& args, at::ScalarType frames,
+                   const at::Device& dev, const at::Tensor& out, const char* name) {
+  args.out_kind = value_kind(fn, name, out.scalar_type());
+  IPA_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == frames, fn, ": argument '",
+            name, "': expected float32 or the frames' dtype ", dtype_name(frames), ", got ",
+            dtype_name(out.scalar_type()));
+  const int64_t width = static_cast<int64_t>(args.H) * (args.d + 3 * args.vp);
+  check_tensor(fn, name, out, out.scalar_type(), {args.B, args.N, width}, dev);
+  args.out = out.data_ptr();
 }
 
 // q, k (B, H, N, wq) float32; v (B, H, N, wv) float32; z (B, N, N, C) float32 or bfloat16;
@@ -203,10 +209,11 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
                         3 * value_points < dv),
             fn, ": argument 'local': expected rot, trans and value_points in [1, (dv - 1) / 3] ",
             "with it, got value_points=", value_points, ", dv=", dv);
-  const ipa::FinishArgs finish_in =
-      finish
-          ? finish_args(fn, out, *rot, *trans, dv - 3 * value_points, value_points, *local, "local")
-          : ipa::FinishArgs{};
+  ipa::FinishArgs finish_in{};
+  if (finish) {
+    finish_in = finish_args(fn, out, *rot, *trans, dv - 3 * value_points, value_points);
+    finish_output(fn, finish_in, rot->scalar_type(), dev, *local, "local");
+  }
 
   const c10::cuda::CUDAGuard guard(dev);
   ipa::FusedPlan plan{};
@@ -411,18 +418,11 @@ at::Tensor finish_frames(const at::Tensor& attended, const at::Tensor& rot,
                          const at::Tensor& trans, int64_t d, int64_t vp,
                          c10::optional<at::ScalarType> out_dtype_arg) {
   const char* fn = "ipa finish_frames";
-  const at::ScalarType out_dtype = out_dtype_arg.value_or(at::kFloat);
-  value_kind(fn, "out_dtype", out_dtype);
-  IPA_CHECK(out_dtype == at::kFloat || out_dtype == rot.scalar_type(), fn,
-            ": argument 'out_dtype': expected float32 or the frames' dtype ",
-            dtype_name(rot.scalar_type()), ", got ", dtype_name(out_dtype));
-  IPA_CHECK(attended.dim() == 4 && d >= 1 && vp >= 1, fn,
-            ": expected attended (B, N, H, pitch), d, vp >= 1, got attended shape ",
-            attended.sizes(), ", d=", d, ", vp=", vp);
+  ipa::FinishArgs args = finish_args(fn, attended, rot, trans, d, vp);
   const c10::cuda::CUDAGuard guard(attended.device());
-  at::Tensor out = at::empty({attended.size(0), attended.size(1), attended.size(2) * (d + 3 * vp)},
-                             attended.options().dtype(out_dtype));
-  const ipa::FinishArgs args = finish_args(fn, attended, rot, trans, d, vp, out, "out");
+  at::Tensor out = at::empty({args.B, args.N, static_cast<int64_t>(args.H) * (d + 3 * vp)},
+                             attended.options().dtype(out_dtype_arg.value_or(at::kFloat)));
+  finish_output(fn, args, rot.scalar_type(), attended.device(), out, "out_dtype");
   check_cuda(fn, ipa::finish_launch(args, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }

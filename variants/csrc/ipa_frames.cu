@@ -117,6 +117,16 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_prepare_kernel(const Prepar
   }
 }
 
+// Column cc of finish's output row [o_s (H d) | local value points (3 H vp)] from the residue's
+// attended row (H heads `pitch` floats apart: [o_s (d) | o_p (global, 3 vp)]) and frame.
+__device__ __forceinline__ float finish_column(const float* row, int pitch, int cc, int H, int d,
+                                               int vp, const float (&R)[9], const float (&t)[3]) {
+  const int hd = H * d;
+  if (cc < hd) return row[(cc / d) * pitch + cc % d];
+  const int c = cc - hd, point = c / 3;
+  return to_local(row + (point / vp) * pitch + d + 3 * (point % vp), R, t, c % 3);
+}
+
 // Thread e: residue bn, columns 4 c .. 4 c + 3 (those below the width) of its output row
 // [o_s (H d) | local value points (3 H vp)], written as Out.
 template <typename Index, typename Out, typename Frame>
@@ -136,14 +146,7 @@ __global__ void __launch_bounds__(kFrameThreads) ipa_finish_kernel(const FinishA
     for (int j = 0; j < 4; ++j) {
       const int cc = col + j;
       if (cc >= width) break;
-      float val;
-      if (cc < hd) {
-        val = row[(cc / d) * a.pitch + cc % d];
-      } else {
-        const int c = cc - hd, point = c / 3;
-        val = to_local(row + (point / a.vp) * a.pitch + d + 3 * (point % a.vp), R, t, c % 3);
-      }
-      store(out + bn * width + cc, val);
+      store(out + bn * width + cc, finish_column(row, a.pitch, cc, H, d, a.vp, R, t));
     }
   }
 }
@@ -193,16 +196,8 @@ __global__ void __launch_bounds__(kMergeThreads)
   __syncthreads();
   const int width = hd + 3 * H * a.vp;
   Out* out = static_cast<Out*>(a.out) + static_cast<size_t>(bn) * width;
-  for (int cc = threadIdx.x; cc < width; cc += kMergeThreads) {
-    float val;
-    if (cc < hd) {
-      val = merged[(cc / d) * dv + cc % d];
-    } else {
-      const int c = cc - hd, point = c / 3;
-      val = to_local(merged + (point / a.vp) * dv + d + 3 * (point % a.vp), R, t, c % 3);
-    }
-    store(out + cc, val);
-  }
+  for (int cc = threadIdx.x; cc < width; cc += kMergeThreads)
+    store(out + cc, finish_column(merged, dv, cc, H, d, a.vp, R, t));
 }
 
 unsigned grid_for(long long total) {
