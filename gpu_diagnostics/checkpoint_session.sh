@@ -4,14 +4,14 @@
 # a call of their own); a sweep of each issue's headline cells (their rows carry err_ratio /
 # grad_err_ratio against the float64 oracle, so they check as well as time): triton-train's
 # step at N = 1024 (eager and
-# replayed), then at 4096 (eager) in a stage of its own, the `triton` forward at N = 256, 1024,
-# 4096 (replayed to 1024), openfold triton-bias's forward at N = 2048 and its training step at
-# N = 1024; then torch.profiler on one fp32 training step at N = 4096. With LIM_HOST and
+# replayed), then at 4096 (eager) in a stage of its own, the cuda-fused and `triton` forwards at
+# N = 256, 1024, 4096 (replayed to 1024), openfold's cuda-fused and triton-bias forwards at
+# N = 2048 and triton-bias's training step at N = 1024; then torch.profiler on one fp32 training step at N = 4096. With LIM_HOST and
 # LIM_LAUNCH (off by default; measured 2026-12-06), cProfile of 20 eager `triton` forwards at
 # N = 1024 in bf16 with each kernel's launches by path, and `launch_overhead.py` (the host's time
 # per torch op, GEMM and Triton launch, direct or not). fp32 and bf16 throughout. Each stage runs
 # under its own limit (LIM_TRAIN, LIM_TRAIN_BIG, LIM_FWD, LIM_OF, LIM_PROF seconds; 100 + 170 +
-# 120 + 100 + 30 s, of a call's 600) and every sweep cell is fsync'ed, so a cut
+# 140 + 110 + 30 s, of a call's 600) and every sweep cell is fsync'ed, so a cut
 # stage still reports what finished. Everything lands in one archive, $OUT/checkpoint.tgz (the
 # device returns at most 8 files), with summary.md beside it.
 #
@@ -43,9 +43,12 @@ sweep training "${LIM_TRAIN:-100}" triton-train \
     "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [1024]\n"
 sweep training-4096 "${LIM_TRAIN_BIG:-170}" triton-train \
     "${base}passes = [\"forward+backward\"]\n\n[[slice]]\nlength = [4096]\n"
-sweep forward "${LIM_FWD:-120}" triton "${base}\n[[slice]]\nlength = [256, 1024, 4096]\n"
-sweep openfold "${LIM_OF:-100}" triton-bias "${base}problem = \"openfold\"\n\n[[slice]]\nlength = [2048]\n
-[[slice]]\nlength = [1024]\npasses = [\"forward+backward\"]\n"
+# cuda-fused first: the fastest forward of both problems since the thirty-second session (H100);
+# it has no backward, so the openfold training slice gives it `forward only` rows, no timing.
+sweep forward "${LIM_FWD:-140}" cuda-fused "${base}\n[[slice]]\nlength = [256, 1024, 4096]\n" \
+    --variant triton
+sweep openfold "${LIM_OF:-110}" cuda-fused "${base}problem = \"openfold\"\n\n[[slice]]\nlength = [2048]\n
+[[slice]]\nlength = [1024]\npasses = [\"forward+backward\"]\n" --variant triton-bias
 timeout -s INT "${LIM_PROF:-30}" python3 gpu_diagnostics/profile_call.py 4096 fp32 triton-train \
     > "$work/train-profile.log" 2>&1
 # off unless given a limit: measured on 2026-12-06 (results/h100-2026-12-06-twenty-*-session/)
