@@ -5,7 +5,9 @@ and its operand rows (`cuda_rows.py`, under the Triton interpreter) equal to the
 form that defines them (`torch_rows` below).
 GPU (marker `gpu`): the harness's protocol at ragged lengths and padded batches, odd and small
 head counts (the attention warps stack two heads; an odd H leaves the last warp one), the mask
-semantics the Triton variants are held to, z refused when strided, and O(N) extra memory."""
+semantics the Triton variants are held to, z refused when strided, O(N) extra memory, and the
+fp32 form whose pair warps share W_b's loads (`PAIR_HALVES`) held to the protocol and to the
+default form."""
 
 from __future__ import annotations
 
@@ -167,3 +169,48 @@ def test_extra_memory_is_linear_in_n():
     """No N x N tensor: at N = 1536 the (B, H, N, N) fp32 logits alone would be 108 MiB."""
     extra = extra_peak_bytes(NAME, 1536)
     assert extra < 40 * 2**20, extra / 2**20
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("config, batch, length", [
+    (AF2, 1, 1), (AF2, 3, 8), (AF2, 2, 97), (AF2, 1, 1000), (OpenFoldConfig(no_heads=5), 2, 33)],
+    ids=["n1", "n8-b3", "n97-b2", "n1000", "h5"])
+def test_pair_halves_on_the_gpu(monkeypatch, config, batch, length):
+    """fp32 with the pair warps sharing W_b's loads (`PAIR_HALVES`: each pair computes both
+    queries' biases over half the channels each and swaps the partial sums): the protocol holds,
+    and the output is the default form's but for the bias's summation order. Odd N and an odd
+    batch tail leave a pair's second query outside N (zero-filled rows)."""
+    from variants.openfold import cuda_fused
+
+    result = None
+    for halves in (False, True):
+        monkeypatch.setattr(cuda_fused, "PAIR_HALVES", halves)
+        result = check_variant(get_variant(NAME, "openfold"), config, batch=batch, length=length,
+                               device="cuda", precision="fp32", seeds=2)
+        assert result.passed, (halves, result.failures, result.rel_l2, result.tol)
+    x = make_inputs(config, batch, length, dtype=torch.float32, device="cuda", seed=3)
+    outs = []
+    for halves in (False, True):
+        monkeypatch.setattr(cuda_fused, "PAIR_HALVES", halves)
+        _, fn, _ = built(config, "fp32", "cuda", NAME)
+        outs.append(fn(x.s, x.z, x.translations, x.rotations, x.mask))
+    assert rel_l2(outs[1], outs[0]) < 1e-5, rel_l2(outs[1], outs[0])
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_pair_halves_refused_for_bf16_z():
+    from variants.cuda_ext import load_extension
+
+    dev, f32 = "cuda", torch.float32
+    z = torch.zeros(1, 8, 8, 128, device=dev, dtype=torch.bfloat16)
+    args = (torch.zeros(1, 1, 8, 28, device=dev), torch.zeros(1, 1, 8, 44, device=dev),
+            torch.zeros(1, 1, 8, 44, device=dev), z, torch.zeros(1, 128, device=dev),
+            torch.zeros(1, device=dev), torch.ones(1, 8, device=dev, dtype=f32),
+            torch.zeros(1, 8, 16 + 24 + 128, device=dev), torch.zeros(1, 8, 1, 24, device=dev),
+            0.25, 1e5)
+    with pytest.raises(RuntimeError, match="argument 'pair_halves': expected false for z of "
+                                           "dtype bfloat16"):
+        load_extension().openfold_forward(*args, True, True)
+    load_extension().openfold_forward(*args, True, False)  # the same call without it runs

@@ -137,7 +137,7 @@ void run_hybrid(const Shape& s, bool bias_bf16) {
 // Problem openfold's kernel at OpenFold's sizes (c_hidden 16, 4 / 8 points, c_z 128), operands
 // as variants/openfold/cuda_fused.py lays them out: k and v padded to whole key tiles, linear_out's
 // input `cat` with o first and o_pair last, a residue mask with every third residue masked.
-void run_openfold(int B, int N, int H, bool z_bf16) {
+void run_openfold(int B, int N, int H, bool z_bf16, bool pair_halves = false) {
   constexpr int kC = 128, kWq = 28, kWv = 44, kPv = 8;
   const int n_pad = round_up(N, ipa::kOpenFoldKeyTile), wk = z_bf16 ? 44 : kWq;
   const int features = H * (16 + 4 * kPv + kC);  // [o | the points' columns | o_pair]
@@ -157,11 +157,13 @@ void run_openfold(int B, int N, int H, bool z_bf16) {
   a.o_pt = device_floats(static_cast<size_t>(B) * N * H * 3 * kPv);
   a.B = B, a.N = N, a.H = H, a.cat_pitch = features, a.pair_offset = features - H * kC;
   a.attending = ipa::openfold_roles(H, z_bf16, true);
+  a.pair_halves = pair_halves;
   a.q_scale = 0.25f;
   a.inf2 = 1e5f * 1.4426950408889634f;
   check(ipa::openfold_launch(a, z_bf16, nullptr), "openfold_launch");
   check(cudaDeviceSynchronize(), "openfold kernel");
-  std::printf("openfold z_bf16=%d B=%d N=%d H=%d: ok\n", z_bf16, B, N, H);
+  std::printf("openfold z_bf16=%d pair_halves=%d B=%d N=%d H=%d: ok\n", z_bf16, pair_halves, B, N,
+              H);
   for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
                         static_cast<const void*>(a.v), a.z, static_cast<const void*>(a.wb),
                         static_cast<const void*>(a.pw), static_cast<const void*>(a.mask),
@@ -185,6 +187,10 @@ int main(int argc, char** argv) {
       if (std::strcmp(which, "openfold") == 0) {
         run_openfold(2, n, 12, bf16);
         run_openfold(2, n, 5, bf16);  // an odd head: an attention warp's second head unused
+        if (!bf16) {                  // the pair warps sharing W_b's loads (named barriers a pair)
+          run_openfold(2, n, 12, false, true);
+          run_openfold(2, n, 5, false, true);
+        }
         continue;
       }
       if (!fused) {

@@ -264,11 +264,12 @@ std::vector<int64_t> fused_forward(const at::Tensor& q, const at::Tensor& k, con
 // to kOpenFoldKeyTile; rows past N and v's last 4 columns zero); z (B, N, N, 128) float32 or
 // bfloat16; wb (H, 128), pw (H,), mask (B, N) float32; cat (B, N, cat_pitch) float32, its o and
 // o_pair columns written; o_pt (B, N, H, 24) float32, fully overwritten. balanced_roles: the warps'
-// roles dealt over the schedulers (openfold_roles), else in order.
+// roles dealt over the schedulers (openfold_roles), else in order. pair_halves (float32 z only):
+// the pair warps split W_b's loads in pairs (OpenFoldArgs::pair_halves).
 void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& z, const at::Tensor& wb, const at::Tensor& pw,
                       const at::Tensor& mask, at::Tensor cat, at::Tensor o_pt, double q_scale,
-                      double inf, bool balanced_roles) {
+                      double inf, bool balanced_roles, bool pair_halves) {
   const char* fn = "ipa openfold_forward";
   IPA_CHECK(q.dim() == 4, fn, ": argument 'q': expected 4 dims (B, H, N, 28), got shape ",
             q.sizes());
@@ -300,6 +301,9 @@ void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
             ": argument 'z': expected dtype float32 or bfloat16, got ",
             dtype_name(z.scalar_type()));
   check_tensor(fn, "z", z, z.scalar_type(), {B, N, N, C}, dev);
+  IPA_CHECK(!pair_halves || z.scalar_type() == at::kFloat, fn,
+            ": argument 'pair_halves': expected false for z of dtype bfloat16 (float32 z only), "
+            "got true");
   check_tensor(fn, "wb", wb, at::kFloat, {H, C}, dev);
   check_tensor(fn, "pw", pw, at::kFloat, {H}, dev);
   check_tensor(fn, "mask", mask, at::kFloat, {B, N}, dev);
@@ -327,6 +331,7 @@ void openfold_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   args.pair_offset = static_cast<int>(pair_offset);
   args.q_scale = static_cast<float>(q_scale);
   args.inf2 = static_cast<float>(inf * 1.4426950408889634);
+  args.pair_halves = pair_halves;
   args.attending = ipa::openfold_roles(static_cast<int>(H), z.scalar_type() == at::kBFloat16,
                                        balanced_roles);
   check_cuda(fn, ipa::openfold_launch(args, z.scalar_type() == at::kBFloat16,
@@ -440,7 +445,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "problem openfold's fused core: o, o_pair and o_pt (see ipa_kernels.h)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("z"), py::arg("wb"), py::arg("pw"), py::arg("mask"),
         py::arg("cat"), py::arg("o_pt"), py::arg("q_scale"), py::arg("inf"),
-        py::arg("balanced_roles") = true);
+        py::arg("balanced_roles") = true, py::arg("pair_halves") = false);
   m.def("hybrid_probs", &hybrid_probs, "IPA attention probabilities (see ipa_kernels.h)",
         py::arg("q"), py::arg("k"), py::arg("bias"), py::arg("pw"), py::arg("probs"),
         py::arg("dqp"));

@@ -84,6 +84,14 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "r"(s));
 }
 
+// Two 8 x 8 b16 matrices (ldmatrix.x2): lanes 0-15 give the addresses as for ldmatrix_x4.
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(s));
+}
+
 // TF32 rounding (to nearest, ties away from zero, as cvt.rna.tf32.f32) of finite operands, by
 // hand: cvt.rna compiles to a finiteness test and a predicated add of 0x1000, plus a mask where
 // the value is used in arithmetic; feeding an mma, nvcc 13.0 leaves the low 13 bits unmasked

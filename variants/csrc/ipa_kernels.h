@@ -148,6 +148,7 @@ struct OpenFoldArgs {
   unsigned attending;  // attention warps on scheduler s in byte s (openfold_roles): warp w
                        // attends iff w / 4 < byte w % 4
   float q_scale, inf2;
+  bool pair_halves;  // fp32 z: the pair warps share W_b's loads in pairs (ipa_openfold.cu, kHalves)
 };
 
 // Whether the kernel takes a layer of these sizes (host only, no CUDA call).

@@ -101,16 +101,56 @@ __device__ __forceinline__ void assign_roles(int w, unsigned attending, int& war
 static_assert(smem_bytes<float>(kOpenFoldMaxHeads) <= 227 * 1024, "fp32 shared memory");
 static_assert(smem_bytes<__nv_bfloat16>(kOpenFoldMaxHeads) <= 227 * 1024, "bf16 shared memory");
 
+// threadIdx.x read anew (volatile: what derives from it is recomputed after a loop rather than
+// kept live across it).
+__device__ __forceinline__ int fresh_tid() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+  return tid;
+}
+
+__device__ __forceinline__ int fresh_block() {  // blockIdx.x, likewise
+  int block;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(block));
+  return block;
+}
+
+// Named barrier 1 + p of the two pair warps 2p, 2p + 1 (barrier 0 is __syncthreads'); immediate
+// ids, so that ptxas counts the five barriers used rather than all sixteen.
+__device__ __forceinline__ void pair_barrier(int p) {
+  switch (p) {
+    case 0:
+      asm volatile("bar.sync 1, 64;\n" ::: "memory");
+      break;
+    case 1:
+      asm volatile("bar.sync 2, 64;\n" ::: "memory");
+      break;
+    case 2:
+      asm volatile("bar.sync 3, 64;\n" ::: "memory");
+      break;
+    default:
+      asm volatile("bar.sync 4, 64;\n" ::: "memory");
+      break;
+  }
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float2 p) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(p.x, p.y);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 }  // namespace of
 
-template <typename ZT>
+// kHalves (fp32 z, OpenFoldArgs::pair_halves): the pair warps work in pairs (2p, 2p + 1) on the
+// bias. Warp 2p + e copies channel half e of both queries' z rows and computes both queries'
+// partial biases over it, so each loads half of W_b's parts a tile (the thirty-second session's
+// profile: every pair warp re-reading all of W_b, 16 KB a tile, was 48 % of the shared-memory
+// wavefronts); a named barrier a pair then hands each warp its partner's partial for its own query.
+template <typename ZT, bool kHalves>
 __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const OpenFoldArgs a) {
   using namespace of;
   constexpr bool kBf16 = sizeof(ZT) == 2;
+  static_assert(!(kBf16 && kHalves),
+                "pair halves: fp32 z only (bf16 keeps W_b in registers' reach)");
   constexpr int kZPitch = Pitch<ZT>::kZ, kWPitch = Pitch<ZT>::kW;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int N = a.N, H = a.H;
@@ -153,27 +193,41 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
     const bool q_ok = qi < N;
     constexpr int kChunks = kCz * static_cast<int>(sizeof(ZT)) / 16;  // 16-byte chunks of a z row
     constexpr int kPerChunk = 16 / static_cast<int>(sizeof(ZT));
-    constexpr int kRowsPerPass = 32 / kChunks;  // z rows one pass of the warp's 16-byte copies covers
-    // This lane's chunks of a tile: rows lane / kChunks + kRowsPerPass m, column block lane % kChunks;
-    // source and shared offsets of m = 0 fixed for the walk (those of m > 0 are immediates).
-    const int zr = lane / kChunks, zc = (lane % kChunks) * kPerChunk;
-    const ZT* zsrc = static_cast<const ZT*>(a.z) + (static_cast<size_t>(b) * N + min(qi, N - 1)) * N * kCz +
-                     zr * kCz + zc;
+    // The z rows this warp copies (and alone reads in its bias): its own query's whole rows, or
+    // with kHalves channel half `half` of both queries of its pair (first query `q_first`).
+    constexpr int kCopyQueries = kHalves ? 2 : 1;
+    constexpr int kCopyChunks = kHalves ? kChunks / 2 : kChunks;
+    constexpr int kRowsPerPass = 32 / kCopyChunks;  // z rows one pass of the warp's copies covers
+    const int half = qq & 1, q_first = kHalves ? qq - half : qq;
+    // This lane's chunks of a tile: rows lane / kCopyChunks + kRowsPerPass m, column block
+    // lane % kCopyChunks (of the half); source and shared offsets of m = 0 fixed for the walk.
+    const int zr = lane / kCopyChunks;
+    const int zc = (kHalves ? half * (kCz / 2) : 0) + (lane % kCopyChunks) * kPerChunk;
+    // the first query's rows (its index clamped for the loads); the second's (kHalves) follow
+    // at N * kCz, and are read only when that query is inside N (then the first is not clamped)
+    const ZT* zsrc = static_cast<const ZT*>(a.z) +
+                     (static_cast<size_t>(b) * N + min(i0 + q_first, N - 1)) * N * kCz + zr * kCz +
+                     zc;
     auto stage_rows = [&](int t) { return zs + ((t % kZStages) * kQT * kBN + qq * kBN) * kZPitch; };
-    auto issue_z = [&](int t) {  // this query's 8 z rows of tile t; one group, empty past the end
+    auto issue_z = [&](int t) {  // the warp's z rows of tile t; one group, empty past the end
       if (t < ntiles) {
         const int j0 = t * kBN;
-        const ZT* src = zsrc + static_cast<size_t>(j0) * kCz;
-        ZT* dst = stage_rows(t) + zr * kZPitch + zc;
-        if (q_ok && j0 + kBN <= N) {  // warp-uniform: every row there
 #pragma unroll
-          for (int m = 0; m < kBN / kRowsPerPass; ++m)
-            cp_async16(dst + kRowsPerPass * m * kZPitch, src + kRowsPerPass * m * kCz, 16);
-        } else {  // rows past N (and a query past N) zero-filled
+        for (int e = 0; e < kCopyQueries; ++e) {
+          const bool copy_ok = i0 + q_first + e < N;
+          const ZT* src = zsrc + (static_cast<size_t>(e) * N + j0) * kCz;
+          ZT* dst = zs + ((t % kZStages) * kQT * kBN + (q_first + e) * kBN + zr) * kZPitch + zc;
+          if (copy_ok && j0 + kBN <= N) {  // warp-uniform: every row there
 #pragma unroll
-          for (int m = 0; m < kBN / kRowsPerPass; ++m) {
-            const bool ok = q_ok && j0 + zr + kRowsPerPass * m < N;
-            cp_async16(dst + kRowsPerPass * m * kZPitch, ok ? src + kRowsPerPass * m * kCz : a.z, ok ? 16 : 0);
+            for (int m = 0; m < kBN / kRowsPerPass; ++m)
+              cp_async16(dst + kRowsPerPass * m * kZPitch, src + kRowsPerPass * m * kCz, 16);
+          } else {  // rows past N (and a query past N) zero-filled
+#pragma unroll
+            for (int m = 0; m < kBN / kRowsPerPass; ++m) {
+              const bool ok = copy_ok && j0 + zr + kRowsPerPass * m < N;
+              cp_async16(dst + kRowsPerPass * m * kZPitch, ok ? src + kRowsPerPass * m * kCz : a.z,
+                         ok ? 16 : 0);
+            }
           }
         }
       }
@@ -226,6 +280,55 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
         *reinterpret_cast<float2*>(sbo + (g + 8) * kTilePitch) =
             make_float2(acc[0][2] + acc[1][2] + acc[2][2] + acc[3][2],
                         acc[0][3] + acc[1][3] + acc[2][3] + acc[3][3]);
+    };
+    // kHalves: tile t's bias of this warp's query = its partial over this warp's channel half +
+    // its partner's, handed over in the query's own bias slot (the partner stores there, a named
+    // barrier a pair, this warp adds). The same 3xTF32 products as bias_tile's fp32 form; z's B
+    // fragments one k-step and query at a time (ldmatrix.x2), for registers.
+    auto bias_halves = [&](int t) {
+      const ZT* zt = zs + ((t % kZStages) * kQT * kBN + q_first * kBN) * kZPitch + zoff;
+      float acc[2][2][4] = {};  // [query of the pair][k-step parity]: independent chains
+#pragma unroll
+      for (int k = 0; k < kCz / 32; ++k) {
+        const int kq = half * (kCz / 32) + k;  // 16 channels: two k-steps of 8
+#pragma unroll
+        for (int s2 = 0; s2 < 2; ++s2) {
+          uint32_t wh[4], wl[4];
+          ldmatrix_x4(wh, wrow + 16 * kq + 8 * s2);
+          ldmatrix_x4(wl, wrow + kMmaHeads * kWPitch + 16 * kq + 8 * s2);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            uint32_t zb[2];
+            ldmatrix_x2(zb, zt + e * kBN * kZPitch + 16 * kq + 8 * s2);
+            mma_f32<true>(acc[e][s2], wh, wl, __uint_as_float(zb[0]), __uint_as_float(zb[1]));
+          }
+        }
+      }
+      float own[4], other[4];  // selects, not a register array indexed at run time
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float p0 = acc[0][0][r] + acc[0][1][r], p1 = acc[1][0][r] + acc[1][1][r];
+        own[r] = half ? p1 : p0;
+        other[r] = half ? p0 : p1;
+      }
+      float* slot = sb + (t & 1) * H * kTilePitch + 2 * u;
+      float* theirs = slot + (qq ^ 1) * kBN;  // the partner's query: this warp's partial of it
+      if (g < H)
+        *reinterpret_cast<float2*>(theirs + g * kTilePitch) = make_float2(other[0], other[1]);
+      if (g + 8 < H)
+        *reinterpret_cast<float2*>(theirs + (g + 8) * kTilePitch) = make_float2(other[2], other[3]);
+      pair_barrier(qq >> 1);
+      float* mine = slot + qq * kBN;
+      if (g < H) {
+        float2* p = reinterpret_cast<float2*>(mine + g * kTilePitch);
+        const float2 o = *p;
+        *p = make_float2(own[0] + o.x, own[1] + o.y);
+      }
+      if (g + 8 < H) {
+        float2* p = reinterpret_cast<float2*>(mine + (g + 8) * kTilePitch);
+        const float2 o = *p;
+        *p = make_float2(own[2] + o.x, own[3] + o.y);
+      }
     };
     float op[kCz / 8][4];  // o_pair: (head g | g + 8, channel 8 n + 2u (+1))
 #pragma unroll
@@ -281,24 +384,48 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
       }
     };
 
-    issue_z(0);
-    issue_z(1);
-    issue_z(2);
-    cp_async_wait<2>();
-    __syncwarp();
-    bias_tile(0);
-    __syncthreads();  // bias tile 0 published
+    if constexpr (kHalves) {
+      // A stage is refilled only after a CTA barrier: its rows are read by both warps of a pair
+      // (the bias by halves, the pair values by query). Tile t + 2 is issued as iteration t
+      // begins, past the barrier that ended tile t - 2's pair values (a tile's work, ~5 us at
+      // N = 2048, is far longer than the copy's latency).
+      issue_z(0);
+      issue_z(1);
+      cp_async_wait<1>();
+      __syncwarp();
+      bias_halves(0);
+      __syncthreads();  // bias tile 0 published
 #pragma unroll 1
-    for (int t = 0; t <= ntiles; ++t) {
-      if (t + 1 < ntiles) {
-        cp_async_wait<1>();  // tile t + 1 landed (this thread's copies) ...
-        __syncwarp();        // ... and the warp's: each warp reads only its own query's rows
-        bias_tile(t + 1);
+      for (int t = 0; t <= ntiles; ++t) {
+        issue_z(t + 2);  // stage (t + 2) % 4 = (t - 2) % 4
+        if (t + 1 < ntiles) {
+          cp_async_wait<1>();  // tile t + 1 landed (this thread's copies) ...
+          __syncwarp();        // ... and the warp's: each warp's bias reads only its own copies
+          bias_halves(t + 1);
+        }
+        if (t >= 1) pair_values(t - 1);
+        __syncthreads();  // bias t + 1 published and P t read; after the last, the row sums written
       }
-      if (t >= 1) pair_values(t - 1);
-      __syncwarp();   // tile t - 1's stage is read: refill it
-      issue_z(t + 3);  // stage (t + 3) % 4 = (t - 1) % 4
-      __syncthreads();  // bias t + 1 published and P t read; after the last, the row sums written
+    } else {
+      issue_z(0);
+      issue_z(1);
+      issue_z(2);
+      cp_async_wait<2>();
+      __syncwarp();
+      bias_tile(0);
+      __syncthreads();  // bias tile 0 published
+#pragma unroll 1
+      for (int t = 0; t <= ntiles; ++t) {
+        if (t + 1 < ntiles) {
+          cp_async_wait<1>();  // tile t + 1 landed (this thread's copies) ...
+          __syncwarp();        // ... and the warp's: each warp reads only its own query's rows
+          bias_tile(t + 1);
+        }
+        if (t >= 1) pair_values(t - 1);
+        __syncwarp();     // tile t - 1's stage is read: refill it
+        issue_z(t + 3);   // stage (t + 3) % 4 = (t - 1) % 4
+        __syncthreads();  // bias t + 1 published and P t read; after the last, the row sums written
+      }
     }
     cp_async_wait<0>();
     if (!q_ok) return;
@@ -317,7 +444,7 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   }
 
   // ============ attention warps: rows g <-> (head ha, query g), g + 8 <-> (head hb, query g) ============
-  const int ha = 2 * warp, hb = 2 * warp + 1;
+  int ha = 2 * warp, hb = 2 * warp + 1;
   const bool hb_ok = hb < H;
   const int hbx = hb_ok ? hb : ha;  // an odd H's last warp reads head ha's rows for hb (A rows zero)
   // The k/v copies. The host pads k and v to n_pad = 8 ntiles rows (zeros), so a tile's 8 rows
@@ -505,12 +632,24 @@ __global__ void __launch_bounds__(of::kThreads, 1) ipa_openfold_kernel(const Ope
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  // The tail's indices: with kHalves, recomputed from threadIdx and blockIdx (kept live across the
+  // walk at 128 registers, they spilled in that instance).
+  int i = i0 + g;
+  float* sl_t = sl;
+  if constexpr (kHalves) {
+    int warp_t, qq_t;
+    const int tid = fresh_tid();
+    assign_roles(tid >> 5, a.attending, warp_t, qq_t);
+    ha = 2 * warp_t;
+    hb = ha + 1;
+    i = fresh_block() * kQT + ((tid & 31) >> 2);
+    sl_t = reinterpret_cast<float*>(smem_raw) + 4 * H * kTilePitch + 2 * H * kQT;
+  }
   if (u == 0) {
-    sl[ha * kQT + g] = l0;
-    if (hb_ok) sl[hb * kQT + g] = l1;
+    sl_t[ha * kQT + g] = l0;
+    if (hb_ok) sl_t[hb * kQT + g] = l1;
   }
   __syncthreads();  // the row sums published (the pair warps' last step)
-  const int i = i0 + g;
   if (i >= N) return;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -583,7 +722,10 @@ cudaError_t openfold_launch(const OpenFoldArgs& a, bool z_bf16, cudaStream_t str
   if (a.B < 1 || a.B > 65535 || a.N < 1 || a.H < 1 || a.H > kOpenFoldMaxHeads ||
       a.B * a.H * n_pad * of::kVPitch >= (1ll << 31))
     return cudaErrorInvalidValue;
-  const auto kern = z_bf16 ? ipa_openfold_kernel<__nv_bfloat16> : ipa_openfold_kernel<float>;
+  if (z_bf16 && a.pair_halves) return cudaErrorInvalidValue;
+  const auto kern = z_bf16          ? ipa_openfold_kernel<__nv_bfloat16, false>
+                    : a.pair_halves ? ipa_openfold_kernel<float, true>
+                                    : ipa_openfold_kernel<float, false>;
   const size_t smem = openfold_smem_bytes(a.H, z_bf16);
   cudaError_t err =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));

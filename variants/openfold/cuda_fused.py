@@ -44,6 +44,12 @@ from variants.problem import IPAInputError, Precision, get_precision
 # (`openfold_roles` in ipa_openfold.cu); False: in warp order (for A/B, e.g. profile_call.py --ab
 # variants.openfold.cuda_fused:BALANCED_ROLES=False).
 BALANCED_ROLES = True
+# fp32 z: the pair warps share W_b's loads in pairs, each computing both queries' biases over half
+# the channels and swapping partial sums through shared memory (`kHalves` in ipa_openfold.cu),
+# which halves the W_b traffic that was 48 % of the kernel's shared-memory wavefronts (thirty-second
+# session, H100). Read at each call (an A/B switch); off until it has run on a GPU (written in the
+# thirty-sixth session without a machine): docs/perf-notes.md has its prediction.
+PAIR_HALVES = False
 
 
 class CudaFusedForward(Projections):
@@ -77,7 +83,8 @@ class CudaFusedForward(Projections):
         o_pt = torch.empty(B, N, H, 3 * cfg.no_v_points, dtype=torch.float32, device=s.device)
         load_extension().openfold_forward(
             q_rows, k_rows, v_rows, z, self.pair_weight, self.point_weight,
-            mask.float().contiguous(), cat, o_pt, self.q_scale, cfg.inf, BALANCED_ROLES)
+            mask.float().contiguous(), cat, o_pt, self.q_scale, cfg.inf, BALANCED_ROLES,
+            PAIR_HALVES and not bf16)
         return self.finish(o_pt, rotations, pts, cat)
 
 
