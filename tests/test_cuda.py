@@ -156,16 +156,16 @@ def test_fused_split_k_matches_one_split_and_overwrites_poison(config, klass, dt
     (torch.float32, torch.float32), (torch.bfloat16, torch.float32),
     (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)], ids=str)
 def test_merged_finish_is_the_combine_then_finish(config, klass, frames_dtype, local_dtype):
-    """A call given `local` (its partials merged in finish's launch when split) writes the bits
-    the combine then finish_frames write, at every split, on poisoned buffers; one split runs
-    the kernel then the plain finish."""
+    """A call given `local` writes the bits the combine then finish_frames write, at every
+    split, on poisoned buffers: two splits merge their partials in finish's launch, more run the
+    combine first, one runs the kernel then the plain finish."""
     ops, pair, wb, pw, klass, widths = _fused_operands(config, 130, 2, torch.float32,
                                                        klass=klass)
     rot = ops.rotations.to(frames_dtype)
     trans = (ops.translations + 20).to(frames_dtype)  # off the origin: to_local's t matters
     kw = dict(klass=klass, dqp=widths.dqp, dv=widths.dv)
     ext = load_extension()
-    for splits in (1, 3, 0):
+    for splits in (1, 2, 3, 0):
         attended = fused_attention(ops.q, ops.k, ops.v, pair, wb, pw, splits=splits, **kw)
         want = ext.finish_frames(attended, rot, trans, config.head_dim, config.value_points,
                                  local_dtype)

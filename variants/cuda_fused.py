@@ -78,11 +78,13 @@ FP32_BIAS = TENSOR_CORES
 # Key-range splits of a call, read at each call (an A/B switch): 0 lets the launch plan choose
 # (enough CTAs to fill the SMs: at B = 1, 2 at N = 1024 and 8 at N = 256 for the af2 class).
 KEY_SPLITS = 0
-# Whether a split call merges its partials in finish_frames' launch (`fused_attention`'s
-# `local`), read at each call (an A/B switch): one launch fewer than the combine and then the
-# finish, the same bits. Off until it has run on a GPU (written in the thirty-fifth session,
-# which got no machine): docs/perf-notes.md has its prediction.
-MERGED_FINISH = False
+# Whether a call ends in finish_frames' launch inside the binding call (`fused_attention`'s
+# `local`), read at each call (an A/B switch): one binding call fewer, and with two key-range
+# splits the partials merged in finish's launch (one launch fewer than the combine then the
+# finish; past two splits the combine runs first: `kFinishMergesUpTo`, ipa_fused.cu). H100,
+# replayed (thirty-sixth session): fp32 N = 1024 0.287 -> 0.281 ms, bf16 0.171 -> 0.171; the GPU
+# test holds it to the combine-then-finish's bits.
+MERGED_FINISH = True
 
 
 def bias_forms(klass: int, z_dtype: torch.dtype) -> list[int]:
@@ -196,8 +198,8 @@ def fused_attention(
     local: the call ends in finish_frames' output instead (`variants.cuda_ext.finish_on_gpu`),
     written there and returned: (B, N, H * head_dim + 3 * H * value_points) float32 or the
     frames' dtype, with `frames` = (rotations (B, N, 3, 3), translations (B, N, 3)) and
-    `value_points` (head_dim = dv - 3 value_points). A split call then merges its partials in
-    finish's launch and leaves `out` unwritten.
+    `value_points` (head_dim = dv - 3 value_points). A call of two splits then merges its
+    partials in finish's launch and leaves `out` unwritten.
     """
     # The binding refuses these too; here the refusal lists the forms that fit.
     forms = bias_forms(klass, pair_repr.dtype)

@@ -105,8 +105,9 @@ cudaError_t fused_plan(int klass, bool z_bf16, int B, int N, int H, int C, int w
 
 // Launch the fused kernel (and the split-K combine when plan.splits > 1) on `stream`. With
 // `finish` (its `attended` = args.out, its pitch = args.dv), the call ends in the finish's output
-// instead: after the split-K partials' merge when plan.splits > 1, in the same launch (and
-// args.out is then not written), else after the kernel (see finish_launch).
+// too: with 2 splits the partials are merged in the finish's launch (args.out is then not
+// written; see finish_launch), with more the combine writes args.out and the finish follows, with
+// one the finish follows the kernel.
 struct FinishArgs;
 cudaError_t fused_launch(const FusedArgs& args, const FusedPlan& plan, cudaStream_t stream,
                          const FinishArgs* finish = nullptr);

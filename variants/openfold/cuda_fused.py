@@ -47,9 +47,9 @@ BALANCED_ROLES = True
 # fp32 z: the pair warps share W_b's loads in pairs, each computing both queries' biases over half
 # the channels and swapping partial sums through shared memory (`kHalves` in ipa_openfold.cu),
 # which halves the W_b traffic that was 48 % of the kernel's shared-memory wavefronts (thirty-second
-# session, H100). Read at each call (an A/B switch); off until it has run on a GPU (written in the
-# thirty-sixth session without a machine): docs/perf-notes.md has its prediction.
-PAIR_HALVES = False
+# session). Read at each call (an A/B switch). H100, replayed forward (thirty-sixth session):
+# N = 1024 0.430 -> 0.418 ms, 2048 1.492 -> 1.449, 4096 5.570 -> 5.381.
+PAIR_HALVES = True
 
 
 class CudaFusedForward(Projections):
