@@ -3,12 +3,12 @@
 # single machine start: with LIM_TEST set, the GPU tests (`gpu_tests_session.sh`, better run in
 # a call of their own); a sweep of each issue's headline cells (their rows carry err_ratio /
 # grad_err_ratio against the float64 oracle, so they check as well as time): triton-train's
-# step at N = 1024 (eager and
-# replayed), then at 4096 (eager) in a stage of its own, the cuda-fused and `triton` forwards at
-# N = 256, 1024, 4096 (replayed to 1024), openfold's cuda-fused and triton-bias forwards at
-# N = 2048 and triton-bias's training step at N = 1024; then torch.profiler on one fp32 training step at N = 4096. With LIM_HOST and
-# LIM_LAUNCH (off by default; measured 2026-12-06), cProfile of 20 eager `triton` forwards at
-# N = 1024 in bf16 with each kernel's launches by path, and `launch_overhead.py` (the host's time
+# step at N = 1024 (eager and replayed), then at 4096 (eager) in a stage of its own, the
+# cuda-fused and `triton` forwards at N = 256, 1024, 4096 (replayed to 1024), openfold's
+# cuda-fused and triton-bias forwards at N = 2048 and triton-bias's training step at N = 1024;
+# then torch.profiler on one fp32 training step at N = 4096. With LIM_HOST and LIM_LAUNCH (off by
+# default; measured 2026-12-06), cProfile of 20 eager `triton` forwards at N = 1024 in bf16 with
+# each kernel's launches by path, and `launch_overhead.py` (the host's time
 # per torch op, GEMM and Triton launch, direct or not). fp32 and bf16 throughout. Each stage runs
 # under its own limit (LIM_TRAIN, LIM_TRAIN_BIG, LIM_FWD, LIM_OF, LIM_PROF seconds; 100 + 170 +
 # 140 + 110 + 30 s, of a call's 600) and every sweep cell is fsync'ed, so a cut

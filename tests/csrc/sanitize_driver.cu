@@ -91,8 +91,8 @@ void run_fused(const Shape& s, int klass, bool z_bf16, int splits, int bias = ip
   check(cudaDeviceSynchronize(), "fused kernel");
   std::printf("fused klass=%d bias=%d z_bf16=%d B=%d N=%d H=%d splits=%d: ok\n", klass, bias,
               z_bf16, s.B, s.N, s.H, plan.splits);
-  if (plan.splits >
-      1) {  // the same call ending in the finish: merging (2 splits) or after the combine
+  // the same call ending in the finish: merging the partials (2 splits) or after the combine
+  if (plan.splits > 1) {
     const size_t residues = static_cast<size_t>(s.B) * s.N;
     ipa::FinishArgs f{};
     f.attended = a.out;
